@@ -1,0 +1,9 @@
+"""The program DSL: parse/validate (program.py), scalar VM (vm.py), numexpr (numexpr_compile.py)."""
+from .numexpr_compile import compile_vector, evaluate_vector, step_times
+from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError, load_program, parse_program
+from .vm import CompiledProgram, ScalarProgram, compile_program
+
+__all__ = [
+    "FUNCTIONS", "REQUEST_FIELDS", "Program", "ProgramError", "load_program", "parse_program",
+    "CompiledProgram", "ScalarProgram", "compile_program", "compile_vector", "evaluate_vector", "step_times",
+]

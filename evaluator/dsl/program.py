@@ -1,0 +1,354 @@
+"""Program DSL: parse a program's text with `ast`, validate it against a whitelist.
+
+The text is never imported or executed. A `Program` holds the validated AST of each
+function; the compilers (`vm.py`, `numexpr_compile.py`, the Go emitter) read that AST.
+
+Rules (each rejection names the line and the rule broken):
+  * top level: an optional docstring, `CONSTANTS = {"name": number, ...}` and the functions
+    step_time(f, c) [required], queueing_time(r, c), output_token_time(c), post_decode_time(c);
+  * function bodies: optional docstring, local assignments `name = expr`, one final `return expr`;
+  * expressions: numbers, f.<component>, c.<constant>, r.<request field>, local names,
+    + - * / (division protected: x/0 = 0), unary minus, ** with a literal exponent |p| <= 4,
+    max min abs sqrt log exp, and `a if cond else b` where cond compares values
+    (< <= > >= == !=, combined with and/or/not).
+"""
+from __future__ import annotations
+
+import ast
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..components import COMPONENT_NAMES
+
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "step_time": ("f", "c"),
+    "queueing_time": ("r", "c"),
+    "output_token_time": ("c",),
+    "post_decode_time": ("c",),
+}
+REQUEST_FIELDS = ("input_tokens", "output_tokens")
+CALLS = {"max": (2, 8), "min": (2, 8), "abs": (1, 1), "sqrt": (1, 1), "log": (1, 1), "exp": (1, 1)}
+MAX_SOURCE_BYTES = 64_000
+MAX_CONSTANTS = 32
+MAX_LOCALS = 32
+MAX_DEPTH = 24
+MAX_NODES = 400
+MAX_ABS_EXPONENT = 4.0
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
+_CMPOPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
+
+
+class ProgramError(ValueError):
+    """A rejected program: `line`, `rule` and a one-line message (prefixed by the file name)."""
+
+    def __init__(self, line: int | None, rule: str, message: str, origin: str = ""):
+        self.line, self.rule, self.message, self.origin = line, rule, message, origin
+        where = (f"{origin}: " if origin else "") + (f"line {line}: " if line else "")
+        super().__init__(f"{where}{message} [{rule}]")
+
+
+def expression_size(node: ast.AST) -> int:
+    """Nodes of a validated expression: operators, calls, leaves (f.x, c.x, names, numbers)."""
+    if isinstance(node, (ast.Constant, ast.Attribute, ast.Name)):
+        return 1
+    if isinstance(node, ast.BinOp):
+        return 1 + expression_size(node.left) + expression_size(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return 1 + expression_size(node.operand)
+    if isinstance(node, ast.Call):
+        return 1 + sum(expression_size(a) for a in node.args)
+    if isinstance(node, ast.IfExp):
+        return 1 + expression_size(node.test) + expression_size(node.body) + expression_size(node.orelse)
+    if isinstance(node, ast.Compare):
+        return len(node.ops) + expression_size(node.left) + sum(expression_size(x) for x in node.comparators)
+    if isinstance(node, ast.BoolOp):
+        return len(node.values) - 1 + sum(expression_size(v) for v in node.values)
+    raise TypeError(f"not a validated expression node: {type(node).__name__}")
+
+
+@dataclass
+class Program:
+    """A validated program. `functions` maps a function name to its checked FunctionDef."""
+
+    source: str
+    doc: str
+    constants: dict[str, float]
+    functions: dict[str, ast.FunctionDef]
+    constants_span: tuple[int, int] | None = None  # 1-based line span of the CONSTANTS dict
+    _descriptors: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def constant_names(self) -> list[str]:
+        return list(self.constants)
+
+    def _walk_exprs(self):
+        for fn in self.functions.values():
+            for stmt in fn.body:
+                if isinstance(stmt, (ast.Assign, ast.Return)):
+                    yield from ast.walk(stmt.value)
+
+    @property
+    def complexity(self) -> int:
+        """Expression nodes over all functions; f.x, c.x, r.x and literals count one each."""
+        if "complexity" not in self._descriptors:
+            self._descriptors["complexity"] = sum(
+                expression_size(stmt.value) for fn in self.functions.values()
+                for stmt in fn.body if isinstance(stmt, (ast.Assign, ast.Return)))
+        return self._descriptors["complexity"]
+
+    @property
+    def components_used(self) -> list[str]:
+        if "components" not in self._descriptors:
+            used = {n.attr for n in self._walk_exprs()
+                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "f"}
+            self._descriptors["components"] = [c for c in COMPONENT_NAMES if c in used]
+        return self._descriptors["components"]
+
+    def descriptors(self) -> dict:
+        return {"complexity": self.complexity, "n_components": len(self.components_used),
+                "components": self.components_used, "constants": self.constant_names}
+
+    def with_constants(self, values: dict[str, float], header: str | None = None) -> "Program":
+        """The same program with new constant values (comments and layout kept elsewhere)."""
+        unknown = set(values) - set(self.constants)
+        if unknown:
+            raise KeyError(f"unknown constants {sorted(unknown)}")
+        consts = {k: float(values.get(k, v)) for k, v in self.constants.items()}
+        lines = self.source.splitlines()
+        block = render_constants(consts)
+        if self.constants_span:
+            a, b = self.constants_span
+            lines = lines[: a - 1] + block.splitlines() + lines[b:]
+        else:
+            insert_at = _after_docstring(lines, self.source)
+            lines = lines[:insert_at] + block.splitlines() + lines[insert_at:]
+        lines = [ln for ln in lines if not ln.startswith("# fitted:")] if header else lines
+        if header:
+            lines = [f"# fitted: {h}" for h in header.splitlines()] + lines
+        return parse_program("\n".join(lines) + "\n")
+
+
+def render_constants(consts: dict[str, float]) -> str:
+    if not consts:
+        return "CONSTANTS = {}"
+    items = [f'    "{k}": {float(v)!r},' for k, v in consts.items()]
+    return "CONSTANTS = {\n" + "\n".join(items) + "\n}"
+
+
+def _after_docstring(lines: list[str], source: str) -> int:
+    tree = ast.parse(source)
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], "value", None), ast.Constant):
+        return tree.body[0].end_lineno
+    return 0
+
+
+def literal_number(node: ast.AST) -> float | None:
+    """The value of a numeric literal or a negated one; None for anything else."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = literal_number(node.operand)
+        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return float(node.value)
+    return None
+
+
+class _FunctionChecker:
+    def __init__(self, fn: ast.FunctionDef, params: tuple[str, ...], constants: dict[str, float]):
+        self.fn, self.params, self.constants = fn, params, constants
+        self.locals: set[str] = set()
+        self.nodes = 0
+
+    def fail(self, node: ast.AST, rule: str, msg: str):
+        raise ProgramError(getattr(node, "lineno", self.fn.lineno), rule, msg)
+
+    def check(self) -> None:
+        fn = self.fn
+        a = fn.args
+        names = tuple(x.arg for x in a.args)
+        if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults or a.kw_defaults or names != self.params:
+            self.fail(fn, "signature", f"{fn.name} must be defined as {fn.name}({', '.join(self.params)})")
+        if fn.decorator_list or fn.returns or any(x.annotation for x in a.args) or getattr(fn, "type_params", None):
+            self.fail(fn, "signature", f"{fn.name} may not have decorators, annotations or type parameters")
+        body = list(fn.body)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            body = body[1:]
+        if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+            self.fail(fn, "statement", f"{fn.name} must end with one `return <expression>`")
+        for stmt in body[:-1]:
+            if not isinstance(stmt, ast.Assign):
+                self.fail(stmt, "statement", f"only assignments and one final return are allowed, not {type(stmt).__name__}")
+            if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+                self.fail(stmt, "statement", "assign to exactly one plain name")
+            self.expr(stmt.value, 0)
+            name = stmt.targets[0].id
+            if not _NAME_RE.match(name) or name in FUNCTIONS or name in CALLS or name in ("f", "c", "r", "CONSTANTS"):
+                self.fail(stmt, "name", f"local name {name!r} is not allowed")
+            self.locals.add(name)
+            if len(self.locals) > MAX_LOCALS:
+                self.fail(stmt, "size", f"more than {MAX_LOCALS} local names")
+        self.expr(body[-1].value, 0)
+
+    def expr(self, node: ast.AST, depth: int) -> None:
+        self.nodes += 1
+        if depth > MAX_DEPTH:
+            self.fail(node, "depth", f"expression nested deeper than {MAX_DEPTH}")
+        if self.nodes > MAX_NODES:
+            self.fail(node, "size", f"more than {MAX_NODES} expression nodes in {self.fn.name}")
+        if isinstance(node, ast.Constant):
+            if type(node.value) not in (int, float) or not math.isfinite(float(node.value)):
+                self.fail(node, "literal", f"only finite numeric literals are allowed, not {node.value!r}"[:120])
+        elif isinstance(node, ast.BinOp):
+            if not isinstance(node.op, _BINOPS):
+                self.fail(node, "operator", f"operator {type(node.op).__name__} is not allowed (only + - * / **)")
+            if isinstance(node.op, ast.Pow):
+                p = literal_number(node.right)
+                if p is None:
+                    self.fail(node, "exponent", "the exponent of ** must be a numeric literal")
+                if abs(p) > MAX_ABS_EXPONENT:
+                    self.fail(node, "exponent", f"exponent {p:g} exceeds the limit |p| <= {MAX_ABS_EXPONENT:g}")
+                self.expr(node.left, depth + 1)
+                return
+            self.expr(node.left, depth + 1)
+            self.expr(node.right, depth + 1)
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, (ast.USub, ast.UAdd)):
+                self.fail(node, "operator", f"unary {type(node.op).__name__} is only allowed in conditions")
+            self.expr(node.operand, depth + 1)
+        elif isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in CALLS:
+                what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)[:40]
+                self.fail(node, "call", f"call to {what!r} is not allowed (only {', '.join(CALLS)})")
+            if node.keywords:
+                self.fail(node, "call", f"{node.func.id}() takes no keyword arguments")
+            lo, hi = CALLS[node.func.id]
+            if not lo <= len(node.args) <= hi or any(isinstance(a, ast.Starred) for a in node.args):
+                self.fail(node, "call", f"{node.func.id}() takes {lo}" + (f" to {hi}" if hi != lo else "") + " arguments")
+            for a in node.args:
+                self.expr(a, depth + 1)
+        elif isinstance(node, ast.Attribute):
+            self.attribute(node)
+        elif isinstance(node, ast.Name):
+            if node.id not in self.locals:
+                self.fail(node, "name", f"name {node.id!r} is not defined (use f.<component>, c.<constant>, r.<field> or an earlier local)")
+        elif isinstance(node, ast.IfExp):
+            self.condition(node.test, depth + 1)
+            self.expr(node.body, depth + 1)
+            self.expr(node.orelse, depth + 1)
+        else:
+            self.fail(node, "expression", f"{type(node).__name__} is not allowed in a program")
+
+    def condition(self, node: ast.AST, depth: int) -> None:
+        self.nodes += 1
+        if depth > MAX_DEPTH:
+            self.fail(node, "depth", f"expression nested deeper than {MAX_DEPTH}")
+        if isinstance(node, ast.Compare):
+            if not all(isinstance(op, _CMPOPS) for op in node.ops):
+                self.fail(node, "condition", "only < <= > >= == != comparisons are allowed")
+            for v in [node.left, *node.comparators]:
+                self.expr(v, depth + 1)
+        elif isinstance(node, ast.BoolOp):
+            for v in node.values:
+                self.condition(v, depth + 1)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            self.condition(node.operand, depth + 1)
+        else:
+            self.fail(node, "condition", "the test of `a if cond else b` must be a comparison (and/or/not of comparisons)")
+
+    def attribute(self, node: ast.Attribute) -> None:
+        base = node.value
+        if not isinstance(base, ast.Name) or base.id not in self.params:
+            avail = ", ".join(f"{p}.<...>" for p in self.params)
+            self.fail(node, "attribute", f"attribute access {ast.unparse(node)[:60]!r} not allowed here (available: {avail})")
+        if node.attr.startswith("_"):
+            self.fail(node, "attribute", f"attribute {node.attr!r} is not allowed")
+        if base.id == "f" and node.attr not in COMPONENT_NAMES:
+            self.fail(node, "component", f"unknown component f.{node.attr} (known: {', '.join(COMPONENT_NAMES)})")
+        if base.id == "c" and node.attr not in self.constants:
+            self.fail(node, "constant", f"c.{node.attr} is not in CONSTANTS")
+        if base.id == "r" and node.attr not in REQUEST_FIELDS:
+            self.fail(node, "request-field", f"unknown request field r.{node.attr} (known: {', '.join(REQUEST_FIELDS)})")
+
+
+def _parse_constants(node: ast.Assign) -> dict[str, float]:
+    if not isinstance(node.value, ast.Dict):
+        raise ProgramError(node.lineno, "constants", "CONSTANTS must be a dict literal")
+    out: dict[str, float] = {}
+    for k, v in zip(node.value.keys, node.value.values):
+        if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+            raise ProgramError(node.lineno, "constants", "CONSTANTS keys must be string literals")
+        if not _NAME_RE.match(k.value):
+            raise ProgramError(k.lineno, "constants", f"constant name {k.value[:40]!r} must be an identifier without leading underscore")
+        val = literal_number(v)
+        if val is None or not math.isfinite(val):
+            raise ProgramError(v.lineno, "constants", f"constant {k.value!r} must be a finite number")
+        if k.value in out:
+            raise ProgramError(k.lineno, "constants", f"constant {k.value!r} defined twice")
+        out[k.value] = val
+    if len(out) > MAX_CONSTANTS:
+        raise ProgramError(node.lineno, "constants", f"more than {MAX_CONSTANTS} constants")
+    return out
+
+
+def parse_program(source: str) -> Program:
+    """Parse and validate program text; raises ProgramError naming the line and rule."""
+    if not isinstance(source, str):
+        raise ProgramError(None, "type", "program text must be a string")
+    if len(source.encode("utf-8", "replace")) > MAX_SOURCE_BYTES:
+        raise ProgramError(None, "size", f"program text exceeds {MAX_SOURCE_BYTES} bytes")
+    if "\x00" in source:
+        raise ProgramError(None, "syntax", "program text contains a NUL byte")
+    try:
+        tree = ast.parse(source, mode="exec")
+    except SyntaxError as e:
+        raise ProgramError(e.lineno, "syntax", f"syntax error: {e.msg}") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise ProgramError(None, "depth", "program text is nested too deeply to parse") from None
+    body = list(tree.body)
+    doc = ""
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        doc = body[0].value.value.strip()
+        body = body[1:]
+    constants: dict[str, float] | None = None
+    span = None
+    functions: dict[str, ast.FunctionDef] = {}
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == "CONSTANTS":
+            if constants is not None:
+                raise ProgramError(stmt.lineno, "top-level", "CONSTANTS defined twice")
+            constants = _parse_constants(stmt)
+            span = (stmt.lineno, stmt.end_lineno)
+        elif isinstance(stmt, ast.FunctionDef):
+            if stmt.name not in FUNCTIONS:
+                raise ProgramError(stmt.lineno, "top-level", f"function {stmt.name!r} is not part of the DSL (allowed: {', '.join(FUNCTIONS)})")
+            if stmt.name in functions:
+                raise ProgramError(stmt.lineno, "top-level", f"function {stmt.name!r} defined twice")
+            functions[stmt.name] = stmt
+        else:
+            kind = type(stmt).__name__
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                raise ProgramError(stmt.lineno, "import", "imports are not allowed")
+            raise ProgramError(stmt.lineno, "top-level", f"{kind} is not allowed at top level (only a docstring, CONSTANTS and the DSL functions)")
+    if "step_time" not in functions:
+        raise ProgramError(None, "top-level", "the program must define step_time(f, c)")
+    constants = constants or {}
+    for name, fn in functions.items():
+        _FunctionChecker(fn, FUNCTIONS[name], constants).check()
+    return Program(source=source, doc=doc, constants=constants, functions=functions, constants_span=span)
+
+
+def load_program(path) -> Program:
+    """Read and parse a program file; ProgramError messages are prefixed with the path."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProgramError(None, "file", f"cannot read program ({e})", origin=str(p)) from None
+    try:
+        return parse_program(text)
+    except ProgramError as e:
+        raise ProgramError(e.line, e.rule, e.message, origin=str(p)) from None

@@ -1,0 +1,309 @@
+"""Replay experiments: loading, validation, the data caveats, and the temporal split.
+
+Format: ../shared/data/README.md. One directory per experiment with requests.json,
+ground_truth.json and (optional) profile.json / summary_lifecycle_metrics.json. Caveats
+handled here, each with a policy in `LoadOptions`:
+  * output length: the server ran with ignore_eos, so every successful request generated the
+    profile's output_len; the client's re-tokenized `output_tokens` is unreliable.
+  * failed requests are client timeouts: kept in the replay (they occupy seats and KV until
+    the client gives up at their observed E2E) but excluded from error metrics. Their
+    recorded input_tokens is 0, so the input length is imputed from successful requests.
+  * prefix caching: full blocks of the shared system prompt are cache hits, except for the
+    first request of each system-prompt group (the group of a request was not recorded).
+  * temporal split by arrival time, default 60/20/20.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
+from .model_arch import ModelArch
+
+SPLITS = ("train", "validate", "test")
+DEFAULT_CLIENT_TIMEOUT_S = 300.0  # inference-perf's request timeout in the real data
+
+
+class ExperimentError(Exception):
+    """A bad experiment: str() is one line naming the experiment and the problem."""
+
+    def __init__(self, experiment: str, problem: str):
+        self.experiment = experiment
+        self.problem = problem
+        super().__init__(f"{experiment}: {problem}")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    output_len: str = "profile"  # "profile" (server output_len, ignore_eos) or "reported"
+    split: tuple[float, float] = (0.6, 0.2)  # train and validate fractions; test is the rest
+    hardware: str | None = None  # override; otherwise the experiment's own, else H100
+    client_timeout_s: float | None = None  # None: from the failed requests, else 300 s
+    prefix_cache: bool = True
+
+    def __post_init__(self):
+        if self.output_len not in ("profile", "reported"):
+            raise ValueError(f"output_len policy must be 'profile' or 'reported', not {self.output_len!r}")
+        tr, va = self.split
+        if not (0 < tr < 1 and 0 <= va < 1 and tr + va <= 1):
+            raise ValueError(f"bad split fractions {self.split}")
+
+
+@dataclass
+class ServerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_blocks: int
+    block_size: int
+
+
+@dataclass
+class Experiment:
+    """One experiment, requests in arrival order. Times: arrival in us, observations in s."""
+
+    name: str
+    model: str  # model id, e.g. meta-llama/Llama-2-7b-hf
+    workload: str
+    tp: int
+    hardware: Hardware
+    arch: ModelArch
+    server: ServerConfig
+    arrival_us: np.ndarray  # int64
+    input_tokens: np.ndarray  # int64, imputed for failed requests
+    output_tokens: np.ndarray  # int64, the length the replay generates (policy applied)
+    reported_output_tokens: np.ndarray  # int64, as the client recorded it
+    cached_tokens: np.ndarray  # int64, prefix-cache hits (full blocks)
+    failed: np.ndarray  # bool, observed client timeout
+    abort_after_us: np.ndarray  # int64, client gives up this long after arrival
+    e2e_s: np.ndarray  # observed, float64
+    ttft_s: np.ndarray  # observed, NaN for failed requests
+    split: np.ndarray  # int8: 0 train, 1 validate, 2 test (temporal)
+    source_split: str = ""  # experiment-level split of the source repository
+    output_len_used: int | None = None  # profile output_len when that policy applied
+    n_imputed_inputs: int = 0
+    summary: dict | None = None  # inference-perf's own means, for cross-checks
+    synthetic: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.arrival_us)
+
+    @property
+    def n_failed(self) -> int:
+        return int(self.failed.sum())
+
+    def split_mask(self, split: str) -> np.ndarray:
+        return self.split == SPLITS.index(split)
+
+    def split_sizes(self) -> dict[str, int]:
+        return {s: int((self.split == i).sum()) for i, s in enumerate(SPLITS)}
+
+    def observed_means(self, mask: np.ndarray | None = None) -> dict[str, float]:
+        """Mean E2E and TTFT (s) over successful requests (in mask)."""
+        ok = ~self.failed if mask is None else (~self.failed & mask)
+        if not ok.any():
+            return {"e2e_mean_s": math.nan, "ttft_mean_s": math.nan}
+        return {"e2e_mean_s": float(self.e2e_s[ok].mean()), "ttft_mean_s": float(self.ttft_s[ok].mean())}
+
+
+def _read_json(exp: str, path: Path):
+    if not path.is_file():
+        raise ExperimentError(exp, f"missing file {path.name}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ExperimentError(exp, f"{path.name}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExperimentError(exp, f"{path.name}: unreadable ({e})") from None
+
+
+def _positive_int(exp: str, cfg: dict, key: str) -> int:
+    v = cfg.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ExperimentError(exp, f"requests.json: config.{key} must be a positive integer, got {v!r}")
+    return v
+
+
+def _temporal_split(n: int, fractions: tuple[float, float]) -> np.ndarray:
+    cut1 = int(round(n * fractions[0]))
+    cut2 = int(round(n * (fractions[0] + fractions[1])))
+    split = np.full(n, 2, dtype=np.int8)
+    split[:cut1] = 0
+    split[cut1:cut2] = 1
+    return split
+
+
+def _summary_means(path: Path) -> dict | None:
+    """inference-perf's success means, or None when the file is absent or unusable."""
+    if not path.is_file():
+        return None
+    try:
+        lat = json.loads(path.read_text())["successes"]["latency"]
+        return {"e2e_mean_s": float(lat["request_latency"]["mean"]),
+                "ttft_mean_s": float(lat["time_to_first_token"]["mean"])}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, OSError):
+        return None
+
+
+def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> Experiment:
+    """Load and validate one experiment directory; raises ExperimentError (one line)."""
+    path = Path(path)
+    exp = path.name
+    if not path.is_dir():
+        raise ExperimentError(exp, "not a directory")
+    meta = _read_json(exp, path / "requests.json")
+    truth = _read_json(exp, path / "ground_truth.json")
+    profile = _read_json(exp, path / "profile.json") if (path / "profile.json").exists() else {}
+    if not isinstance(meta, dict) or not isinstance(meta.get("requests"), list):
+        raise ExperimentError(exp, "requests.json: expected an object with a 'requests' list")
+    if not isinstance(truth, list):
+        raise ExperimentError(exp, "ground_truth.json: expected a list of per-request records")
+    cfg = meta.get("config")
+    if not isinstance(cfg, dict):
+        raise ExperimentError(exp, "requests.json: missing 'config' object")
+    try:
+        arch = ModelArch.from_model_config(meta.get("model_config") or {})
+    except ValueError as e:
+        raise ExperimentError(exp, f"requests.json: {e}") from None
+    tp = _positive_int(exp, cfg, "tensor_parallelism")
+    server = ServerConfig(
+        max_num_seqs=_positive_int(exp, cfg, "max_num_seqs"),
+        max_num_batched_tokens=_positive_int(exp, cfg, "max_num_batched_tokens"),
+        kv_blocks=_positive_int(exp, cfg, "kv_blocks_total_gpu"),
+        block_size=_positive_int(exp, cfg, "block_size"),
+    )
+    hw_name = options.hardware or cfg.get("hardware") or meta.get("hardware") or DEFAULT_HARDWARE
+    try:
+        hardware = get_hardware(str(hw_name))
+    except KeyError as e:
+        raise ExperimentError(exp, e.args[0]) from None
+
+    reqs = meta["requests"]
+    n = len(reqs)
+    if n == 0:
+        raise ExperimentError(exp, "requests.json: no requests")
+    if len(truth) != n:
+        raise ExperimentError(exp, f"ground_truth.json has {len(truth)} records but requests.json has {n} requests")
+    try:
+        index = np.array([r["index"] for r in reqs], dtype=np.int64)
+        arrival = np.array([r["arrival_time_us"] for r in reqs], dtype=np.float64)
+        inputs = np.array([r["input_tokens"] for r in reqs], dtype=np.int64)
+        reported_out = np.array([r["output_tokens"] for r in reqs], dtype=np.int64)
+        failed = np.array([bool(r.get("has_error", False)) for r in reqs])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ExperimentError(exp, f"requests.json: bad request record ({type(e).__name__}: {e})") from None
+    try:
+        truth_index = np.array([t["index"] for t in truth], dtype=np.int64)
+        truth_failed = np.array([bool(t.get("has_error", False)) for t in truth])
+        e2e = np.array([t.get("e2e_s", math.nan) for t in truth], dtype=np.float64)
+        ttft = np.array([math.nan if t.get("ttft_s") is None else t["ttft_s"] for t in truth], dtype=np.float64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ExperimentError(exp, f"ground_truth.json: bad record ({type(e).__name__}: {e})") from None
+
+    if not np.isfinite(arrival).all():
+        raise ExperimentError(exp, "requests.json: non-finite arrival_time_us")
+    if (arrival < 0).any():
+        i = int(np.argmax(arrival < 0))
+        raise ExperimentError(exp, f"requests.json: negative arrival_time_us at request {int(index[i])}")
+    if (inputs < 0).any() or (reported_out < 0).any():
+        raise ExperimentError(exp, "requests.json: negative token count")
+    # ground truth is matched to requests by index, not by position
+    order_truth = np.argsort(truth_index, kind="stable")
+    order_req = np.argsort(index, kind="stable")
+    if not np.array_equal(truth_index[order_truth], index[order_req]) or len(np.unique(index)) != n:
+        raise ExperimentError(exp, "ground_truth.json indices do not match requests.json indices")
+    pos = np.empty(n, dtype=np.int64)
+    pos[order_req] = order_truth  # truth record for each request position
+    truth_failed, e2e, ttft = truth_failed[pos], e2e[pos], ttft[pos]
+    if not np.array_equal(truth_failed, failed):
+        i = int(np.argmax(truth_failed != failed))
+        raise ExperimentError(exp, f"has_error differs between requests.json and ground_truth.json at request {int(index[i])}")
+    ok = ~failed
+    if not np.isfinite(e2e).all() or (e2e <= 0).any():
+        raise ExperimentError(exp, "ground_truth.json: missing or non-positive e2e_s")
+    if not np.isfinite(ttft[ok]).all() or (ttft[ok] < 0).any():
+        raise ExperimentError(exp, "ground_truth.json: a successful request lacks a valid ttft_s")
+    if (ttft[ok] > e2e[ok] * (1 + 1e-9)).any():
+        raise ExperimentError(exp, "ground_truth.json: ttft_s greater than e2e_s")
+    if not ok.any():
+        raise ExperimentError(exp, "no successful request to compare against")
+
+    order = np.argsort(arrival, kind="stable")  # arrival order; the data is sorted already
+    arrival, inputs, reported_out, failed, e2e, ttft = (a[order] for a in (arrival, inputs, reported_out, failed, e2e, ttft))
+    ok = ~failed
+
+    notes = []
+    imputed = failed & (inputs <= 0)
+    if imputed.any():
+        inputs = inputs.copy()
+        inputs[imputed] = int(np.median(inputs[ok]))
+        notes.append(f"{int(imputed.sum())} failed requests without input length: median of successful used")
+    if (inputs[ok] <= 0).any():
+        raise ExperimentError(exp, "requests.json: a successful request has input_tokens 0")
+
+    shared = ((profile.get("data") or {}).get("shared_prefix") or {}) if isinstance(profile, dict) else {}
+    out_len_used = None
+    if options.output_len == "profile" and isinstance(shared.get("output_len"), int) and shared["output_len"] > 0:
+        out_len_used = int(shared["output_len"])
+        output = np.full(n, out_len_used, dtype=np.int64)
+    else:
+        output = np.maximum(reported_out, 1)
+        if options.output_len == "profile":
+            notes.append("profile.json has no output_len: reported output_tokens used")
+
+    cached = np.zeros(n, dtype=np.int64)
+    sys_len = int(shared.get("system_prompt_len") or cfg.get("system_prompt_len") or 0)
+    groups = int(shared.get("num_unique_system_prompts") or cfg.get("num_prefix_groups") or 0)
+    if options.prefix_cache and sys_len >= server.block_size:
+        bs = server.block_size
+        cached[:] = (sys_len // bs) * bs
+        cached[:groups] = 0  # cold: the first request of each group fills the cache
+        cached = np.minimum(cached, ((inputs - 1) // bs) * bs)  # vLLM always computes the last token
+
+    if options.client_timeout_s is not None:
+        timeout_s = options.client_timeout_s
+    elif failed.any():
+        timeout_s = float(np.floor(e2e[failed].min()))
+    else:
+        timeout_s = DEFAULT_CLIENT_TIMEOUT_S
+    abort_after = np.where(failed, np.round(e2e * 1e6), timeout_s * 1e6).astype(np.int64)
+
+    return Experiment(
+        name=exp,
+        model=str(meta.get("model_id") or meta.get("model_short") or "unknown"),
+        workload=str(meta.get("profile") or ""),
+        tp=tp, hardware=hardware, arch=arch, server=server,
+        arrival_us=np.round(arrival).astype(np.int64),
+        input_tokens=inputs, output_tokens=output, reported_output_tokens=reported_out,
+        cached_tokens=cached, failed=failed, abort_after_us=abort_after,
+        e2e_s=e2e, ttft_s=ttft, split=_temporal_split(n, options.split),
+        source_split=str(meta.get("split") or ""), output_len_used=out_len_used,
+        n_imputed_inputs=int(imputed.sum()), summary=_summary_means(path / "summary_lifecycle_metrics.json"),
+        synthetic=bool(meta.get("synthetic", False)), notes=notes,
+    )
+
+
+def experiment_dirs(data_dir: str | Path) -> list[Path]:
+    """Experiment directories under data_dir (or data_dir itself when it is one)."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such data directory")
+    if (root / "requests.json").exists():
+        return [root]
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def load_experiments(data_dir: str | Path, options: LoadOptions = LoadOptions()) -> tuple[list[Experiment], list[ExperimentError]]:
+    """Every experiment under data_dir: the good ones, and one error per bad one."""
+    good, bad = [], []
+    for d in experiment_dirs(data_dir):
+        try:
+            good.append(load_experiment(d, options))
+        except ExperimentError as e:
+            bad.append(e)
+    return good, bad

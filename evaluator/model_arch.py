@@ -1,0 +1,81 @@
+"""Transformer architecture of a served model, as the replay data's `model_config` gives it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_PER_PARAM = 2  # BF16 weights
+BYTES_PER_KV_ELEM = 2  # BF16 KV cache
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Sizes are counts of elements (not bytes). Dense models have num_experts = top_k = 0."""
+
+    layers: int
+    hidden: int  # d
+    heads: int  # H (query heads)
+    kv_heads: int
+    ffn: int  # intermediate (FFN) dim per expert
+    vocab: int
+    num_experts: int = 0  # E, local experts of a MoE MLP
+    top_k: int = 0  # experts per token
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """dkv: width of K (or V) per token per layer."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        d = self.hidden
+        return d * (d + 2 * self.kv_dim) + d * d  # QKV projection + output projection
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one MLP expert (gate, up, down), or of the dense MLP."""
+        return 3 * self.hidden * self.ffn
+
+    @property
+    def dense_params_per_layer(self) -> int:
+        """Parameters read every step regardless of routing: attention, router, dense MLP."""
+        if self.moe:
+            return self.attn_params_per_layer + self.hidden * self.num_experts
+        return self.attn_params_per_layer + self.expert_params
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @classmethod
+    def from_model_config(cls, mc: dict) -> "ModelArch":
+        """Build from the replay format's model_config; raises ValueError on bad fields."""
+        required = ["num_layers", "hidden_dim", "num_heads", "num_kv_heads", "intermediate_dim"]
+        missing = [k for k in required if k not in mc]
+        if missing:
+            raise ValueError(f"model_config lacks {', '.join(missing)}")
+        vals = {k: mc[k] for k in required}
+        for k, v in vals.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"model_config.{k} must be a positive integer, got {v!r}")
+        if vals["hidden_dim"] % vals["num_heads"]:
+            raise ValueError("model_config.hidden_dim is not a multiple of num_heads")
+        if vals["num_heads"] % vals["num_kv_heads"]:
+            raise ValueError("model_config.num_heads is not a multiple of num_kv_heads")
+        experts = int(mc.get("num_local_experts") or 0)
+        top_k = int(mc.get("num_experts_per_tok") or 0)
+        if experts and not 0 < top_k <= experts:
+            raise ValueError(f"model_config.num_experts_per_tok={top_k} invalid for {experts} experts")
+        return cls(
+            layers=vals["num_layers"], hidden=vals["hidden_dim"], heads=vals["num_heads"],
+            kv_heads=vals["num_kv_heads"], ffn=vals["intermediate_dim"],
+            vocab=int(mc.get("vocab_size") or 32000),
+            num_experts=experts, top_k=top_k if experts else 0,
+        )

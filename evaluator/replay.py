@@ -1,0 +1,378 @@
+"""Closed-loop replay of a vLLM-v1-like scheduler with one program as the step-time model.
+
+Each step (read top to bottom like vLLM's scheduler):
+  1. requests whose ready time (arrival + queueing_time) has come join the waiting queue;
+     client timeouts remove requests wherever they are and free their KV blocks;
+  2. running requests in batch order get tokens under the max_num_batched_tokens budget
+     (a prefill chunk min(remaining prompt, budget), a decode 1); a request whose KV blocks
+     cannot be allocated preempts the tail of the batch (recompute: blocks freed, progress
+     reset, back to the front of the waiting queue) until it fits or is itself the victim;
+  3. only if nothing was preempted, waiting requests are admitted from the head while seats
+     and budget last; a cached system-prompt prefix (full blocks) is not recomputed; a head
+     that cannot get its blocks stops admission;
+  4. the program maps the step's components to a duration (integer us, as in Go) and the
+     clock advances; prefill progress advances, a completed prompt yields the first token,
+     decodes yield one token each, finished requests free their blocks.
+Timing follows BLIS (see DESIGN.md): TTFT = end of the prefill-completing step - arrival +
+output_token_time; each later token adds its step's duration + output_token_time;
+E2E = TTFT + those + post_decode_time. A preempted request starts over.
+
+The loop is numba-compiled once; programs run on the stack machine of dsl/vm.py, so a new
+program or constant vector costs no compilation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from .components import N_COMPONENTS, coefficients, component_values
+from .dsl.vm import LOCALS_SIZE, STACK_SIZE, CompiledProgram, run_code
+from .experiments import Experiment
+
+# request states
+WAITING_TO_ARRIVE, QUEUED, RUNNING, FINISHED, TIMED_OUT = 0, 1, 2, 3, 4
+# simulation status
+OK, BAD_STEP_TIME, STEP_LIMIT, TRAJECTORY_FULL, BAD_QUEUE_TIME = 0, 1, 2, 3, 4
+
+_component_values = njit(cache=True, nogil=True)(component_values)
+
+
+@njit(cache=True, nogil=True)
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+@njit(cache=True, nogil=True)
+def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_tokens, kv_blocks, block,
+              k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec):
+    n = arrival.shape[0]
+    stack = np.zeros(STACK_SIZE)
+    local = np.zeros(LOCALS_SIZE)
+    comps = np.zeros(N_COMPONENTS)
+    req = np.zeros(2)
+    none = np.zeros(1)
+
+    # per-program scalars
+    out_tok = 0
+    if entries[2] >= 0:
+        x = run_code(code, lits, entries[2], none, consts, none, stack, local)
+        if not np.isfinite(x):
+            return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
+        out_tok = max(0, int(np.round(x)))
+    post_decode = 0
+    if entries[3] >= 0:
+        x = run_code(code, lits, entries[3], none, consts, none, stack, local)
+        if not np.isfinite(x):
+            return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
+        post_decode = max(0, int(np.round(x)))
+    ready = arrival.copy()
+    if entries[1] >= 0:
+        for r in range(n):
+            req[0] = inputs[r]
+            req[1] = outputs[r]
+            x = run_code(code, lits, entries[1], none, consts, req, stack, local)
+            if not np.isfinite(x):
+                return BAD_QUEUE_TIME, 0, 0, r, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
+            ready[r] = arrival[r] + max(0, int(np.round(x)))
+    order = np.argsort(ready, kind="mergesort")
+    deadline = arrival + abort_after
+
+    state = np.zeros(n, np.int8)
+    progress = np.zeros(n, np.int64)  # tokens in the KV cache
+    generated = np.zeros(n, np.int64)
+    held = np.zeros(n, np.int64)  # KV blocks held (shared prefix blocks not counted)
+    ttft = np.full(n, -1, np.int64)
+    e2e = np.full(n, -1, np.int64)
+    acc = np.zeros(n, np.int64)  # E2E accumulated so far
+    preempts = np.zeros(n, np.int32)
+
+    qcap = 2 * n + 2  # waiting deque as a ring buffer
+    queue = np.zeros(qcap, np.int64)
+    qhead = n + 1
+    qtail = n + 1
+    running = np.zeros(max_seqs, np.int64)
+    n_running = 0
+    sched = np.zeros(max_seqs, np.int64)  # tokens given this step, by batch position
+    free = kv_blocks
+    pending = min(horizon, n)  # horizon requests not yet finished or timed out
+    nxt = 0
+    clock = np.int64(0)
+    steps = 0
+    n_rec = 0
+
+    while pending > 0:
+        while nxt < n and ready[order[nxt]] <= clock:
+            r = order[nxt]
+            state[r] = QUEUED
+            queue[qtail % qcap] = r
+            qtail += 1
+            nxt += 1
+        # client timeouts among running requests (waiting ones are dropped at the head)
+        m = 0
+        for i in range(n_running):
+            r = running[i]
+            if deadline[r] <= clock:
+                state[r] = TIMED_OUT
+                free += held[r]
+                held[r] = 0
+                if r < horizon:
+                    pending -= 1
+            else:
+                running[m] = r
+                m += 1
+        n_running = m
+        while qhead < qtail and deadline[queue[qhead % qcap]] <= clock:
+            r = queue[qhead % qcap]
+            qhead += 1
+            state[r] = TIMED_OUT
+            if r < horizon:
+                pending -= 1
+        if pending <= 0:
+            break
+        if n_running == 0 and qhead == qtail:
+            if nxt < n:
+                clock = max(clock, ready[order[nxt]])
+                continue
+            break
+
+        # 2. running requests in batch order
+        budget = budget_tokens
+        preempted = False
+        i = 0
+        while i < n_running and budget > 0:
+            r = running[i]
+            if progress[r] < inputs[r]:
+                tok = min(inputs[r] - progress[r], budget)
+            else:
+                tok = 1
+            need = _ceil_div(progress[r] + tok, block) - cached[r] // block - held[r]
+            self_preempted = False
+            while need > free:
+                victim = running[n_running - 1]
+                n_running -= 1
+                free += held[victim]
+                held[victim] = 0
+                progress[victim] = 0
+                generated[victim] = 0
+                ttft[victim] = -1
+                acc[victim] = 0
+                preempts[victim] += 1
+                state[victim] = QUEUED
+                qhead -= 1
+                queue[qhead % qcap] = victim
+                preempted = True
+                if victim == r:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            if need > 0:
+                free -= need
+                held[r] += need
+            sched[i] = tok
+            budget -= tok
+            i += 1
+        for j in range(i, n_running):
+            sched[j] = 0
+
+        # 3. admission from the waiting queue, only when nothing was preempted
+        if not preempted:
+            while n_running < max_seqs and budget > 0 and qhead < qtail:
+                r = queue[qhead % qcap]
+                if deadline[r] <= clock:
+                    qhead += 1
+                    state[r] = TIMED_OUT
+                    if r < horizon:
+                        pending -= 1
+                    continue
+                start = cached[r]
+                tok = min(inputs[r] - start, budget)
+                need = _ceil_div(start + tok, block) - start // block
+                if need > free:
+                    break
+                qhead += 1
+                free -= need
+                held[r] = need
+                progress[r] = start
+                state[r] = RUNNING
+                running[n_running] = r
+                sched[n_running] = tok
+                n_running += 1
+                budget -= tok
+
+        if budget == budget_tokens:
+            # nothing could be scheduled (a head that never fits): wait for the next event
+            nxt_event = deadline[queue[qhead % qcap]] if qhead < qtail else clock + 1
+            if nxt < n and ready[order[nxt]] < nxt_event:
+                nxt_event = ready[order[nxt]]
+            clock = max(clock + 1, nxt_event)
+            continue
+
+        # 4. the step: components from batch totals, then the program
+        tok_pf = 0.0
+        n_pf = 0.0
+        pf_pairs = 0.0
+        pf_ctx = 0.0
+        n_dc = 0.0
+        dc_ctx = 0.0
+        ctx_max = 0.0
+        for j in range(n_running):
+            tok = sched[j]
+            if tok == 0:
+                continue
+            r = running[j]
+            c = float(progress[r])
+            if progress[r] < inputs[r]:
+                tok_pf += tok
+                n_pf += 1.0
+                pf_pairs += tok * (c + tok / 2.0)
+                pf_ctx += c
+            else:
+                n_dc += 1.0
+                dc_ctx += c
+            if c > ctx_max:
+                ctx_max = c
+            if record:
+                if n_rec >= traj.shape[0]:
+                    return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
+                traj[n_rec, 0] = steps
+                traj[n_rec, 1] = tok
+                traj[n_rec, 2] = progress[r]
+                traj[n_rec, 3] = 1 if progress[r] < inputs[r] else 0
+                traj[n_rec, 4] = r
+                n_rec += 1
+        v = _component_values(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max, k)
+        for j in range(N_COMPONENTS):
+            comps[j] = v[j]
+        x = run_code(code, lits, entries[0], comps, consts, none, stack, local)
+        if not np.isfinite(x) or x <= 0.0:
+            return BAD_STEP_TIME, steps, clock, -1, ttft, e2e, state, preempts
+        dt = max(np.int64(1), np.int64(np.round(x)))
+        if record:
+            if steps >= steps_rec.shape[0]:
+                return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
+            steps_rec[steps, 0] = clock
+            steps_rec[steps, 1] = dt
+        clock += dt
+        steps += 1
+        if steps > max_steps:
+            return STEP_LIMIT, steps, clock, -1, ttft, e2e, state, preempts
+
+        # 5. advance progress, emit tokens, finish
+        m = 0
+        for j in range(n_running):
+            r = running[j]
+            tok = sched[j]
+            if tok > 0:
+                if clock > deadline[r]:  # the client gave up during this step
+                    state[r] = TIMED_OUT
+                    free += held[r]
+                    held[r] = 0
+                    if r < horizon:
+                        pending -= 1
+                    continue
+                if progress[r] < inputs[r]:
+                    progress[r] += tok
+                    if progress[r] >= inputs[r]:
+                        generated[r] = 1
+                        ttft[r] = clock - arrival[r] + out_tok
+                        acc[r] = ttft[r]
+                else:
+                    progress[r] += 1
+                    generated[r] += 1
+                    acc[r] += dt + out_tok
+                if generated[r] >= outputs[r]:
+                    e2e[r] = acc[r] + post_decode
+                    state[r] = FINISHED
+                    free += held[r]
+                    held[r] = 0
+                    if r < horizon:
+                        pending -= 1
+                    continue
+            running[m] = r
+            m += 1
+        n_running = m
+    return OK, steps, clock, n_rec, ttft, e2e, state, preempts
+
+
+@dataclass
+class Trajectory:
+    """Scheduled request-slots of every step (flat) plus each step's start and duration (us)."""
+
+    step: np.ndarray
+    new_tokens: np.ndarray
+    context: np.ndarray
+    is_prefill: np.ndarray
+    request: np.ndarray
+    step_start_us: np.ndarray
+    step_us: np.ndarray
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.step_us)
+
+
+@dataclass
+class ReplayResult:
+    status: int
+    n_steps: int
+    clock_us: int
+    ttft_us: np.ndarray  # -1 where no first token
+    e2e_us: np.ndarray  # -1 where not finished
+    state: np.ndarray
+    preemptions: np.ndarray
+    trajectory: Trajectory | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def failure(self) -> str:
+        return {OK: "", BAD_STEP_TIME: f"step_time returned a non-finite or non-positive value at step {self.n_steps}",
+                STEP_LIMIT: f"simulation exceeded the step limit ({self.n_steps} steps)",
+                BAD_QUEUE_TIME: "queueing_time, output_token_time or post_decode_time returned a non-finite value",
+                TRAJECTORY_FULL: "trajectory buffer full"}[self.status]
+
+
+_COEF_CACHE: dict[int, np.ndarray] = {}
+
+
+def experiment_coefficients(exp: Experiment) -> np.ndarray:
+    key = id(exp)
+    if key not in _COEF_CACHE:
+        _COEF_CACHE[key] = coefficients(exp.arch, exp.hardware, exp.tp)
+    return _COEF_CACHE[key]
+
+
+def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | None = None,
+           record: bool = False, max_steps: int = 50_000_000) -> ReplayResult:
+    """Replay `exp` closed-loop with `program` at `constants` (array in program order).
+
+    horizon: stop once every request at arrival position < horizon finished or timed out
+    (requests after it still arrive and compete until then). record: keep the trajectory.
+    """
+    n = exp.n_requests
+    horizon = n if horizon is None else int(min(max(horizon, 0), n))
+    consts = np.ascontiguousarray(constants, dtype=np.float64)
+    if consts.shape != (len(program.constant_names),):
+        raise ValueError(f"expected {len(program.constant_names)} constants, got shape {consts.shape}")
+    s = exp.server
+    cap = 1
+    while True:
+        traj = np.zeros((cap, 5), np.int64)
+        steps_rec = np.zeros((cap, 2), np.int64)
+        status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
+            exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.cached_tokens, exp.abort_after_us,
+            s.max_num_seqs, s.max_num_batched_tokens, s.kv_blocks, s.block_size, experiment_coefficients(exp),
+            program.code, program.literals, program.entries, consts, horizon, max_steps, record, traj, steps_rec)
+        if status != TRAJECTORY_FULL:
+            break
+        cap = max(cap * 4, 1 << 20)
+    trajectory = None
+    if record and status == OK:
+        t = traj[:n_rec]
+        trajectory = Trajectory(step=t[:, 0], new_tokens=t[:, 1], context=t[:, 2], is_prefill=t[:, 3].astype(bool),
+                                request=t[:, 4], step_start_us=steps_rec[:steps, 0], step_us=steps_rec[:steps, 1])
+    return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory)

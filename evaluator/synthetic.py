@@ -1,0 +1,150 @@
+"""The built-in synthetic sample: experiments made by the replay simulator from a hidden oracle.
+
+The oracle (documented here, not shipped as a seed, so the search has something to find):
+
+    step_time        = 2500 + max(1.7 * (gemm_pf + gemm_dc + attn_pf + attn_dc),
+                                  1.45 * (weights + kv_read + kv_write))
+                       + 1.2 * allreduce + 12 * n_req                       [us]
+    queueing_time    = 1800 + 0.5 * input_tokens                            [us]
+    output_token_time = 35                                                  [us]
+
+Measured E2E and TTFT get independent multiplicative log-normal noise (sigma 2%), the
+reported output token counts are exact, and requests still unfinished at the client timeout
+are recorded as failures, like the real data. Four experiments (dense TP1, GQA TP4, MoE TP2,
+and one overloaded long-output run) of 1,200-2,400 requests keep the default job quick.
+Everything is a deterministic function of the generator seed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .dsl import compile_program, parse_program
+from .experiments import Experiment, ServerConfig, _temporal_split
+from .hardware import get_hardware
+from .model_arch import ModelArch
+from .replay import FINISHED, replay
+
+GENERATOR_VERSION = 1
+ORACLE_SOURCE = '''"""Synthetic oracle."""
+CONSTANTS = {"base_us": 2500.0, "c_compute": 1.7, "c_memory": 1.45, "c_comm": 1.2, "per_req_us": 12.0,
+             "queue_us": 1800.0, "queue_per_token_us": 0.5, "out_tok_us": 35.0}
+
+def step_time(f, c):
+    compute = f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc
+    memory = f.weights + f.kv_read + f.kv_write
+    return c.base_us + max(c.c_compute * compute, c.c_memory * memory) + c.c_comm * f.allreduce + c.per_req_us * f.n_req
+
+def queueing_time(r, c):
+    return c.queue_us + c.queue_per_token_us * r.input_tokens
+
+def output_token_time(c):
+    return c.out_tok_us
+'''
+
+MODELS = {
+    "meta-llama/Llama-2-7b-hf": dict(num_layers=32, hidden_dim=4096, num_heads=32, num_kv_heads=32, intermediate_dim=11008,
+                                     num_local_experts=0, num_experts_per_tok=0, vocab_size=32000),
+    "meta-llama/Llama-2-70b-hf": dict(num_layers=80, hidden_dim=8192, num_heads=64, num_kv_heads=8, intermediate_dim=28672,
+                                      num_local_experts=0, num_experts_per_tok=0, vocab_size=32000),
+    "mistralai/Mixtral-8x7B-v0.1": dict(num_layers=32, hidden_dim=4096, num_heads=32, num_kv_heads=8, intermediate_dim=14336,
+                                        num_local_experts=8, num_experts_per_tok=2, vocab_size=32000),
+    "codellama/CodeLlama-34b-Instruct-hf": dict(num_layers=48, hidden_dim=8192, num_heads=64, num_kv_heads=8, intermediate_dim=22016,
+                                                num_local_experts=0, num_experts_per_tok=0, vocab_size=32000),
+}
+
+# name, model, tp, kv blocks, stages [(seconds, rate)], system prompt, question, output len, groups, timeout s
+SCENARIOS = [
+    ("synth-llama-2-7b-tp1-general", "meta-llama/Llama-2-7b-hf", 1, 7462, [(150, 4.0), (150, 10.0)], 100, 450, 248, 9, 300.0),
+    ("synth-llama-2-70b-tp4-codegen", "meta-llama/Llama-2-70b-hf", 4, 31356, [(300, 5.0)], 100, 470, 247, 11, 300.0),
+    ("synth-mixtral-8x7b-tp2-roleplay", "mistralai/Mixtral-8x7B-v0.1", 2, 27510, [(300, 6.0)], 150, 600, 251, 10, 300.0),
+    ("synth-codellama-34b-tp2-reasoning", "codellama/CodeLlama-34b-Instruct-hf", 2, 26602, [(300, 3.5)], 100, 930, 1448, 23, 90.0),
+]
+NOISE_SIGMA = 0.02
+
+
+def _requests(rng: np.random.Generator, stages, sys_len: int, question: int) -> tuple[np.ndarray, np.ndarray]:
+    arrivals, t0 = [], 0.0
+    for duration, rate in stages:
+        n = int(duration * rate)
+        gaps = rng.exponential(1.0 / rate, size=n)
+        times = t0 + np.cumsum(gaps)
+        arrivals.append(times[times < t0 + duration])
+        t0 += duration
+    arrival_us = np.round(np.concatenate(arrivals) * 1e6).astype(np.int64)
+    arrival_us -= arrival_us[0]
+    inputs = (sys_len + question + rng.integers(-12, 13, size=len(arrival_us))).astype(np.int64)
+    return arrival_us, inputs
+
+
+def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
+    """(requests.json, ground_truth.json, profile.json, summary) for each synthetic experiment."""
+    oracle = parse_program(ORACLE_SOURCE)
+    compiled = compile_program(oracle)
+    consts = np.array(list(oracle.constants.values()))
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, model, tp, blocks, stages, sys_len, question, out_len, groups, timeout_s in SCENARIOS:
+        arrival, inputs = _requests(rng, stages, sys_len, question)
+        n = len(arrival)
+        bs = 16
+        cached = np.full(n, (sys_len // bs) * bs, dtype=np.int64)
+        cached[:groups] = 0
+        exp = Experiment(
+            name=name, model=model, workload=name.rsplit("-", 1)[-1], tp=tp, hardware=get_hardware("H100"),
+            arch=ModelArch.from_model_config(MODELS[model]),
+            server=ServerConfig(max_num_seqs=128, max_num_batched_tokens=2048, kv_blocks=blocks, block_size=bs),
+            arrival_us=arrival, input_tokens=inputs, output_tokens=np.full(n, out_len, dtype=np.int64),
+            reported_output_tokens=np.full(n, out_len, dtype=np.int64), cached_tokens=cached,
+            failed=np.zeros(n, bool), abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
+            e2e_s=np.zeros(n), ttft_s=np.zeros(n), split=_temporal_split(n, (0.6, 0.2)), synthetic=True,
+        )
+        res = replay(exp, compiled, consts)
+        if not res.ok:
+            raise RuntimeError(f"synthetic oracle failed on {name}: {res.failure()}")
+        done = res.state == FINISHED
+        e2e = np.where(done, res.e2e_us / 1e6 * rng.lognormal(0.0, NOISE_SIGMA, n), timeout_s + rng.uniform(0, 1, n))
+        ttft = np.where(done, res.ttft_us / 1e6 * rng.lognormal(0.0, NOISE_SIGMA, n), np.nan)
+        ttft = np.minimum(ttft, e2e)
+        requests = {
+            "experiment": name, "model_id": model, "model_short": model.split("/")[-1].lower(), "profile": exp.workload,
+            "split": "train", "synthetic": True, "hardware": "H100", "generator": {"version": GENERATOR_VERSION, "seed": seed},
+            "config": {"tensor_parallelism": tp, "max_num_seqs": 128, "max_num_batched_tokens": 2048,
+                       "kv_blocks_total_gpu": blocks, "block_size": bs, "num_prefix_groups": 0, "users_per_group": 0,
+                       "system_prompt_len": 0},
+            "model_config": MODELS[model],
+            "requests": [{"index": i, "arrival_time_us": int(arrival[i]), "input_tokens": 0 if not done[i] else int(inputs[i]),
+                          "output_tokens": int(out_len) if done[i] else 0, "prefix_group": "", "has_error": bool(not done[i])}
+                         for i in range(n)],
+        }
+        truth = [{"index": i, "has_error": bool(not done[i]), "e2e_s": float(e2e[i]),
+                  **({"ttft_s": float(ttft[i])} if done[i] else {})} for i in range(n)]
+        profile = {"data": {"type": "shared_prefix", "shared_prefix": {
+            "num_unique_system_prompts": groups, "system_prompt_len": sys_len, "question_len": question, "output_len": out_len}},
+            "load": {"type": "constant", "stages": [{"duration": d, "rate": r} for d, r in stages]},
+            "server": {"ignore_eos": True, "model_name": model}, "synthetic": True}
+        summary = {"successes": {"count": int(done.sum()), "latency": {
+            "request_latency": {"mean": float(e2e[done].mean())}, "time_to_first_token": {"mean": float(ttft[done].mean())}}},
+            "failures": {"count": int((~done).sum())}}
+        out.append((requests, truth, profile, summary))
+    return out
+
+
+def write_sample(out_dir: str | Path, seed: int = 0) -> list[Path]:
+    """Write the synthetic sample in the replay format; returns the experiment directories."""
+    out_dir = Path(out_dir)
+    dirs = []
+    for requests, truth, profile, summary in generate(seed):
+        d = out_dir / requests["experiment"]
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "requests.json").write_text(json.dumps(requests))
+        (d / "ground_truth.json").write_text(json.dumps(truth))
+        (d / "profile.json").write_text(json.dumps(profile, indent=1))
+        (d / "summary_lifecycle_metrics.json").write_text(json.dumps(summary, indent=1))
+        (d / "exp-config.yaml").write_text(
+            f"model: {requests['model_id']}\ntensor_parallelism: {requests['config']['tensor_parallelism']}\n"
+            "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\napp: stepml-evolve synthetic\n")
+        dirs.append(d)
+    return dirs

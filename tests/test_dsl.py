@@ -1,0 +1,283 @@
+"""The program DSL: seeds compile, scalar VM == numexpr, rejections name line and rule,
+and hostile text is rejected without ever being executed."""
+from __future__ import annotations
+
+import builtins
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from evaluator.components import COMPONENT_NAMES, N_COMPONENTS
+from evaluator.dsl import ProgramError, ScalarProgram, compile_program, compile_vector, evaluate_vector, load_program, parse_program, step_times
+from seeds import seed_paths
+
+SEED_NAMES = {"blackbox", "roofline", "phase_decomposed", "regime_switch", "trained_physics"}
+
+
+def test_all_seeds_are_shipped_documented_valid_and_compile():
+    paths = seed_paths()
+    assert SEED_NAMES <= {p.stem for p in paths}
+    for p in paths:
+        prog = load_program(p)
+        assert prog.doc, f"{p.name} needs a docstring saying its idea"
+        cp = compile_program(prog)
+        assert cp.entries[0] >= 0
+        compile_vector(prog)
+        assert prog.complexity > 0 and prog.components_used
+
+
+def test_descriptors_count_nodes_components_and_constants():
+    prog = parse_program('CONSTANTS = {"a": 1.0, "b": 2.0}\n\ndef step_time(f, c):\n'
+                         '    x = c.a * f.gemm_pf\n    return max(x, c.b * f.weights) + 3.0\n')
+    # x = c.a * f.gemm_pf -> 3 nodes; max(x, c.b*f.weights) + 3.0 -> + , max, x, *, c.b, f.weights, 3.0 = 7
+    assert prog.complexity == 10
+    assert prog.components_used == ["gemm_pf", "weights"]
+    assert prog.descriptors()["n_components"] == 2
+    assert prog.constant_names == ["a", "b"]
+
+
+def _random_components(rng, n):
+    comps = rng.uniform(0, 5000, size=(N_COMPONENTS, n))
+    comps[:, : n // 4] = 0.0  # zeros exercise protected division and log
+    comps[:, n // 4: n // 2] *= -1  # negatives exercise abs in sqrt/log/powers
+    return comps
+
+
+def test_seed_programs_agree_between_scalar_vm_and_numexpr():
+    rng = np.random.default_rng(0)
+    comps = _random_components(rng, 200)
+    for p in seed_paths():
+        prog = load_program(p)
+        consts = np.array(list(prog.constants.values()))
+        sp = ScalarProgram(compile_program(prog))
+        vec = step_times(prog, comps, consts)
+        scalar = np.array([sp.step_time(comps[:, i], consts) for i in range(comps.shape[1])])
+        np.testing.assert_allclose(scalar, vec, rtol=1e-12, atol=1e-9, err_msg=p.name)
+
+
+def test_population_of_constant_vectors_evaluates_in_one_call():
+    prog = load_program(next(p for p in seed_paths() if p.stem == "roofline"))
+    rng = np.random.default_rng(1)
+    comps = rng.uniform(0, 1e4, size=(N_COMPONENTS, 64))
+    base = np.array(list(prog.constants.values()))
+    pop = base * rng.uniform(0.5, 2.0, size=(7, len(base)))
+    out = step_times(prog, comps, pop)
+    assert out.shape == (7, 64)
+    for i in range(7):
+        np.testing.assert_allclose(out[i], step_times(prog, comps, pop[i]), rtol=1e-13)
+
+
+# ---- random well-formed programs: the two compilations agree everywhere ----
+
+def _random_expr(rng: random.Random, depth: int, consts: list[str], locals_: list[str]) -> str:
+    if depth <= 0 or rng.random() < 0.25:
+        kind = rng.random()
+        if kind < 0.45:
+            return f"f.{rng.choice(COMPONENT_NAMES)}"
+        if kind < 0.75:
+            return f"c.{rng.choice(consts)}"
+        if kind < 0.85 and locals_:
+            return rng.choice(locals_)
+        return repr(round(rng.uniform(-3, 3), 3))
+    a = lambda: _random_expr(rng, depth - 1, consts, locals_)  # noqa: E731
+    op = rng.randrange(12)
+    if op < 4:
+        return f"({a()} {'+-*/'[op]} {a()})"
+    if op == 4:
+        return f"max({a()}, {a()}, {a()})"
+    if op == 5:
+        return f"min({a()}, {a()})"
+    if op == 6:
+        return f"{rng.choice(['abs', 'sqrt', 'log', 'exp'])}({a()})"
+    if op == 7:
+        return f"({a()}) ** {rng.choice(['2', '3', '-1', '0.5', '1.5', '-2'])}"
+    if op == 8:
+        return f"(-{a()})"
+    cmp = rng.choice(["<", "<=", ">", ">=", "==", "!="])
+    cond = f"{a()} {cmp} {a()}"
+    if op == 9:
+        cond = f"({cond}) and not ({a()} > {a()})"
+    elif op == 10:
+        cond = f"({cond}) or {a()} < {a()} < {a()}"
+    return f"({a()} if {cond} else {a()})"
+
+
+def _random_program(seed: int) -> str:
+    rng = random.Random(seed)
+    consts = [f"k{i}" for i in range(rng.randint(1, 5))]
+    body, locals_ = [], []
+    for j in range(rng.randint(0, 3)):
+        body.append(f"    v{j} = {_random_expr(rng, 3, consts, locals_)}")
+        locals_.append(f"v{j}")
+    body.append(f"    return {_random_expr(rng, 4, consts, locals_)}")
+    cdict = ", ".join(f'"{k}": {rng.uniform(-2, 5):.4f}' for k in consts)
+    return f"CONSTANTS = {{{cdict}}}\n\ndef step_time(f, c):\n" + "\n".join(body) + "\n"
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_random_programs_agree_between_scalar_vm_and_numexpr(seed):
+    src = _random_program(seed)
+    prog = parse_program(src)
+    consts = np.array(list(prog.constants.values()))
+    comps = _random_components(np.random.default_rng(seed), 40)
+    sp = ScalarProgram(compile_program(prog))
+    with np.errstate(all="ignore"):
+        vec = step_times(prog, comps, consts)
+    scalar = np.array([sp.step_time(comps[:, i], consts) for i in range(comps.shape[1])])
+    finite = np.isfinite(scalar) & np.isfinite(vec)
+    assert np.array_equal(np.isfinite(scalar), np.isfinite(vec)), src
+    np.testing.assert_allclose(scalar[finite], vec[finite], rtol=1e-9, atol=1e-9, err_msg=src)
+
+
+def test_other_functions_compile_both_ways():
+    prog = parse_program('CONSTANTS = {"q": 100.0, "t": 0.5, "o": 40.0}\n'
+                         'def step_time(f, c):\n    return 1.0\n'
+                         'def queueing_time(r, c):\n    return c.q + c.t * r.input_tokens if r.output_tokens > 10 else c.q\n'
+                         'def output_token_time(c):\n    return c.o * 2\n'
+                         'def post_decode_time(c):\n    return c.o\n')
+    sp = ScalarProgram(compile_program(prog))
+    consts = np.array([100.0, 0.5, 40.0])
+    assert sp.queueing_time(600, 248, consts) == 400.0
+    assert sp.queueing_time(600, 5, consts) == 100.0
+    assert sp.output_token_time(consts) == 80.0 and sp.post_decode_time(consts) == 40.0
+    vq = evaluate_vector(compile_vector(prog, "queueing_time"),
+                         {"c_q": 100.0, "c_t": 0.5, "c_o": 40.0, "r_input_tokens": np.array([600.0, 600.0]),
+                          "r_output_tokens": np.array([248.0, 5.0])})
+    np.testing.assert_array_equal(vq, [400.0, 100.0])
+
+
+# ---- rejections name the line and the rule ----
+
+VALID_HEAD = 'CONSTANTS = {"a": 1.0}\n\ndef step_time(f, c):\n'
+
+
+@pytest.mark.parametrize("body,line,rule,fragment", [
+    ("    return f.gemm\n", 4, "component", "unknown component f.gemm"),
+    ("    return c.b\n", 4, "constant", "c.b is not in CONSTANTS"),
+    ("    return r.input_tokens\n", 4, "attribute", "not allowed here"),
+    ("    x = 1\n    return eval('1')\n", 5, "call", "call to 'eval'"),
+    ("    return f.n_req ** 1000\n", 4, "exponent", "exceeds the limit"),
+    ("    return f.n_req ** c.a\n", 4, "exponent", "numeric literal"),
+    ("    return y\n", 4, "name", "'y' is not defined"),
+    ("    for i in f:\n        pass\n    return 1\n", 4, "statement", "For"),
+    ("    return (lambda: 1)()\n", 4, "call", "not allowed"),
+    ("    return [x for x in f]\n", 4, "expression", "ListComp"),
+    ("    return 'text'\n", 4, "literal", "numeric literals"),
+    ("    return f.n_req if f.n_req else 1\n", 4, "condition", "comparison"),
+    ("    return f.n_req // 2\n", 4, "operator", "FloorDiv"),
+])
+def test_rejection_names_line_and_rule(body, line, rule, fragment):
+    with pytest.raises(ProgramError) as ei:
+        parse_program(VALID_HEAD + body)
+    e = ei.value
+    assert (e.line, e.rule) == (line, rule), str(e)
+    assert fragment in str(e) and f"line {line}:" in str(e)
+
+
+def test_load_program_error_names_the_file(tmp_path):
+    p = tmp_path / "bad.py"
+    p.write_text(VALID_HEAD + "    import os\n    return 1\n")
+    with pytest.raises(ProgramError) as ei:
+        load_program(p)
+    assert str(ei.value).startswith(f"{p}: line 4:")
+    assert "\n" not in str(ei.value)
+
+
+# ---- hostile inputs: all rejected, none executed ----
+
+SENTINEL_CODE = "__import__('pathlib').Path('{s}').write_text('pwned')"
+
+
+def _hostile(sentinel: str) -> list[str]:
+    s = SENTINEL_CODE.format(s=sentinel)
+    return [
+        f"import os\nos.system('touch {sentinel}')\n",
+        "from os import system\n",
+        f"CONSTANTS = {{}}\ndef step_time(f, c):\n    return {s}\n",
+        f"CONSTANTS = {{'a': {s}}}\ndef step_time(f, c):\n    return 1\n",
+        f"def step_time(f, c=({s})):\n    return 1\n",
+        f"@({s})\ndef step_time(f, c):\n    return 1\n",
+        f"def step_time(f, c) -> ({s}):\n    return 1\n",
+        f"{s}\ndef step_time(f, c):\n    return 1\n",
+        f"x = {s}\ndef step_time(f, c):\n    return 1\n",
+        "def step_time(f, c):\n    return f.__class__\n",
+        "def step_time(f, c):\n    return c.__dict__\n",
+        "def step_time(f, c):\n    return ().__class__.__bases__[0].__subclasses__()\n",
+        "def step_time(f, c):\n    return getattr(f, 'gemm_pf')\n",
+        f"def step_time(f, c):\n    g = lambda: {s}\n    return g()\n",
+        f"def step_time(f, c):\n    return [{s} for _ in range(1)]\n",
+        f"def step_time(f, c):\n    return {{{s}: 1}}\n",
+        "def step_time(f, c):\n    return 2 ** 10 ** 10\n",
+        "def step_time(f, c):\n    return f.n_req ** 99999999\n",
+        "def step_time(f, c):\n    return " + "(" * 5000 + "1" + ")" * 5000 + "\n",
+        "def step_time(f, c):\n    return " + "+".join(["f.n_req"] * 3000) + "\n",
+        "def step_time(f, c):\n    return " + "max(" * 30 + "1" + ", 2)" * 30 + "\n",
+        f"def step_time(f, c):\n    return f'{{{s}}}'\n",
+        f"def step_time(f, c):\n    return (x := {s})\n",
+        f"def step_time(f, c):\n    while True:\n        {s}\n    return 1\n",
+        f"def step_time(f, c):\n    try:\n        {s}\n    finally:\n        return 1\n",
+        f"def step_time(f, c):\n    with open('{sentinel}', 'w'):\n        return 1\n",
+        f"class step_time:\n    {s}\n",
+        f"def step_time(f, c):\n    global x\n    return 1\n",
+        f"async def step_time(f, c):\n    return await {s}\n",
+        f"def step_time(f, c):\n    yield {s}\n",
+        f"def step_time(f, c):\n    return c['a']\n",
+        f"def step_time(f, c):\n    return exec('{s}')\n",
+        f"def step_time(f, c):\n    return open('{sentinel}', 'w')\n",
+        "CONSTANTS = dict(a=1)\ndef step_time(f, c):\n    return 1\n",
+        "CONSTANTS = {'__class__': 1.0}\ndef step_time(f, c):\n    return c.__class__\n",
+        "def step_time(f, c):\n    return 1e999\n",
+        "def step_time(f, c):\n    return True\n",
+        "def step_time(f, c):\n    return 1\n\x00",
+        "def step_time(f, c):\n    return 1\n" + "#" * 70000,
+        "def step_time(f, c):\n    return f.n_req\ndef step_time(f, c):\n    return 2\n",
+        "def queueing_time(r, c):\n    return 1\n",  # no step_time
+        "def step_time(f, c):\n    return r.input_tokens\n",  # r outside queueing_time
+        "def queueing_time(r, c):\n    return f.n_req\ndef step_time(f, c):\n    return 1\n",
+        "def step_time(f, c):\n    f = 1\n    return f\n",
+        "def step_time(*args):\n    return 1\n",
+    ]
+
+
+def test_hostile_programs_are_rejected_and_never_executed(tmp_path, monkeypatch):
+    sentinel = tmp_path / "executed"
+    calls = []
+    monkeypatch.setattr(builtins, "exec", lambda *a, **k: calls.append("exec"))
+    monkeypatch.setattr(builtins, "eval", lambda *a, **k: calls.append("eval"))
+    for text in _hostile(str(sentinel)):
+        with pytest.raises(ProgramError) as ei:
+            prog = parse_program(text)
+            compile_program(prog)
+            compile_vector(prog)
+        assert "\n" not in str(ei.value) and ei.value.rule
+    assert not sentinel.exists()
+    assert calls == []
+
+
+VALID = open(next(p for p in seed_paths() if p.stem == "roofline")).read()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fuzzed_program_text_only_ever_raises_program_error(data):
+    """Random edits of a valid program: the parser returns a program or a ProgramError, nothing else."""
+    text = VALID
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(text)))
+        insert = data.draw(st.sampled_from([
+            "__import__('os')", ".__class__", "lambda: 0", "[x for x in f]", "**99", "(", ")", "\n", "    ",
+            "import os\n", "f.", "c.", "max(", ",", "if", "else", "not ", "yield", "'s'", "1e999", "exec(", ":",
+        ]) | st.text(max_size=6))
+        cut = data.draw(st.integers(0, 5))
+        text = text[:pos] + insert + text[pos + cut:]
+    try:
+        prog = parse_program(text)
+    except ProgramError as e:
+        assert "\n" not in str(e)
+        return
+    cp = compile_program(prog)  # whatever passes validation must compile both ways
+    compile_vector(prog)
+    assert cp.entries[0] >= 0

@@ -97,6 +97,25 @@ class Experiment:
     def n_failed(self) -> int:
         return int(self.failed.sum())
 
+    @classmethod
+    def from_arrays(cls, name: str, arrival_us, input_tokens, output_tokens, *, arch: ModelArch, tp: int = 1,
+                    hardware: str = DEFAULT_HARDWARE, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
+                    kv_blocks: int = 10_000, block_size: int = 16, cached_tokens=None, timeout_s: float = 300.0,
+                    model: str = "in-memory", split=(0.6, 0.2)) -> "Experiment":
+        """An in-memory experiment without ground truth (observations are NaN), for generators and tests."""
+        arrival = np.asarray(arrival_us, dtype=np.int64)
+        n = len(arrival)
+        out = np.asarray(output_tokens, dtype=np.int64)
+        return cls(
+            name=name, model=model, workload="", tp=tp, hardware=get_hardware(hardware), arch=arch,
+            server=ServerConfig(max_num_seqs, max_num_batched_tokens, kv_blocks, block_size),
+            arrival_us=arrival, input_tokens=np.asarray(input_tokens, dtype=np.int64), output_tokens=out,
+            reported_output_tokens=out.copy(),
+            cached_tokens=np.zeros(n, np.int64) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.int64),
+            failed=np.zeros(n, bool), abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
+            e2e_s=np.full(n, np.nan), ttft_s=np.full(n, np.nan), split=_temporal_split(n, split),
+        )
+
     def split_mask(self, split: str) -> np.ndarray:
         return self.split == SPLITS.index(split)
 

@@ -255,6 +255,8 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
             steps_rec[steps, 0] = clock
             steps_rec[steps, 1] = dt
+            steps_rec[steps, 2] = kv_blocks - free
+            steps_rec[steps, 3] = n_running
         clock += dt
         steps += 1
         if steps > max_steps:
@@ -308,6 +310,8 @@ class Trajectory:
     request: np.ndarray
     step_start_us: np.ndarray
     step_us: np.ndarray
+    kv_blocks_used: np.ndarray  # after the step's allocations
+    running: np.ndarray  # requests in the running batch during the step
 
     @property
     def n_steps(self) -> int:
@@ -336,11 +340,11 @@ class ReplayResult:
                 TRAJECTORY_FULL: "trajectory buffer full"}[self.status]
 
 
-_COEF_CACHE: dict[int, np.ndarray] = {}
+_COEF_CACHE: dict[tuple, np.ndarray] = {}
 
 
 def experiment_coefficients(exp: Experiment) -> np.ndarray:
-    key = id(exp)
+    key = (exp.arch, exp.hardware, exp.tp)  # by value: experiment objects come and go (windowed copies)
     if key not in _COEF_CACHE:
         _COEF_CACHE[key] = coefficients(exp.arch, exp.hardware, exp.tp)
     return _COEF_CACHE[key]
@@ -362,7 +366,7 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
     cap = 1
     while True:
         traj = np.zeros((cap, 5), np.int64)
-        steps_rec = np.zeros((cap, 2), np.int64)
+        steps_rec = np.zeros((cap, 4), np.int64)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
             exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.cached_tokens, exp.abort_after_us,
             s.max_num_seqs, s.max_num_batched_tokens, s.kv_blocks, s.block_size, experiment_coefficients(exp),
@@ -374,5 +378,6 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
     if record and status == OK:
         t = traj[:n_rec]
         trajectory = Trajectory(step=t[:, 0], new_tokens=t[:, 1], context=t[:, 2], is_prefill=t[:, 3].astype(bool),
-                                request=t[:, 4], step_start_us=steps_rec[:steps, 0], step_us=steps_rec[:steps, 1])
+                                request=t[:, 4], step_start_us=steps_rec[:steps, 0], step_us=steps_rec[:steps, 1],
+                                kv_blocks_used=steps_rec[:steps, 2], running=steps_rec[:steps, 3])
     return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory)

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .dsl import compile_program, parse_program
-from .experiments import Experiment, ServerConfig, _temporal_split
-from .hardware import get_hardware
+from .experiments import Experiment
 from .model_arch import ModelArch
 from .replay import FINISHED, replay
 
@@ -92,15 +91,8 @@ def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
         bs = 16
         cached = np.full(n, (sys_len // bs) * bs, dtype=np.int64)
         cached[:groups] = 0
-        exp = Experiment(
-            name=name, model=model, workload=name.rsplit("-", 1)[-1], tp=tp, hardware=get_hardware("H100"),
-            arch=ModelArch.from_model_config(MODELS[model]),
-            server=ServerConfig(max_num_seqs=128, max_num_batched_tokens=2048, kv_blocks=blocks, block_size=bs),
-            arrival_us=arrival, input_tokens=inputs, output_tokens=np.full(n, out_len, dtype=np.int64),
-            reported_output_tokens=np.full(n, out_len, dtype=np.int64), cached_tokens=cached,
-            failed=np.zeros(n, bool), abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
-            e2e_s=np.zeros(n), ttft_s=np.zeros(n), split=_temporal_split(n, (0.6, 0.2)), synthetic=True,
-        )
+        exp = Experiment.from_arrays(name, arrival, inputs, np.full(n, out_len), arch=ModelArch.from_model_config(MODELS[model]),
+                                     tp=tp, kv_blocks=blocks, block_size=bs, cached_tokens=cached, timeout_s=timeout_s, model=model)
         res = replay(exp, compiled, consts)
         if not res.ok:
             raise RuntimeError(f"synthetic oracle failed on {name}: {res.failure()}")
@@ -109,7 +101,7 @@ def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
         ttft = np.where(done, res.ttft_us / 1e6 * rng.lognormal(0.0, NOISE_SIGMA, n), np.nan)
         ttft = np.minimum(ttft, e2e)
         requests = {
-            "experiment": name, "model_id": model, "model_short": model.split("/")[-1].lower(), "profile": exp.workload,
+            "experiment": name, "model_id": model, "model_short": model.split("/")[-1].lower(), "profile": name.rsplit("-", 1)[-1],
             "split": "train", "synthetic": True, "hardware": "H100", "generator": {"version": GENERATOR_VERSION, "seed": seed},
             "config": {"tensor_parallelism": tp, "max_num_seqs": 128, "max_num_batched_tokens": 2048,
                        "kv_blocks_total_gpu": blocks, "block_size": bs, "num_prefix_groups": 0, "users_per_group": 0,

@@ -64,6 +64,18 @@ def data_check(
         raise typer.Exit(2)
 
 
+@data_app.command("synth")
+def data_synth(
+    out_dir: Path = typer.Option(..., "--out", help="Directory to write the synthetic experiments into."),
+    seed: int = typer.Option(0, help="Generator seed (0 is the built-in sample)."),
+):
+    """Write the built-in synthetic sample (hidden oracle + noise) in the replay format."""
+    from evaluator.synthetic import write_sample
+
+    dirs = write_sample(out_dir, seed=seed)
+    out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
+
+
 def experiment_summary(e) -> dict:
     return {
         "name": e.name, "model": e.model, "tp": e.tp, "moe": e.arch.moe, "hardware": e.hardware.name,
@@ -72,6 +84,245 @@ def experiment_summary(e) -> dict:
         "observed": e.observed_means(), "split": e.split_sizes(), "synthetic": e.synthetic,
         "notes": e.notes,
     }
+
+
+def _load(data: Optional[Path], output_len: str = "profile"):
+    from evaluator.datasets import load_data
+
+    try:
+        loaded = load_data(data, output_len=output_len)
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    for e in loaded.errors:
+        err.print(f"[yellow]skipped:[/yellow] {e}", highlight=False, soft_wrap=True)
+    if not loaded.experiments:
+        fail(f"{loaded.label}: no valid experiments")
+    if loaded.synthetic:
+        err.print(f"using the built-in synthetic sample: {loaded.label} (pass --data DIR for real experiments)")
+    return loaded
+
+
+def _program(path: Path):
+    from evaluator.dsl import ProgramError, load_program
+
+    try:
+        return load_program(path)
+    except ProgramError as e:
+        fail(str(e))
+
+
+WorkersOpt = typer.Option(None, "--workers", help="Parallel replay threads (default: all cores).")
+SplitChoice = typer.Option("test", "--split", help="Split to score: train, validate or test.")
+
+
+@app.command("eval")
+def eval_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    data: Optional[Path] = DataOpt,
+    split: str = SplitChoice,
+    as_json: bool = typer.Option(False, "--json"),
+    workers: Optional[int] = WorkersOpt,
+    output_len: str = typer.Option("profile", help="Output length policy: profile or reported."),
+):
+    """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
+    from evaluator.engine import Engine
+    from evaluator.experiments import SPLITS
+    from evaluator.metrics import loss
+
+    from .tables import dumps, metrics_table, public_row
+
+    if split not in SPLITS:
+        fail(f"--split must be one of {', '.join(SPLITS)}")
+    prog = _program(program)
+    loaded = _load(data, output_len)
+    consts = [list(prog.constants.values())] * len(loaded.experiments)
+    import numpy as np
+
+    with Engine(loaded.experiments, workers) as engine:
+        rows = engine.score(prog, [np.array(c, dtype=float) for c in consts], (split,), percentiles=True)[split]
+    total = loss(rows)
+    if as_json:
+        print(dumps({"program": str(program), "data": loaded.label, "synthetic": loaded.synthetic, "split": split,
+                     "loss": total, "experiments": [public_row(r) for r in rows]}))
+    else:
+        out.print(metrics_table(rows, f"{program} on {loaded.label}, {split} split"))
+        out.print(f"loss ({split}): {total:.3f}  (RMS APE mean E2E + RMS APE mean TTFT, %)")
+    for r in rows:
+        if "error" in r:
+            err.print(f"[red]error:[/red] {r['name']}: {r['error']}", highlight=False)
+
+
+@app.command("fit")
+def fit_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    data: Optional[Path] = DataOpt,
+    seed: int = typer.Option(0, "--seed", help="CMA-ES seed: same seed and data give the same constants."),
+    scope: str = typer.Option("global", "--scope", help="global (one constant set), model, or experiment."),
+    out_path: Optional[Path] = typer.Option(None, "--out", help="Fitted program file (default: <program>.fitted.py here)."),
+    max_evals: Optional[int] = typer.Option(None, "--max-evals", help="CMA-ES evaluation budget per group."),
+    quick: bool = typer.Option(False, "--quick", help="Screening fit: subset of experiments, short window, small budget."),
+    as_json: bool = typer.Option(False, "--json"),
+    workers: Optional[int] = WorkersOpt,
+    output_len: str = typer.Option("profile", help="Output length policy: profile or reported."),
+):
+    """Fit PROGRAM's constants with CMA-ES on the train split, then score validate and test."""
+    import dataclasses
+
+    from evaluator.engine import Engine
+    from evaluator.fitting import FitConfig, fit, quick_config
+    from evaluator.metrics import loss
+
+    from .progress import fit_progress
+    from .tables import dumps, metrics_table, public_row
+
+    prog = _program(program)
+    loaded = _load(data, output_len)
+    try:
+        config = quick_config(seed, loaded.experiments) if quick else FitConfig(seed=seed, scope=scope)
+        config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals)
+    except ValueError as e:
+        fail(str(e))
+    with Engine(loaded.experiments, workers) as engine, fit_progress(err) as progress:
+        result = fit(prog, loaded.experiments, engine, config, progress=progress)
+        vectors = [result.vector_for(prog, e) for e in loaded.experiments]
+        rows = engine.score(prog, vectors, ("validate", "test"), percentiles=True)
+    base = out_path or Path(f"{program.stem}.fitted.py")
+    written = []
+    for group, consts in result.constants.items():
+        header = (f"data={loaded.label} seed={seed} scope={scope} group={group} "
+                  f"train_loss={result.loss:.4f} evaluations={result.evaluations}")
+        fitted = prog.with_constants(consts, header=header)
+        path = base if len(result.constants) == 1 else base.with_name(f"{base.stem}.{_slug(group)}{base.suffix or '.py'}")
+        path.write_text(fitted.source)
+        written.append(str(path))
+    splits = {s: {"loss": loss(rows[s]), "experiments": [public_row(r) for r in rows[s]]} for s in rows}
+    if as_json:
+        print(dumps({"program": str(program), "fitted_programs": written, "data": loaded.label, "synthetic": loaded.synthetic,
+                     "seed": seed, "scope": scope, "train_loss": result.loss, "constants": result.constants,
+                     "evaluations": result.evaluations, "seconds": result.seconds, "splits": splits}))
+    else:
+        for s in ("validate", "test"):
+            out.print(metrics_table(rows[s], f"fitted {program.name} ({scope} scope), {s} split"))
+            out.print(f"loss ({s}): {splits[s]['loss']:.3f}")
+        out.print(f"train loss {result.loss:.3f} after {result.evaluations} evaluations in {result.seconds:.1f} s; "
+                  f"fitted program: {', '.join(written)}")
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", text.split("/")[-1]).strip("-").lower()
+
+
+@app.command("run")
+def run_cmd(
+    generations: int = typer.Option(500, "--generations", help="Generations to complete (generation 0 fits the seeds)."),
+    seed: int = typer.Option(7, "--seed", help="Same seed and data give the same archive (offline)."),
+    data: Optional[Path] = DataOpt,
+    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: runs/<data>-seed<seed>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --archive from its last completed generation."),
+    llm: Optional[str] = typer.Option(None, "--llm", help="litellm model string, e.g. openai/gpt-4o-mini, ollama/qwen2.5-coder."),
+    llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", help="OpenAI-compatible server URL (e.g. http://127.0.0.1:8000/v1)."),
+    llm_ratio: float = typer.Option(0.5, "--llm-ratio", help="Share of children asked of the LLM; the rest are symbolic."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Stop LLM calls once this much is spent."),
+    max_llm_calls: Optional[int] = typer.Option(None, "--max-llm-calls", help="Stop LLM calls after this many."),
+    max_llm_tokens: Optional[int] = typer.Option(None, "--max-llm-tokens", help="Stop LLM calls after this many tokens."),
+    llm_timeout: float = typer.Option(60.0, "--llm-timeout", help="Seconds before an LLM call is abandoned (then retried)."),
+    llm_offline: bool = typer.Option(False, "--llm-offline", help="Replay LLM replies from the cache only; never call out."),
+    children: int = typer.Option(6, "--children", help="Children per generation."),
+    quick_evals: int = typer.Option(40, "--quick-evals", help="Screening-fit budget per child (CMA-ES evaluations)."),
+    full_fit_evals: int = typer.Option(96, "--full-fit-evals", help="Full-fit budget for promoted children."),
+    seed_fit_evals: Optional[int] = typer.Option(None, "--seed-fit-evals", help="Fit budget for the seeds (default: the standard fit)."),
+    max_promotions: int = typer.Option(2, "--max-promotions", help="Full fits per generation at most."),
+    islands: int = typer.Option(1, "--islands", help="Independent islands with periodic migration of their best."),
+    workers: Optional[int] = WorkersOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
+):
+    """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
+    from archive.store import Archive
+    from evaluator.engine import Engine
+
+    from .progress import run_progress
+    from .search import Search, SearchConfig
+    from .tables import dumps
+
+    loaded = _load(data)
+    tag = "synthetic" if loaded.synthetic else _slug(Path(loaded.label).name)
+    archive_dir = archive_dir or Path("runs") / f"{tag}-seed{seed}"
+    if resume and not (archive_dir / Archive.FILE).exists():
+        fail(f"{archive_dir}: no archive to resume")
+    config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands,
+                          llm_ratio=llm_ratio if llm else 0.0, quick_evals=quick_evals, full_fit_evals=full_fit_evals,
+                          seed_fit_evals=seed_fit_evals, max_promotions=max_promotions)
+    archive = Archive(archive_dir, create=True)
+    operator = None
+    if llm:
+        from .llm_client import LLMClient
+        from .llm_operator import Budget, LLMOperator
+
+        client = LLMClient(llm, archive_dir / "llm_cache", base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline)
+        s = loaded.experiments[0].server
+        operator = LLMOperator(client, Budget(max_calls=max_llm_calls, max_tokens=max_llm_tokens, max_usd=budget_usd),
+                               server={"budget_tokens": s.max_num_batched_tokens, "max_seqs": s.max_num_seqs})
+    run_config = {"data": loaded.label, "llm": llm, "llm_base_url": llm_base_url}
+    with Engine(loaded.experiments, workers) as engine:
+        try:
+            search = Search(archive, loaded, engine, config, operator, resume=resume, run_config=run_config)
+        except RuntimeError as e:
+            fail(str(e))
+        start = archive.last_generation(search.run_id) + 1
+        if start > generations:
+            err.print(f"{archive_dir}: already at generation {start - 1}")
+        err.print(f"archive: {archive_dir}  (generations {start}..{generations})", highlight=False)
+        with run_progress(err, generations, start) as progress:
+            search.progress = progress
+            summary = search.run()
+    archive.close()
+    if as_json:
+        print(dumps({"archive": str(archive_dir), **summary}))
+    else:
+        _print_summary(archive_dir, summary)
+
+
+def _print_summary(archive_dir: Path, summary: dict) -> None:
+    best = summary.get("best")
+    if not best:
+        out.print("no program was fully evaluated")
+        return
+    out.print(f"best program by validation loss: #{best['id']} (generation {best['generation']}, {best['operator']}), "
+              f"val loss {best['val_loss']:.3f}, test loss {best['test_loss']:.3f}, complexity {best['complexity']}")
+    t = Table(title=f"program #{best['id']}: test split, absolute % error of means")
+    for col in ("experiment", "n", "E2E", "TTFT", "ITL"):
+        t.add_column(col, justify="left" if col == "experiment" else "right")
+    for r in best["test"]:
+        a = r["ape"]
+        t.add_row(r["name"], str(r["n_requests"]), *("n/a" if a[k] is None else f"{a[k]:.1f}" for k in ("e2e", "ttft", "itl")))
+    out.print(t)
+    f = Table(title="Pareto front (validation loss vs complexity)")
+    for col in ("id", "complexity", "val loss", "operator"):
+        f.add_column(col)
+    for p in summary["front"]:
+        f.add_row(str(p["id"]), str(p["complexity"]), f"{p['val_loss']:.3f}", p["operator"])
+    out.print(f)
+    out.print(f"archive: {archive_dir}  (browse: evolve archive list --archive {archive_dir})")
+
+
+@app.command("bench")
+def bench_cmd(
+    data: Optional[Path] = typer.Option(None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."),
+    as_json: bool = typer.Option(False, "--json"),
+    skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the (minutes-long) full fit figure."),
+):
+    """Throughput figures: replay, full evaluation, full and quick fits."""
+    from .bench import run_bench
+    from .tables import dumps
+
+    figures = run_bench(data, skip_fit=skip_fit, log=lambda m: err.print(m, highlight=False))
+    if as_json:
+        print(dumps(figures))
+    else:
+        for k, v in figures.items():
+            out.print(f"{k:24s} {v}")
 
 
 def main() -> None:

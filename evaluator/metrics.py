@@ -1,0 +1,100 @@
+"""Per-experiment, per-split metrics of a replay against ground truth, and the loss.
+
+Errors are measured over requests that succeeded in reality (observed client timeouts are
+simulated but excluded). A request that succeeded in reality but that the replay timed out
+counts with the time the client gave up (its E2E, and its TTFT if no first token came).
+ITL per request = (E2E - TTFT) / (output length - 1); means are over requests.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .experiments import SPLITS, Experiment
+from .replay import FINISHED, TIMED_OUT, ReplayResult
+
+METRIC_KEYS = ("e2e_mean_s", "ttft_mean_s", "itl_mean_ms")
+APE_KEYS = {"e2e": "e2e_mean_s", "ttft": "ttft_mean_s", "itl": "itl_mean_ms"}
+
+
+def split_horizon(exp: Experiment, splits) -> int:
+    """Arrival positions a replay must cover so every request of `splits` is settled."""
+    last = max(SPLITS.index(s) for s in splits)
+    return int(np.searchsorted(exp.split, last, side="right"))
+
+
+def _ape(pred: float, obs: float) -> float:
+    if not (math.isfinite(pred) and math.isfinite(obs)) or obs == 0:
+        return math.nan
+    return abs(pred - obs) / obs * 100.0
+
+
+def _means(e2e: np.ndarray, ttft: np.ndarray, out_len: np.ndarray) -> dict[str, float]:
+    if len(e2e) == 0:
+        return {k: math.nan for k in METRIC_KEYS}
+    multi = out_len > 1
+    itl = (e2e[multi] - ttft[multi]) / (out_len[multi] - 1) * 1e3
+    return {"e2e_mean_s": float(e2e.mean()), "ttft_mean_s": float(ttft.mean()),
+            "itl_mean_ms": float(itl.mean()) if len(itl) else math.nan}
+
+
+def predicted_times(exp: Experiment, result: ReplayResult) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted (E2E, TTFT) in seconds per request; timed-out ones at the client's limit."""
+    limit = exp.abort_after_us / 1e6
+    done = result.state == FINISHED
+    e2e = np.where(done, result.e2e_us / 1e6, limit)
+    ttft = np.where(result.ttft_us >= 0, result.ttft_us / 1e6, limit)
+    return e2e, np.minimum(ttft, e2e)
+
+
+def split_metrics(exp: Experiment, result: ReplayResult, split: str, percentiles: bool = False) -> dict:
+    """Observed vs predicted means (and APE in %) for one split of one experiment."""
+    in_split = exp.split_mask(split)
+    ok = in_split & ~exp.failed
+    pe2e, pttft = predicted_times(exp, result)
+    observed = _means(exp.e2e_s[ok], exp.ttft_s[ok], exp.output_tokens[ok])
+    predicted = _means(pe2e[ok], pttft[ok], exp.output_tokens[ok])
+    row = {
+        "name": exp.name, "split": split, "n_requests": int(ok.sum()),
+        "observed": observed, "predicted": predicted,
+        "ape": {k: _ape(predicted[m], observed[m]) for k, m in APE_KEYS.items()},
+        "timeouts": {"observed": int((in_split & exp.failed).sum()),
+                     "predicted": int((in_split & (result.state == TIMED_OUT)).sum())},
+    }
+    if percentiles:
+        q = [50, 90, 99]
+        has = ok.any()
+        row["e2e_percentiles_s"] = {
+            "observed": {f"p{p}": float(v) for p, v in zip(q, np.percentile(exp.e2e_s[ok], q))} if has else {},
+            "predicted": {f"p{p}": float(v) for p, v in zip(q, np.percentile(pe2e[ok], q))} if has else {},
+        }
+    return row
+
+
+def failed_rows(exp: Experiment, split: str, reason: str) -> dict:
+    """The row of an experiment whose replay failed: predictions NaN, APE infinite."""
+    ok = exp.split_mask(split) & ~exp.failed
+    obs = _means(exp.e2e_s[ok], exp.ttft_s[ok], exp.output_tokens[ok])
+    return {"name": exp.name, "split": split, "n_requests": int(ok.sum()), "observed": obs,
+            "predicted": {k: math.nan for k in METRIC_KEYS}, "ape": {k: math.inf for k in APE_KEYS},
+            "timeouts": {"observed": int((exp.split_mask(split) & exp.failed).sum()), "predicted": -1},
+            "error": reason}
+
+
+def rms(values) -> float:
+    v = np.array([x for x in values if not math.isnan(x)], dtype=float)
+    if len(v) == 0:
+        return math.nan
+    return float(np.sqrt(np.mean(v * v)))
+
+
+def loss(rows: list[dict]) -> float:
+    """RMS over experiments of APE(mean E2E) + RMS of APE(mean TTFT), in percent.
+
+    Experiments with no successful request in the split carry no information and are skipped.
+    """
+    rows = [r for r in rows if r["n_requests"] > 0]
+    if not rows:
+        return math.nan
+    return rms(r["ape"]["e2e"] for r in rows) + rms(r["ape"]["ttft"] for r in rows)

@@ -1,0 +1,78 @@
+"""`evolve bench`: throughput figures on this machine (speed goals live here, not in tests)."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from evaluator.datasets import load_data
+from evaluator.dsl import compile_program, load_program
+from evaluator.engine import Engine
+from evaluator.fitting import FitConfig, fit, quick_config
+from evaluator.replay import replay
+from seeds import seed_path
+
+BENCH_PROGRAM = "roofline"
+
+
+def default_bench_data() -> Path | None:
+    for cand in (os.environ.get("STEPML_REAL_DATA"), "../shared/data/replay", Path(__file__).resolve().parents[2] / "shared/data/replay"):
+        if cand and Path(cand).is_dir():
+            return Path(cand)
+    return None
+
+
+def _median_time(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], None] = print,
+              extra: dict[str, Callable[[], float]] | None = None) -> dict:
+    loaded = load_data(data if data is not None else default_bench_data())
+    exps = loaded.experiments
+    prog = load_program(seed_path(BENCH_PROGRAM))
+    compiled = compile_program(prog)
+    consts = np.array(list(prog.constants.values()))
+    replay(exps[0], compiled, consts)  # compile/load the numba code outside the timings
+    figures: dict = {"data": loaded.label, "synthetic": loaded.synthetic, "cores": os.cpu_count(),
+                     "program": f"seeds/{BENCH_PROGRAM}.py"}
+
+    largest = max(exps, key=lambda e: e.n_requests)
+    n_max = largest.n_requests
+    per_exp = {e.name: _median_time(lambda e=e: replay(e, compiled, consts)) for e in exps}
+    figures["replay_s_largest"] = round(max(per_exp[e.name] for e in exps if e.n_requests == n_max), 4)
+    figures["replay_requests_largest"] = n_max
+    figures["replay_s_slowest_any"] = round(max(per_exp.values()), 4)
+    log(f"replay: largest experiment ({n_max} requests) {figures['replay_s_largest']} s; slowest of all "
+        f"{figures['replay_s_slowest_any']} s")
+
+    with Engine(exps) as engine:
+        vectors = [consts] * len(exps)
+        figures["full_eval_s"] = round(_median_time(lambda: engine.score(compiled, vectors, ("test",))), 4)
+        figures["workers"] = engine.workers
+        log(f"full evaluation of {len(exps)} experiments on {engine.workers} threads: {figures['full_eval_s']} s")
+        t0 = time.perf_counter()
+        q = fit(prog, exps, engine, quick_config(0, exps))
+        figures["quick_fit_s"] = round(time.perf_counter() - t0, 2)
+        figures["quick_fit_evals"] = q.evaluations
+        log(f"quick fit: {figures['quick_fit_s']} s ({q.evaluations} evaluations)")
+        if not skip_fit:
+            log("full global fit of the roofline seed (minutes)...")
+            t0 = time.perf_counter()
+            r = fit(prog, exps, engine, FitConfig(seed=0))
+            figures["fit_s"] = round(time.perf_counter() - t0, 1)
+            figures["fit_evals"] = r.evaluations
+            figures["fit_train_loss"] = round(r.loss, 3)
+            log(f"full fit: {figures['fit_s']} s ({r.evaluations} evaluations, train loss {r.loss:.3f})")
+    for name, fn in (extra or {}).items():
+        figures[name] = fn()
+    return figures

@@ -1,0 +1,150 @@
+"""LLM calls through litellm (any provider), with an on-disk reply cache and bounded retries.
+
+The cache is keyed by the full request (model, messages, sampling parameters; not the server
+URL), and written as soon as a reply arrives, so a finished or killed run replays offline and
+deterministically: the same archive state gives the same prompts, which hit the cache.
+Transient failures (timeouts, 429 rate limits, 5xx, connection errors) are retried a bounded
+number of times with backoff; every attempt is reported to the caller for the archive.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price table at import
+os.environ.setdefault("LITELLM_TELEMETRY", "False")
+
+
+@dataclass
+class Attempt:
+    """One call as the archive records it."""
+
+    model: str
+    request_hash: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    outcome: str = "ok"  # ok, timeout, rate_limited, server_error, connection_error, error, not_cached
+    error: str | None = None
+    cached: bool = False
+
+    def record(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Reply:
+    content: str
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+class LLMUnavailable(Exception):
+    """Every attempt failed; `attempts` says how."""
+
+    def __init__(self, message: str, attempts: list[Attempt]):
+        super().__init__(message)
+        self.attempts = attempts
+
+
+def request_hash(model: str, messages: list[dict], temperature: float, max_tokens: int) -> str:
+    payload = json.dumps({"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens},
+                         sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class LLMClient:
+    def __init__(self, model: str, cache_dir: str | Path, base_url: str | None = None, api_key: str | None = None,
+                 timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 2.0, temperature: float = 0.8,
+                 max_tokens: int = 2048, offline: bool = False):
+        self.model, self.base_url, self.api_key = model, base_url, api_key
+        self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
+        self.temperature, self.max_tokens, self.offline = temperature, max_tokens, offline
+        self.cache_dir = Path(cache_dir)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def _cache_path(self, key: str) -> Path:
+        return self.cache_dir / key[:2] / f"{key}.json"
+
+    def _cached(self, key: str) -> dict | None:
+        p = self._cache_path(key)
+        if not p.is_file():
+            return None
+        try:
+            return json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None  # a torn cache file is treated as a miss
+
+    def _store(self, key: str, entry: dict) -> None:
+        p = self._cache_path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(entry, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+
+    def complete(self, messages: list[dict]) -> Reply:
+        key = request_hash(self.model, messages, self.temperature, self.max_tokens)
+        hit = self._cached(key)
+        if hit is not None:
+            a = Attempt(self.model, key, hit["prompt_tokens"], hit["completion_tokens"], hit["cost_usd"], hit["latency_s"], cached=True)
+            return Reply(hit["content"], [a])
+        if self.offline:
+            a = Attempt(self.model, key, outcome="not_cached", error="offline and the reply is not in the cache")
+            raise LLMUnavailable("reply not cached (offline)", [a])
+        import litellm
+
+        attempts: list[Attempt] = []
+        for attempt in range(self.max_retries + 1):
+            t0 = time.perf_counter()
+            a = Attempt(self.model, key)
+            try:
+                resp = litellm.completion(model=self.model, messages=messages, temperature=self.temperature,
+                                          max_tokens=self.max_tokens, timeout=self.timeout_s, num_retries=0,
+                                          base_url=self.base_url, api_key=self.api_key or ("none" if self.base_url else None))
+                a.latency_s = time.perf_counter() - t0
+                usage = getattr(resp, "usage", None)
+                a.prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+                a.completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+                try:
+                    a.cost_usd = float(litellm.completion_cost(completion_response=resp) or 0.0)
+                except Exception:  # unknown model (e.g. a local server): no price
+                    a.cost_usd = 0.0
+                content = resp.choices[0].message.content or ""
+                attempts.append(a)
+                self._store(key, {"content": content, "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
+                                  "cost_usd": a.cost_usd, "latency_s": a.latency_s, "model": self.model, "created": time.time()})
+                return Reply(content, attempts)
+            except Exception as e:  # classify, record, maybe retry
+                a.latency_s = time.perf_counter() - t0
+                a.outcome, retry = _classify(e)
+                a.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                attempts.append(a)
+                if not retry or attempt == self.max_retries:
+                    raise LLMUnavailable(a.error, attempts) from None
+                time.sleep(self.backoff_s * (2 ** attempt) if a.outcome == "rate_limited" else self.backoff_s)
+        raise LLMUnavailable("retries exhausted", attempts)  # pragma: no cover - loop always returns or raises
+
+
+def _classify(e: Exception) -> tuple[str, bool]:
+    import litellm
+
+    if isinstance(e, litellm.Timeout):
+        return "timeout", True
+    if isinstance(e, litellm.RateLimitError):
+        return "rate_limited", True
+    if isinstance(e, (litellm.InternalServerError, litellm.ServiceUnavailableError)):
+        return "server_error", True
+    if isinstance(e, litellm.APIConnectionError):
+        return "connection_error", True
+    status = getattr(e, "status_code", None)
+    if isinstance(status, int) and status >= 500:
+        return "server_error", True
+    return "error", False

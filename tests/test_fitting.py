@@ -1,0 +1,127 @@
+"""CMA-ES fitting and the eval/fit commands."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import needs_real_data
+from evaluator.dsl import load_program, parse_program
+from evaluator.engine import Engine
+from evaluator.fitting import FitConfig, fit, quick_config
+from evaluator.synthetic import ORACLE_SOURCE
+from evolve.cli import app
+from seeds import seed_path
+
+ROOFLINE = seed_path("roofline")
+
+
+def test_same_seed_same_constants_bit_for_bit_whatever_the_worker_count(synthetic):
+    prog = load_program(ROOFLINE)
+    cfg = FitConfig(seed=11, max_evals=50)
+    results = []
+    for workers in (1, 2, 2):
+        with Engine(synthetic.experiments, workers) as engine:
+            results.append(fit(prog, synthetic.experiments, engine, cfg))
+    assert results[0].constants == results[1].constants == results[2].constants
+    assert results[0].loss == results[1].loss
+    with Engine(synthetic.experiments, 2) as engine:
+        other = fit(prog, synthetic.experiments, engine, FitConfig(seed=12, max_evals=50))
+    assert other.constants != results[0].constants
+
+
+def test_fit_recovers_the_synthetic_oracle_from_perturbed_constants(synthetic):
+    oracle = parse_program(ORACLE_SOURCE)
+    perturbed = {k: v * (1.4 if i % 2 else 0.7) for i, (k, v) in enumerate(oracle.constants.items())}
+    start = oracle.with_constants(perturbed)
+    with Engine(synthetic.experiments) as engine:
+        before = engine.population_losses(__import__("evaluator.dsl", fromlist=["compile_program"]).compile_program(start),
+                                          [np.array(list(perturbed.values()))], synthetic.experiments)[0]
+        result = fit(start, synthetic.experiments, engine, FitConfig(seed=1, max_evals=600))
+    assert before > 20
+    assert result.loss < 5.0, result.loss  # the noise on means is ~0.1%; structure is exact
+    assert result.loss < before / 5
+
+
+def test_fit_never_ends_worse_than_its_start_and_reports_history(synthetic):
+    prog = load_program(seed_path("trained_physics"))
+    with Engine(synthetic.experiments) as engine:
+        r = fit(prog, synthetic.experiments, engine, FitConfig(seed=3, max_evals=40))
+    first = r.history[0][1]
+    assert r.loss <= first
+    assert [h[1] for h in r.history] == sorted((h[1] for h in r.history), reverse=True)
+    assert r.evaluations <= 40 + 12  # budget, rounded up to a whole CMA generation
+
+
+def test_quick_fit_uses_one_experiment_per_model_and_a_small_budget(synthetic):
+    cfg = quick_config(0, synthetic.experiments)
+    assert len(cfg.experiments) == len({e.model for e in synthetic.experiments})
+    prog = load_program(ROOFLINE)
+    with Engine(synthetic.experiments) as engine:
+        r = fit(prog, synthetic.experiments, engine, cfg, start={k: v * 1.1 for k, v in prog.constants.items()})
+    assert r.evaluations <= cfg.max_evals + cfg.popsize
+    assert set(sum(r.groups.values(), [])) == set(cfg.experiments)
+
+
+def test_model_scope_fits_one_constant_set_per_model(synthetic):
+    prog = load_program(ROOFLINE)
+    with Engine(synthetic.experiments) as engine:
+        r = fit(prog, synthetic.experiments, engine, FitConfig(scope="model", seed=2, max_evals=30))
+    assert set(r.constants) == {e.model for e in synthetic.experiments}
+    vecs = {e.model: tuple(r.vector_for(prog, e)) for e in synthetic.experiments}
+    assert len(set(vecs.values())) == len(vecs)
+
+
+def test_fit_command_writes_a_fitted_program_and_prints_validate_and_test(tmp_path):
+    out = tmp_path / "roofline.fitted.py"
+    res = CliRunner().invoke(app, ["fit", str(ROOFLINE), "--seed", "5", "--max-evals", "30", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert payload["synthetic"] is True and payload["scope"] == "global" and payload["seed"] == 5
+    assert set(payload["splits"]) == {"validate", "test"}
+    for split in ("validate", "test"):
+        rows = payload["splits"][split]["experiments"]
+        assert len(rows) == 4
+        for r in rows:
+            assert set(r["observed"]) == set(r["predicted"]) == {"e2e_mean_s", "ttft_mean_s", "itl_mean_ms"}
+            assert set(r["ape"]) == {"e2e", "ttft", "itl"}
+    fitted = load_program(out)
+    assert fitted.source.startswith("# fitted: ") and "seed=5 scope=global" in fitted.source
+    assert fitted.constants == pytest.approx(payload["constants"]["all"], rel=0, abs=0)
+    # the fitted program scores its own train loss again
+    again = CliRunner().invoke(app, ["eval", str(out), "--split", "train", "--json"])
+    assert json.loads(again.stdout)["loss"] == pytest.approx(payload["train_loss"], rel=1e-12)
+
+
+def test_fit_command_model_scope_writes_one_file_per_model(tmp_path):
+    out = tmp_path / "rf.py"
+    res = CliRunner().invoke(app, ["fit", str(ROOFLINE), "--scope", "model", "--max-evals", "16", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    files = json.loads(res.stdout)["fitted_programs"]
+    assert len(files) == 4 and all(load_program(f) for f in files)
+
+
+def test_eval_rejects_a_bad_program_with_one_line_naming_the_file(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def step_time(f, c):\n    return open('x')\n")
+    res = CliRunner().invoke(app, ["eval", str(bad)])
+    assert res.exit_code == 2
+    assert str(bad) in res.stderr and "line 2" in res.stderr and "open" in res.stderr
+
+
+@needs_real_data
+def test_eval_json_on_real_data_has_the_documented_shape(real_data):
+    res = CliRunner().invoke(app, ["eval", str(seed_path("blackbox")), "--data", str(real_data), "--split", "test", "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert payload["program"].endswith("blackbox.py") and isinstance(payload["loss"], float)
+    rows = payload["experiments"]
+    assert len(rows) == 16
+    for r in rows:
+        assert {"name", "split", "n_requests", "observed", "predicted", "ape"} <= set(r)
+        assert r["split"] == "test"
+    with_requests = [r for r in rows if r["n_requests"] > 0]
+    assert len(with_requests) == 13  # three overloaded runs have no successful request in the test window
+    assert all(r["ape"]["e2e"] is not None for r in with_requests)

@@ -1,0 +1,180 @@
+"""The LLM operator through litellm against a real local HTTP server: valid and invalid
+programs, prose, 429, server errors, garbage and hangs; caching, budgets, and a whole run."""
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from archive.store import Archive
+from evolve.cli import app
+from evolve.llm_client import LLMClient, LLMUnavailable
+from evolve.llm_operator import Budget, LLMOperator, extract_code
+from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
+
+from evaluator.components import COMPONENT_NAMES
+
+
+class _Parent:
+    id = 1
+    val_loss = 12.5
+    complexity = 25
+    constants = {}
+    components = ["weights"]
+    source = open(__import__("seeds").seed_path("roofline")).read()
+
+
+ROWS = [{"experiment": "exp-a", "split": "train", "e2e_obs": 2.0, "e2e_err": 12.0, "ttft_obs": 0.03, "ttft_err": -40.0}]
+
+
+def _operator(server, tmp_path, budget=None, attempts=3, timeout=2.0):
+    client = LLMClient("openai/test-model", tmp_path / "cache", base_url=server.base_url, timeout_s=timeout,
+                       max_retries=2, backoff_s=0.01)
+    return LLMOperator(client, budget or Budget(), max_attempts=attempts)
+
+
+def test_valid_reply_is_parsed_validated_and_cached(tmp_path):
+    with ScriptedLLM([("reply", program_reply())]) as server:
+        op = _operator(server, tmp_path)
+        p = op.propose(_Parent, ROWS, [])
+        assert p.source is not None and "c.k_extra * f.n_req" in p.source
+        assert [a.outcome for a in p.attempts] == ["valid"]
+        assert p.attempts[0].prompt_tokens == 100 and p.attempts[0].completion_tokens == 50
+        # the prompt carries the parent, its errors and the DSL rules
+        sent = server.requests[0]["messages"]
+        assert "f.weights [us]" in sent[0]["content"] and "exp-a" in sent[1]["content"] and "def step_time" in sent[1]["content"]
+        # the same request again is served from the cache: no HTTP
+        again = op.propose(_Parent, ROWS, [])
+        assert again.source == p.source and again.attempts[0].cached
+        assert len(server.requests) == 1
+
+
+def test_invalid_program_is_retried_with_the_rejection_fed_back(tmp_path):
+    with ScriptedLLM([("reply", INVALID_REPLY), ("reply", program_reply())]) as server:
+        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        assert p.source is not None
+        assert [a.outcome for a in p.attempts] == ["invalid_program", "valid"]
+        retry_msg = server.requests[1]["messages"][-1]["content"]
+        assert "rejected" in retry_msg and "imports are not allowed" in retry_msg
+
+
+def test_prose_without_code_ends_as_a_recorded_failure(tmp_path):
+    with ScriptedLLM([("reply", PROSE_REPLY)] * 3) as server:
+        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        assert p.source is None and p.rule == "llm-no-code"
+        assert [a.outcome for a in p.attempts] == ["no_code"] * 3
+
+
+def test_rate_limit_then_success(tmp_path):
+    with ScriptedLLM([("status", 429), ("reply", program_reply())]) as server:
+        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        assert p.source is not None
+        assert [a.outcome for a in p.attempts] == ["rate_limited", "valid"]
+
+
+def test_hang_past_the_timeout_is_retried(tmp_path):
+    with ScriptedLLM([("hang", 5.0), ("reply", program_reply())]) as server:
+        p = _operator(server, tmp_path, timeout=1.0).propose(_Parent, ROWS, [])
+        assert [a.outcome for a in p.attempts] == ["timeout", "valid"]
+        assert p.attempts[0].latency_s >= 0.9
+
+
+def test_server_errors_exhaust_retries_without_raising(tmp_path):
+    with ScriptedLLM([("status", 500)] * 3) as server:
+        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        assert p.source is None and p.rule == "llm-server_error"
+        assert [a.outcome for a in p.attempts] == ["server_error"] * 3
+
+
+def test_garbage_body_is_a_recorded_failure(tmp_path):
+    with ScriptedLLM([("garbage", "<html>not json</html>")] * 3) as server:
+        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        assert p.source is None and p.rule.startswith("llm-")
+        assert p.attempts and p.attempts[-1].error
+
+
+def test_budget_stops_the_llm_side(tmp_path):
+    with ScriptedLLM([], default=lambda n: PROSE_REPLY) as server:
+        op = _operator(server, tmp_path, budget=Budget(max_calls=2))
+        p = op.propose(_Parent, ROWS, [])
+        assert len(p.attempts) == 2 and p.rule == "llm-budget"
+        assert op.budget.exhausted() and len(server.requests) == 2
+
+
+def test_offline_client_never_calls_out(tmp_path):
+    client = LLMClient("openai/test-model", tmp_path / "cache", base_url="http://127.0.0.1:9/v1", offline=True)
+    with pytest.raises(LLMUnavailable) as ei:
+        client.complete([{"role": "user", "content": "hi"}])
+    assert ei.value.attempts[0].outcome == "not_cached"
+
+
+def test_extract_code_prefers_the_block_with_step_time():
+    reply = "```\nnotes\n```\nthen\n```python\ndef step_time(f, c):\n    return 1.0\n```"
+    assert extract_code(reply).startswith("def step_time")
+    assert extract_code("no code at all") is None
+
+
+def _variety(n: int) -> str:
+    return program_reply(COMPONENT_NAMES[n % len(COMPONENT_NAMES)], note=f"variant {n}")
+
+
+SMALL = ["--seed-fit-evals", "30", "--full-fit-evals", "16", "--quick-evals", "16", "--children", "4"]
+
+
+def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
+    script = [("status", 429), ("reply", _variety(1)), ("reply", PROSE_REPLY), ("reply", PROSE_REPLY), ("reply", PROSE_REPLY),
+              ("reply", INVALID_REPLY), ("reply", _variety(2)), ("hang", 4.0), ("reply", _variety(3)),
+              ("status", 500), ("status", 500), ("status", 500), ("status", 500)]
+    first = tmp_path / "first"
+    with ScriptedLLM(script, default=_variety) as server:
+        res = CliRunner().invoke(app, ["run", "--generations", "3", "--seed", "5", "--archive", str(first), *SMALL,
+                                       "--llm", "openai/test-model", "--llm-base-url", server.base_url, "--llm-ratio", "1.0",
+                                       "--llm-timeout", "1.5", "--json"])
+        assert res.exit_code == 0, res.output
+        n_http = len(server.requests)
+    a = Archive(first)
+    run = a.run()
+    calls = a.llm_calls(run["id"])
+    outcomes = Counter(c["outcome"] for c in calls)
+    for outcome in ("rate_limited", "valid", "no_code", "invalid_program", "timeout", "server_error"):
+        assert outcomes[outcome] >= 1, outcomes
+    assert all(c["model"] == "openai/test-model" and c["request_hash"] for c in calls)
+    rules = Counter(r["rule"] for r in a.rejections(run["id"]))
+    assert rules["llm-no-code"] >= 1 and rules["llm-server_error"] >= 1
+    llm_programs = [p for p in a.programs(run["id"]) if p.operator == "llm:openai/test-model"]
+    assert llm_programs
+    linked = {c["program_id"] for c in calls if c["program_id"]}
+    assert linked <= {p.id for p in llm_programs} and linked
+    assert n_http == sum(1 for c in calls if not c["cached"])
+
+    # replay offline from the cache: the same archive, no server at all
+    second = tmp_path / "second"
+    shutil.copytree(first / "llm_cache", second / "llm_cache")
+    res = CliRunner().invoke(app, ["run", "--generations", "3", "--seed", "5", "--archive", str(second), *SMALL,
+                                   "--llm", "openai/test-model", "--llm-ratio", "1.0", "--llm-offline", "--llm-timeout", "1.5"])
+    assert res.exit_code == 0, res.output
+
+    def programs(d):
+        db = sqlite3.connect(d / Archive.FILE)
+        rows = db.execute("SELECT source, constants, parents, operator, val_loss, stage FROM programs ORDER BY id").fetchall()
+        db.close()
+        return rows
+
+    assert programs(second) == programs(first)
+
+
+def test_llm_budget_cap_in_a_run(tmp_path):
+    with ScriptedLLM([], default=_variety) as server:
+        res = CliRunner().invoke(app, ["run", "--generations", "2", "--seed", "6", "--archive", str(tmp_path), *SMALL,
+                                       "--llm", "openai/test-model", "--llm-base-url", server.base_url, "--llm-ratio", "1.0",
+                                       "--max-llm-calls", "3"])
+        assert res.exit_code == 0, res.output
+        assert len(server.requests) == 3  # every request is distinct: no cache hits
+    a = Archive(tmp_path)
+    run = a.run()
+    assert len(a.llm_calls(run["id"])) == 3
+    ops = Counter(p.operator for p in a.programs(run["id"]))
+    assert sum(v for k, v in ops.items() if k not in ("seed", "llm:openai/test-model")) >= 1  # symbolic after the cap

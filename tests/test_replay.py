@@ -1,0 +1,181 @@
+"""The closed-loop replay: BLIS timing semantics, scheduler behaviors, and invariants over
+random workloads; its per-step components equal the vectorized computation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evaluator.components import COMPONENT_NAMES, coefficients, from_trajectory
+from evaluator.dsl import compile_program, parse_program, step_times
+from evaluator.experiments import Experiment
+from evaluator.model_arch import ModelArch
+from evaluator.replay import FINISHED, TIMED_OUT, replay
+
+TINY = ModelArch(layers=2, hidden=256, heads=4, kv_heads=4, ffn=512, vocab=1000)
+LLAMA7 = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
+MIXTRAL = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, num_experts=8, top_k=2)
+
+
+def _program(step: str, queue: str = "0.0", out_tok: str = "0.0", post: str | None = None, consts: str = "{}"):
+    src = f"CONSTANTS = {consts}\ndef step_time(f, c):\n    return {step}\ndef queueing_time(r, c):\n    return {queue}\n" \
+          f"def output_token_time(c):\n    return {out_tok}\n"
+    if post:
+        src += f"def post_decode_time(c):\n    return {post}\n"
+    prog = parse_program(src)
+    return prog, compile_program(prog), np.array(list(prog.constants.values()), dtype=float)
+
+
+def _exp(arrival, inputs, outputs, **kw) -> Experiment:
+    return Experiment.from_arrays("t", arrival, inputs, outputs, arch=kw.pop("arch", TINY), **kw)
+
+
+def test_timing_follows_blis_accounting():
+    # ready at arrival + 500; one 1000 us step per step; +10 us per output token; +7 after decode
+    _, cp, c = _program("1000.0", queue="500.0", out_tok="10.0", post="7.0")
+    res = replay(_exp([0], [100], [3]), cp, c)
+    assert res.state[0] == FINISHED and res.n_steps == 3
+    assert res.ttft_us[0] == 500 + 1000 + 10  # end of the prefill step - arrival + output_token_time
+    assert res.e2e_us[0] == 1510 + 2 * (1000 + 10) + 7  # two decode tokens, then post_decode_time
+
+
+def test_chunked_prefill_spans_steps_under_the_token_budget():
+    _, cp, c = _program("1000.0")
+    res = replay(_exp([0], [5000], [2], max_num_batched_tokens=2048), cp, c, record=True)
+    t = res.trajectory
+    assert list(t.new_tokens[t.is_prefill]) == [2048, 2048, 904]
+    assert list(t.context[t.is_prefill]) == [0, 2048, 4096]
+    assert res.ttft_us[0] == 3000 and res.e2e_us[0] == 4000
+
+
+def test_prefix_cache_hits_are_not_recomputed():
+    _, cp, c = _program("1000.0")
+    res = replay(_exp([0], [600], [2], cached_tokens=[96]), cp, c, record=True)
+    t = res.trajectory
+    assert t.new_tokens[0] == 504 and t.context[0] == 96
+
+
+def test_budget_spent_leaves_later_running_requests_waiting_their_turn():
+    _, cp, c = _program("1000.0")
+    # two long prompts arrive together: the first takes the whole 2048 budget in step 0
+    res = replay(_exp([0, 0], [3000, 3000], [2, 2]), cp, c, record=True)
+    t = res.trajectory
+    step0 = t.step == 0
+    assert list(t.request[step0]) == [0] and t.new_tokens[step0][0] == 2048
+    step1 = t.step == 1
+    assert list(t.request[step1]) == [0, 1] and list(t.new_tokens[step1]) == [952, 1096]
+
+
+def test_seats_limit_the_running_batch():
+    _, cp, c = _program("1000.0")
+    res = replay(_exp([0] * 10, [10] * 10, [5] * 10, max_num_seqs=4), cp, c, record=True)
+    assert res.trajectory.running.max() == 4
+    assert np.bincount(res.trajectory.step).max() == 4
+    assert (res.state == FINISHED).all()
+
+
+def test_preempts_tail_when_kv_full_and_restarts_it():
+    _, cp, c = _program("1000.0")
+    # 3 requests of 32 prompt + 40 output tokens need 5 blocks each at the end; only 12 blocks exist
+    res = replay(_exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True)
+    assert (res.state == FINISHED).all()
+    assert res.preemptions.sum() > 0
+    assert res.preemptions[2] > 0 and res.preemptions[0] == 0  # the tail is the victim, the head never
+    assert res.trajectory.kv_blocks_used.max() <= 12
+    # a preempted request re-prefills its whole prompt
+    t = res.trajectory
+    assert (t.new_tokens[(t.request == 2) & t.is_prefill] == 32).sum() == 1 + res.preemptions[2]
+
+
+def test_admission_stops_at_a_head_that_does_not_fit():
+    _, cp, c = _program("1000.0")
+    # request 0 holds most blocks; request 1 (long) cannot get its blocks, request 2 (short) must wait behind it
+    res = replay(_exp([0, 1, 2], [150, 200, 10], [20, 2, 2], kv_blocks=20, block_size=16), cp, c, record=True)
+    t = res.trajectory
+    first_step_of = {r: int(t.step[t.request == r].min()) for r in (0, 1, 2)}
+    assert first_step_of[1] > 1 and first_step_of[2] >= first_step_of[1]
+    assert (res.state == FINISHED).all()
+
+
+def test_client_timeout_aborts_wherever_the_request_is_and_frees_blocks():
+    _, cp, c = _program("100000.0")  # 0.1 s steps
+    exp = _exp([0, 0], [100, 100], [50, 2], timeout_s=1.0)
+    res = replay(exp, cp, c, record=True)
+    assert res.state[0] == TIMED_OUT and res.e2e_us[0] == -1  # needs 50 steps = 5 s > 1 s
+    assert res.state[1] == FINISHED
+    assert res.trajectory.kv_blocks_used[-1] <= 7
+
+
+def test_nan_or_non_positive_step_time_is_a_reported_failure():
+    _, cp, c = _program("f.n_pf - 1.0")  # 0 for the first prefill step
+    res = replay(_exp([0], [10], [3]), cp, c)
+    assert not res.ok and "non-positive" in res.failure()
+    _, cp, c = _program("log(f.n_req - f.n_req) * 0.0 + sqrt(-1.0) / 0.0 + (f.n_req ** -1.0) * 0.0 + 0.0 * (0.0 ** -1.0)")
+    res = replay(_exp([0], [10], [3]), cp, c)
+    assert not res.ok
+
+
+def _random_workload(seed: int, scarce_kv: bool):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 120))
+    arrival = np.sort(rng.integers(0, 3_000_000, n))
+    inputs = rng.integers(1, 3000, n)
+    outputs = rng.integers(1, 400, n)
+    cached = np.where(rng.random(n) < 0.5, (np.minimum(inputs - 1, 96) // 16) * 16, 0)
+    kv = int(rng.integers(200, 400)) if scarce_kv else 100_000
+    return _exp(arrival, inputs, outputs, cached_tokens=cached, kv_blocks=kv, block_size=16,
+                max_num_seqs=int(rng.integers(2, 64)), max_num_batched_tokens=int(rng.choice([256, 512, 2048])),
+                timeout_s=float(rng.choice([5.0, 300.0])), arch=LLAMA7)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_invariants_hold_on_random_workloads(seed):
+    exp = _random_workload(seed, scarce_kv=seed % 2 == 0)
+    prog, cp, c = _program("c.base + c.k * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc) + f.weights + f.kv_read",
+                           queue="c.q", out_tok="20.0", consts='{"base": 2000.0, "k": 1.5, "q": 300.0}')
+    res = replay(exp, cp, c, record=True)
+    assert res.ok
+    t, s = res.trajectory, exp.server
+    # every request finishes or times out, exactly once (a state is final and unique)
+    assert np.isin(res.state, [FINISHED, TIMED_OUT]).all()
+    assert ((res.e2e_us >= 0) == (res.state == FINISHED)).all()
+    fin = res.state == FINISHED
+    assert (res.ttft_us[fin] > 0).all() and (res.ttft_us[fin] <= res.e2e_us[fin]).all()
+    # budget, seats and KV capacity are never exceeded
+    per_step_tokens = np.bincount(t.step, weights=t.new_tokens, minlength=t.n_steps)
+    assert per_step_tokens.max() <= s.max_num_batched_tokens
+    assert np.bincount(t.step, minlength=t.n_steps).max() <= s.max_num_seqs
+    assert t.running.max() <= s.max_num_seqs
+    assert t.kv_blocks_used.max() <= s.kv_blocks
+    # tokens are conserved: the attempt that finished (after the last restart) computed exactly
+    # the uncached prompt and output-1 decode tokens; each restart is one preemption
+    for r in np.flatnonzero(fin):
+        slots = np.flatnonzero(t.request == r)
+        starts = slots[t.is_prefill[slots] & (t.context[slots] == exp.cached_tokens[r])]
+        assert len(starts) == 1 + res.preemptions[r]
+        last = slots[slots >= starts[-1]]
+        assert t.new_tokens[last][t.is_prefill[last]].sum() == exp.input_tokens[r] - exp.cached_tokens[r]
+        assert (~t.is_prefill[last]).sum() == exp.output_tokens[r] - 1
+    # the clock only moves by step durations (and idle gaps to the next ready request)
+    assert (np.diff(t.step_start_us) >= t.step_us[:-1]).all()
+
+
+def test_preemption_happens_when_kv_is_scarce():
+    preempted = [replay(_random_workload(s, True), *_program("5000.0")[1:], record=False).preemptions.sum() for s in range(0, 20, 2)]
+    assert sum(p > 0 for p in preempted) >= 5
+    plenty = [replay(_random_workload(s, False), *_program("5000.0")[1:]).preemptions.sum() for s in range(1, 20, 2)]
+    assert sum(plenty) == 0
+
+
+@pytest.mark.parametrize("arch,tp", [(LLAMA7, 1), (MIXTRAL, 2)])
+@pytest.mark.parametrize("component", COMPONENT_NAMES)
+def test_replay_components_equal_vectorized_trajectory_components(arch, tp, component):
+    exp = _random_workload(5, scarce_kv=False)
+    exp = Experiment.from_arrays("t", exp.arrival_us, exp.input_tokens, exp.output_tokens, arch=arch, tp=tp,
+                                 cached_tokens=exp.cached_tokens, max_num_seqs=32)
+    # the step time exposes one component: duration = round(3000 + 0.25 * component)
+    prog, cp, c = _program(f"3000.0 + 0.25 * f.{component}")
+    res = replay(exp, cp, c, record=True)
+    t = res.trajectory
+    comps = from_trajectory(t.step, t.new_tokens, t.context, t.is_prefill, t.n_steps, coefficients(arch, exp.hardware, tp))
+    expected = np.maximum(1, np.round(step_times(prog, comps, c)))
+    np.testing.assert_array_equal(t.step_us, expected)

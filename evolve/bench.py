@@ -35,8 +35,28 @@ def _median_time(fn, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
+def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable[[str], None]) -> dict:
+    """Offline search throughput: default settings, timed over generations 1..N (generation 0,
+    the seed fits, runs with a small budget here and is not part of the figure)."""
+    import tempfile
+
+    from archive.store import Archive
+    from evolve.search import Search, SearchConfig
+
+    with tempfile.TemporaryDirectory(prefix="stepml-bench-") as tmp:
+        archive = Archive(tmp, create=True)
+        search = Search(archive, loaded, engine, SearchConfig(generations=generations, seed=0, seed_fit_evals=60),
+                        progress=lambda info: log(f"  bench search: generation {info['generation']} done") if "message" not in info else None)
+        search.run()
+        gens = [g for g in archive.generations(search.run_id) if g["generation"] >= 1]
+        archive.close()
+    seconds = sum(g["seconds"] for g in gens)
+    return {"generations_per_hour": round(len(gens) / seconds * 3600, 1), "generation_s_mean": round(seconds / len(gens), 1),
+            "generations_timed": len(gens)}
+
+
 def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], None] = print,
-              extra: dict[str, Callable[[], float]] | None = None) -> dict:
+              search_generations: int = 4) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
     prog = load_program(seed_path(BENCH_PROGRAM))
@@ -73,6 +93,8 @@ def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], No
             figures["fit_evals"] = r.evaluations
             figures["fit_train_loss"] = round(r.loss, 3)
             log(f"full fit: {figures['fit_s']} s ({r.evaluations} evaluations, train loss {r.loss:.3f})")
-    for name, fn in (extra or {}).items():
-        figures[name] = fn()
+        if search_generations > 0:
+            log(f"offline search, {search_generations} generations with default settings...")
+            figures.update(generations_per_hour(loaded, engine, search_generations, log))
+            log(f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)")
     return figures

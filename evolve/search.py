@@ -42,7 +42,8 @@ from .llm_operator import LLMOperator
 from .selection import examples_for, select_parent
 from .symbolic import OPERATORS, NotRepresentable, mutate
 
-OPERATOR_WEIGHTS = {"subtree": 0.25, "node_replace": 0.2, "insert": 0.15, "shrink": 0.1, "crossover": 0.2, "constants": 0.1}
+OPERATOR_WEIGHTS = {"subtree": 0.2, "node_replace": 0.15, "insert": 0.1, "shrink": 0.1, "crossover": 0.15, "constants": 0.1,
+                    "add_term": 0.2}
 
 
 @dataclass(frozen=True)

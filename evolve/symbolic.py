@@ -23,7 +23,8 @@ MAX_TREE_HEIGHT = 12
 POWERS = {2.0: "pow2", 3.0: "pow3", 0.5: "pow0_5", 1.5: "pow1_5", -1.0: "powm1", -0.5: "powm0_5", -2.0: "powm2"}
 BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}
 UNARY_CALLS = ("abs", "sqrt", "log", "exp")
-OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants")
+OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term")
+TIME_COMPONENTS = {"gemm_pf", "gemm_dc", "attn_pf", "attn_dc", "weights", "kv_read", "kv_write", "allreduce"}
 MUTABLE_FUNCTIONS = {"step_time": 0.8, "queueing_time": 0.2}  # which function a structural operator edits
 
 
@@ -59,8 +60,15 @@ def primitive_set(constant_names: list[str], function: str = "step_time") -> gp.
     return pset
 
 
+class _NamedNew(gp.Terminal):
+    """A new constant with a chosen starting value (rendered as a fresh named constant)."""
+
+    def __init__(self, value: float):
+        super().__init__(value, False, object)
+
+
 def _is_new_constant(node) -> bool:
-    return type(type(node)) is gp.MetaEphemeral
+    return type(type(node)) is gp.MetaEphemeral or isinstance(node, _NamedNew)
 
 
 def to_tree(program: Program, pset: gp.PrimitiveSet, function: str = "step_time") -> gp.PrimitiveTree:
@@ -227,6 +235,13 @@ def mutate(operator: str, parent: Program, parent_constants: dict[str, float], r
         (tree,) = gp.mutInsert(tree, pset)
     elif operator == "shrink":
         (tree,) = gp.mutShrink(tree)
+    elif operator == "add_term":
+        # parent + c.k * x: with the refit, a closed-loop forward-stepwise regression step
+        term = rng.choice([t for t in pset.terminals[object] if isinstance(t, gp.Terminal) and isinstance(t.value, str)
+                           and t.value[0] in "fr"])
+        scale = 1.0 if term.value[2:] in TIME_COMPONENTS else 10.0
+        tree = gp.PrimitiveTree([pset.mapping["add"], *tree, pset.mapping["mul"], _NamedNew(scale), term])
+        detail = f"add_term on {function}: + k * {term.value[0]}.{term.value[2:]}"
     elif operator == "crossover":
         if other is None:
             raise ValueError("crossover needs a second parent")

@@ -134,11 +134,17 @@ class ProgramRecord:
 class Archive:
     FILE = "archive.sqlite"
 
-    def __init__(self, directory: str | Path, create: bool = False):
+    def __init__(self, directory: str | Path, create: bool = False, read_only: bool = False):
+        """Open (or with create=True, make) the archive in `directory`. read_only opens the
+        database without writing anything, so browsing never waits on a running search."""
         self.dir = Path(directory)
         path = self.dir / self.FILE
         if not path.exists() and not create:
             raise FileNotFoundError(f"{path}: no archive here")
+        if read_only:
+            self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+            self.db.execute("SELECT 1 FROM programs LIMIT 1")  # fails early on a file that is not an archive
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
         self.db.execute("PRAGMA journal_mode=WAL")

@@ -235,6 +235,7 @@ def run_cmd(
     seed_fit_evals: Optional[int] = typer.Option(None, "--seed-fit-evals", help="Fit budget for the seeds (default: the standard fit)."),
     max_promotions: int = typer.Option(2, "--max-promotions", help="Full fits per generation at most."),
     islands: int = typer.Option(1, "--islands", help="Independent islands with periodic migration of their best."),
+    migration_interval: int = typer.Option(25, "--migration-interval", help="Generations between migrations (with --islands > 1)."),
     workers: Optional[int] = WorkersOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
@@ -253,7 +254,7 @@ def run_cmd(
         fail(f"{archive_dir}: no archive to resume")
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands,
                           llm_ratio=llm_ratio if llm else 0.0, quick_evals=quick_evals, full_fit_evals=full_fit_evals,
-                          seed_fit_evals=seed_fit_evals, max_promotions=max_promotions)
+                          seed_fit_evals=seed_fit_evals, max_promotions=max_promotions, migration_interval=migration_interval)
     archive = Archive(archive_dir, create=True)
     operator = None
     if llm:
@@ -307,6 +308,61 @@ def _print_summary(archive_dir: Path, summary: dict) -> None:
     out.print(f"archive: {archive_dir}  (browse: evolve archive list --archive {archive_dir})")
 
 
+@app.command("emit-go")
+def emit_go_cmd(
+    program: str = typer.Argument("best", help="best, a program id from the archive, or a program file (.py)."),
+    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
+    out_path: Path = typer.Option(Path("stepml_evolved.go"), "--out", help="Go file to write."),
+    test_out: Optional[Path] = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
+    interface: str = typer.Option("v5", "--interface", help="v5 (5-method LatencyModel) or v4 (PostDecodeFixedOverhead)."),
+    name: str = typer.Option("StepMLEvolved", "--name", help="Go identifier prefix: <name>Model, New<name>Model, ..."),
+    samples: int = typer.Option(1000, "--samples", help="Sample batches in the generated test."),
+):
+    """Emit a program as Go (package latency) implementing the simulator's LatencyModel."""
+    from .emit_go import EmitError, emit_go, emit_go_test, gofmt
+    from .go_parity import samples as parity_samples
+
+    prog, header = _program_for_emission(program, archive_dir)
+    try:
+        source = gofmt(emit_go(prog, name=name, interface=interface, header=header))
+        test_source = gofmt(emit_go_test(name, parity_samples(prog, samples), interface)) if test_out else None
+    except EmitError as e:
+        fail(str(e))
+    out_path.write_text(source)
+    out.print(f"wrote {out_path} ({name}Model, interface {interface})")
+    if test_out:
+        test_out.write_text(test_source)
+        out.print(f"wrote {test_out} ({samples} sample batches checked against Python)")
+
+
+def _program_for_emission(spec: str, archive_dir: Optional[Path]):
+    """The program to emit and its header lines: from a file, or from an archive by id/best."""
+    from archive.browse import BrowseError, open_archive, resolve
+    from evaluator.dsl import parse_program
+
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        if not path.is_file():
+            fail(f"{path}: no such program file")
+        prog = _program(path)
+        fitted = [ln[len("# fitted: "):] for ln in prog.source.splitlines() if ln.startswith("# fitted: ")]
+        return prog, {"program": str(path), **({"fitted": fitted[0]} if fitted else {})}
+    try:
+        archive = open_archive(archive_dir)
+        record = resolve(archive, spec)
+        run = archive.run()
+    except BrowseError as e:
+        fail(str(e))
+
+    def f(x):
+        return "n/a" if x is None else f"{x:.4f}"
+
+    header = {"program": f"#{record.id} of {archive.dir} (generation {record.generation}, {record.operator})",
+              "data": run["data_label"], "seed": run["seed"],
+              "loss": f"train {f(record.train_loss)}, validation {f(record.val_loss)}, test {f(record.test_loss)}"}
+    return parse_program(record.source), header
+
+
 @app.command("bench")
 def bench_cmd(
     data: Optional[Path] = typer.Option(None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."),
@@ -324,6 +380,11 @@ def bench_cmd(
     else:
         for k, v in figures.items():
             out.print(f"{k:24s} {v}")
+
+
+from .archive_cli import archive_app  # noqa: E402  (the archive commands use this module's consoles)
+
+app.add_typer(archive_app, name="archive")
 
 
 def main() -> None:

@@ -122,3 +122,21 @@ def test_resume_refuses_other_search_settings(reference):
     res = CliRunner().invoke(app, ["run", "--generations", "6", "--seed", "3", "--archive", str(d), "--resume",
                                    "--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "7"])
     assert res.exit_code == 2 and "other search settings" in res.stderr
+
+
+def test_islands_evolve_separately_and_exchange_their_best(tmp_path):
+    run(tmp_path, 4, "--islands", "2", "--migration-interval", "2", seed=4)
+    a = Archive(tmp_path)
+    progs = a.programs(a.run()["id"])
+    by_id = {p.id: p for p in progs}
+    assert {p.island for p in progs} == {0, 1}
+    migrants = [p for p in progs if p.operator == "migration"]
+    assert migrants and {m.generation for m in migrants} <= {2, 4}
+    for m in migrants:
+        origin = by_id[m.parents[0]]
+        assert origin.island != m.island and origin.source == m.source and origin.val_loss == m.val_loss
+        assert a.evaluations(m.id)  # migrants carry their evaluations
+    for p in progs:
+        if p.operator not in ("seed", "migration"):
+            assert p.island == p.generation % 2  # generation g works on island g mod 2
+            assert all(by_id[q].island == p.island for q in p.parents)

@@ -1,0 +1,327 @@
+"""`evolve archive`: list/show/pareto/diff agree with the archive, and the HTML report stands alone."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from archive.browse import BrowseError, latest_archive_dir
+from archive.grid import cell_of, pareto_front
+from archive.store import Archive
+from evolve.archive_cli import archive_app
+from evolve.cli import app as main_app
+
+SMALL = ["--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "5"]
+
+cli = typer.Typer()
+cli.add_typer(archive_app, name="archive")
+
+
+@cli.callback()
+def _root():
+    """Stand-in for the main app until archive_app is registered there."""
+
+
+@pytest.fixture(scope="module")
+def archive_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("browse") / "run"
+    res = CliRunner().invoke(main_app, ["run", "--generations", "3", "--seed", "3", "--archive", str(d), *SMALL])
+    assert res.exit_code == 0, res.output
+    return d
+
+
+@pytest.fixture(scope="module")
+def records(archive_dir):
+    a = Archive(archive_dir)
+    programs = a.programs(a.run()["id"])
+    evaluations = {p.id: a.evaluations(p.id) for p in programs}
+    a.close()
+    return programs, evaluations
+
+
+def invoke(*args, ok: bool = True):
+    res = CliRunner().invoke(cli, ["archive", *map(str, args)])
+    if ok:
+        assert res.exit_code == 0, res.output
+    return res
+
+
+def as_json(*args):
+    return json.loads(invoke(*args, "--json").stdout)
+
+
+def full(programs):
+    return [p for p in programs if p.stage in ("seed", "full")]
+
+
+# ---- list ----
+
+def test_list_defaults_to_fully_evaluated_programs_by_validation_loss(archive_dir, records):
+    programs, _ = records
+    rows = as_json("list", "--archive", archive_dir)
+    assert {r["id"] for r in rows} == {p.id for p in full(programs)}
+    vals = [r["val_loss"] for r in rows]
+    assert vals == sorted(vals)
+    by_id = {p.id: p for p in programs}
+    for r in rows:
+        p = by_id[r["id"]]
+        assert (r["generation"], r["complexity"], r["components"], r["parents"]) == (p.generation, p.complexity, p.components, p.parents)
+        assert r["val_loss"] == pytest.approx(p.val_loss) and r["cell"] == list(cell_of(p.complexity, p.n_components))
+        assert set(r) == {"id", "generation", "operator", "operator_detail", "parents", "train_loss", "val_loss", "test_loss",
+                          "quick_loss", "complexity", "n_components", "components", "stage", "cell"}
+
+
+def test_list_all_includes_screened_programs_after_the_evaluated_ones(archive_dir, records):
+    programs, _ = records
+    assert any(p.stage == "screened" for p in programs), "the small search should screen some children out"
+    rows = as_json("list", "--archive", archive_dir, "--all")
+    assert [r["id"] for r in rows if r["stage"] == "screened"] and len(rows) == len(programs)
+    stages = [r["stage"] == "screened" for r in rows]
+    assert stages == sorted(stages)  # every screened-only program after every evaluated one
+    quick = [r["quick_loss"] for r in rows if r["stage"] == "screened"]
+    assert quick == sorted(quick)
+
+
+@pytest.mark.parametrize("key,field", [("id", "id"), ("generation", "generation"), ("complexity", "complexity"), ("train", "train_loss")])
+def test_list_sorts(archive_dir, key, field):
+    values = [r[field] for r in as_json("list", "--archive", archive_dir, "--sort", key)]
+    assert values == sorted(values)
+
+
+def test_list_filters_front_cell_and_operator(archive_dir, records):
+    programs, _ = records
+    front = as_json("list", "--archive", archive_dir, "--front")
+    assert {r["id"] for r in front} == {p.id for p in pareto_front(programs)}
+
+    c = cell_of(programs[-1].complexity, programs[-1].n_components)
+    in_cell = as_json("list", "--archive", archive_dir, "--all", "--cell", f"{c[0]},{c[1]}")
+    assert {r["id"] for r in in_cell} == {p.id for p in programs if cell_of(p.complexity, p.n_components) == c}
+
+    seeds = as_json("list", "--archive", archive_dir, "--operator", "seed")
+    assert len(seeds) == 5 and all(r["operator"].startswith("seed:") for r in seeds)
+    children = [p for p in programs if p.operator != "seed"]
+    op = children[0].operator
+    matched = as_json("list", "--archive", archive_dir, "--all", "--operator", op)
+    assert {r["id"] for r in matched} == {p.id for p in programs if op in p.operator}
+
+
+def test_list_prints_a_table(archive_dir, records):
+    programs, _ = records
+    text = invoke("list", "--archive", archive_dir).stdout
+    assert "operator" in text and "seed:roofline" in text
+    top = min(full(programs), key=lambda p: p.val_loss)
+    assert re.search(rf"\b{top.id}\*?\s", text)
+
+
+# ---- show ----
+
+def test_show_best_has_lineage_to_a_seed_and_the_evaluations(archive_dir, records):
+    programs, evaluations = records
+    by_id = {p.id: p for p in programs}
+    shown = as_json("show", "best", "--archive", archive_dir)
+    p = shown["program"]
+    top = min(full(programs), key=lambda q: (q.val_loss, q.id))
+    assert p["id"] == top.id and p["source"] == top.source and p["constants"] == top.constants
+
+    steps = shown["lineage"]
+    assert steps[0]["id"] == top.id
+    assert steps[-1]["operator"].startswith("seed:") and steps[-1]["parents"] == []
+    for child, parent in zip(steps, steps[1:]):
+        assert by_id[child["id"]].parents[0] == parent["id"]
+        assert child["operator_detail"] == by_id[child["id"]].operator_detail
+    for s in steps:
+        assert s["other_parents"] == by_id[s["id"]].parents[1:]
+
+    for split, rows in shown["evaluations"].items():
+        stored = {e["experiment"]: e for e in evaluations[top.id] if e["split"] == split}
+        assert [r["name"] for r in rows] == sorted(stored)
+        for r in rows:
+            e = stored[r["name"]]
+            assert r["ape"]["e2e"] == pytest.approx(e["ape_e2e"]) and r["ape"]["ttft"] == pytest.approx(e["ape_ttft"])
+            assert r["observed"]["e2e_mean_s"] == pytest.approx(e["observed"]["e2e_mean_s"])
+            assert r["predicted"]["ttft_mean_s"] == pytest.approx(e["predicted"]["ttft_mean_s"])
+    assert set(shown["evaluations"]) == {"train", "validate", "test"}
+
+
+def _hand_built_archive(directory):
+    """Seeds 1 and 2, crossover 3 of (1, 2), mutation 4 of 3: a lineage with a second parent."""
+    a = Archive(directory, create=True)
+    run = a.create_run("hand-built", "0", True, 0, {})
+
+    def prog(i, parents, operator, detail, stage="full"):
+        source = f'CONSTANTS = {{"a": {i}.0}}\n\ndef step_time(f, c):\n    return c.a * f.tokens + {i}\n'
+        return {"source_hash": str(i), "source": source, "constants": {"a": float(i)}, "parents": parents,
+                "operator": operator, "operator_detail": detail, "complexity": 5 + i, "n_components": 1,
+                "components": ["tokens"], "train_loss": 10.0 / i, "val_loss": 10.0 / i, "test_loss": 10.0 / i, "stage": stage}
+
+    a.write_generation(run, 0, 0.0, [prog(1, [], "seed", "roofline", "seed"), prog(2, [], "seed", "blackbox", "seed")], [], [], {})
+    a.write_generation(run, 1, 0.0, [prog(3, [1, 2], "crossover", "crossover on step_time")], [], [], {})
+    call = {"model": "test/model", "request_hash": "h", "prompt_tokens": 1200, "completion_tokens": 345, "cost_usd": 0.0125,
+            "latency_s": 1.0, "outcome": "ok", "program_index": 0}
+    rejected = [{"operator": "add_term", "parents": [3], "rule": "duplicate", "reason": "same structure"}] * 2
+    a.write_generation(run, 2, 0.0, [prog(4, [3], "llm:test/model", "rewrote step_time")], rejected, [call], {})
+    a.close()
+
+
+def test_show_follows_the_first_parent_of_a_crossover(tmp_path):
+    _hand_built_archive(tmp_path)
+    shown = as_json("show", "4", "--archive", tmp_path)
+    steps = [(s["id"], s["operator"], s["operator_detail"], s["other_parents"]) for s in shown["lineage"]]
+    assert steps == [(4, "llm:test/model", "rewrote step_time", []), (3, "crossover", "crossover on step_time", [2]),
+                     (1, "seed:roofline", "roofline", [])]
+    assert as_json("show", "best", "--archive", tmp_path)["program"]["id"] == 4
+    assert shown["evaluations"] == {}  # nothing stored: no per-experiment table, no crash
+    text = invoke("show", "4", "--archive", tmp_path).stdout
+    assert "no per-experiment evaluations" in text and "crossover" in text
+
+
+def test_show_prints_source_lineage_and_tables(archive_dir, records):
+    programs, _ = records
+    child = next((p for p in programs if p.stage == "full"), programs[0])
+    text = invoke("show", child.id, "--archive", archive_dir).stdout
+    assert "def step_time(f, c):" in text and "lineage" in text and "fitted constants" in text
+    assert "validate split" in text and "test split" in text
+    for name in child.constants:
+        assert name in text
+
+
+# ---- pareto ----
+
+def test_pareto_is_non_dominated_and_sorted(archive_dir, records):
+    programs, _ = records
+    front = as_json("pareto", "--archive", archive_dir)
+    assert front
+    assert [r["complexity"] for r in front] == sorted(r["complexity"] for r in front)
+    vals = [r["val_loss"] for r in front]
+    assert all(a > b for a, b in zip(vals, vals[1:]))
+    evaluated = [p for p in full(programs) if p.val_loss is not None]
+    for r in front:
+        assert not any(p.val_loss <= r["val_loss"] and p.complexity <= r["complexity"]
+                       and (p.val_loss < r["val_loss"] or p.complexity < r["complexity"]) for p in evaluated)
+    ids = {r["id"] for r in front}
+    for p in evaluated:  # everything off the front is dominated by a member
+        assert p.id in ids or any(r["val_loss"] <= p.val_loss and r["complexity"] <= p.complexity for r in front)
+
+
+# ---- diff ----
+
+def test_diff_shows_changed_lines_and_loss_deltas(archive_dir, records):
+    programs, _ = records
+    a, b = sorted(full(programs), key=lambda p: p.val_loss)[:2]
+    text = invoke("diff", a.id, b.id, "--archive", archive_dir).stdout
+    assert f"--- #{a.id}" in text and f"+++ #{b.id}" in text
+    assert re.search(r"^-(?!--)", text, re.M) and re.search(r"^\+(?!\+\+)", text, re.M)
+    d = as_json("diff", a.id, b.id, "--archive", archive_dir)
+    assert d["metrics"]["val_loss"]["delta"] == pytest.approx(b.val_loss - a.val_loss)
+    assert d["metrics"]["complexity"]["delta"] == b.complexity - a.complexity
+    assert d["validate_experiments"] and all(e["ape_e2e"]["delta"] is not None for e in d["validate_experiments"])
+    same = as_json("diff", a.id, a.id, "--archive", archive_dir)
+    assert same["source_diff"] == [] and same["metrics"]["val_loss"]["delta"] == 0
+
+
+# ---- report ----
+
+def test_report_is_one_self_contained_page(archive_dir, records, tmp_path):
+    programs, evaluations = records
+    out = tmp_path / "site" / "report.html"
+    invoke("report", "--archive", archive_dir, "--out", out)
+    assert list(out.parent.iterdir()) == [out]
+    html = out.read_text()
+    assert not re.search(r"https?://", html)
+    assert "<script" not in html.lower() and "<link" not in html.lower() and "<img" not in html.lower()
+    for section in ("pareto", "history", "grid", "best", "distribution"):
+        body = re.search(rf'<section id="{section}">(.*?)</section>', html, re.S)
+        assert body and "<svg" in body.group(1), section
+    for p in programs:
+        assert f'id="p{p.id}"' in html
+        assert f'href="#p{p.id}"' in html
+    top = min(full(programs), key=lambda q: (q.val_loss, q.id))
+    tests = [e["experiment"] for e in evaluations[top.id] if e["split"] == "test"]
+    best_section = re.search(r'<section id="best">(.*?)</section>', html, re.S).group(1)
+    assert all(name in best_section for name in tests)
+
+
+def test_report_escapes_sources(archive_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(archive_dir, copy)
+    db = sqlite3.connect(copy / Archive.FILE)
+    evil = '"""<b>x < y</b> & <script>alert(1)</script>"""\n'
+    db.execute("UPDATE programs SET source = ? || source WHERE id = 1", (evil,))
+    db.commit()
+    db.close()
+    out = tmp_path / "r.html"
+    invoke("report", "--archive", copy, "--out", out)
+    html = out.read_text()
+    assert "&lt;b&gt;x &lt; y&lt;/b&gt; &amp; &lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<b>x" not in html and "<script" not in html
+
+
+def test_report_summarizes_a_run_without_evaluations(tmp_path):
+    _hand_built_archive(tmp_path)
+    out = tmp_path / "r.html"
+    invoke("report", "--archive", tmp_path, "--out", out)
+    html = out.read_text()
+    summary = re.search(r'<section id="summary">(.*?)</section>', html, re.S).group(1)
+    assert "hand-built" in summary and "<dd>2</dd>" in summary  # generations completed
+    assert re.search(r"duplicate</td><td>2<", summary) and re.search(r"crossover</td><td>1<", summary)
+    assert "llm:test/model" in summary and "1200 prompt + 345 completion" in summary and "$0.0125" in summary
+    for section in ("pareto", "history", "grid", "best", "distribution"):
+        assert "<svg" in re.search(rf'<section id="{section}">(.*?)</section>', html, re.S).group(1)
+    assert "no test-split evaluation" in html  # the empty state, not a crash
+
+
+# ---- errors and the default archive ----
+
+def one_line_error(res, text: str) -> None:
+    assert res.exit_code == 2, res.output
+    assert text in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
+
+
+def test_unknown_program_is_a_one_line_error(archive_dir):
+    one_line_error(invoke("show", "987654", "--archive", archive_dir, ok=False), "program 987654 does not exist")
+    one_line_error(invoke("diff", "1", "987654", "--archive", archive_dir, ok=False), "program 987654 does not exist")
+    one_line_error(invoke("show", "first", "--archive", archive_dir, ok=False), "not a program id")
+
+
+def test_missing_archive_is_a_one_line_error(tmp_path, monkeypatch):
+    one_line_error(invoke("list", "--archive", tmp_path, ok=False), "no archive here")
+    monkeypatch.chdir(tmp_path)
+    one_line_error(invoke("pareto", ok=False), "no archive found under runs")
+    (tmp_path / "runs" / "empty").mkdir(parents=True)
+    one_line_error(invoke("report", ok=False), "no archive found under runs")
+
+
+def test_default_archive_is_the_most_recently_written_run(archive_dir, records, tmp_path, monkeypatch):
+    programs, _ = records
+    runs = tmp_path / "runs"
+    for name, mtime in (("old", 1_000_000), ("new", 2_000_000)):
+        shutil.copytree(archive_dir, runs / name)
+        for f in (runs / name).iterdir():
+            os.utime(f, (mtime, mtime))
+    monkeypatch.chdir(tmp_path)
+    assert latest_archive_dir().name == "new"
+    (runs / "new" / Archive.FILE).unlink()
+    assert latest_archive_dir().name == "old"
+    assert {r["id"] for r in as_json("list", "--all")} == {p.id for p in programs}
+    shutil.rmtree(runs)
+    with pytest.raises(BrowseError):
+        latest_archive_dir()
+
+
+def test_browsing_works_while_a_run_holds_the_write_lock(archive_dir, records):
+    """A search writes each generation in one transaction; browsing must neither wait for it nor write."""
+    programs, _ = records
+    writer = sqlite3.connect(archive_dir / Archive.FILE, isolation_level=None, timeout=0)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        assert {r["id"] for r in as_json("list", "--all", "--archive", archive_dir)} == {p.id for p in programs}
+        invoke("show", "best", "--archive", archive_dir)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()

@@ -60,6 +60,17 @@ def _programs_table(rows: list[dict], title: str):
     return t
 
 
+def _print_rows(rows: list[dict], title: str, as_json: bool) -> None:
+    """Program rows as JSON (for scripts) or as a table."""
+    from .cli import out
+    from .tables import dumps
+
+    if as_json:
+        print(dumps([{k: v for k, v in r.items() if k != "front"} for r in rows]))
+    else:
+        out.print(_programs_table(rows, title))
+
+
 @archive_app.command("list")
 def list_cmd(
     archive_dir: Optional[Path] = ArchiveOpt,
@@ -73,18 +84,13 @@ def list_cmd(
     """Programs of the archive: operator, losses, complexity, components (* marks the Pareto front)."""
     from archive.browse import parse_cell, run_programs, select_rows
 
-    from .cli import out
-    from .tables import dumps
 
     archive = _open(archive_dir)
     _, programs = _guard(run_programs, archive)
     wanted_cell = _guard(parse_cell, cell) if cell else None
     rows = _guard(select_rows, programs, include_screened=include_screened, front_only=front, cell=wanted_cell,
                   operator=operator, sort=sort)
-    if as_json:
-        print(dumps([{k: v for k, v in r.items() if k != "front"} for r in rows]))
-        return
-    out.print(_programs_table(rows, f"{len(rows)} programs in {archive.dir} (sorted by {sort})"))
+    _print_rows(rows, f"{len(rows)} programs in {archive.dir} (sorted by {sort})", as_json)
 
 
 @archive_app.command("show")
@@ -147,16 +153,11 @@ def pareto_cmd(archive_dir: Optional[Path] = ArchiveOpt, as_json: bool = JsonOpt
     """The Pareto front: validation loss vs complexity, by increasing complexity."""
     from archive.browse import pareto_rows, run_programs
 
-    from .cli import out
-    from .tables import dumps
 
     archive = _open(archive_dir)
     _, programs = _guard(run_programs, archive)
     rows = pareto_rows(programs)
-    if as_json:
-        print(dumps([{k: v for k, v in r.items() if k != "front"} for r in rows]))
-        return
-    out.print(_programs_table(rows, f"Pareto front of {archive.dir} (validation loss vs complexity)"))
+    _print_rows(rows, f"Pareto front of {archive.dir} (validation loss vs complexity)", as_json)
 
 
 @archive_app.command("diff")

@@ -6,12 +6,11 @@ rounding conventions.
 """
 from __future__ import annotations
 
-import math
 import random
 
 import numpy as np
 
-from evaluator.components import coefficients, component_values
+from evaluator.components import coefficients, from_trajectory
 from evaluator.dsl import Program, ScalarProgram, compile_program
 from evaluator.hardware import get_hardware
 from evaluator.model_arch import ModelArch
@@ -54,21 +53,10 @@ def _batch(rng: random.Random, budget: int = 2048) -> list[tuple[int, int, int, 
 
 
 def python_step_us(program: ScalarProgram, consts: np.ndarray, k: np.ndarray, reqs) -> int:
-    tok_pf = n_pf = pf_pairs = pf_ctx = n_dc = dc_ctx = ctx_max = 0.0
-    for inp, _out, progress, new in reqs:
-        if new <= 0:
-            continue
-        c = float(progress)
-        if progress < inp:
-            tok_pf += new
-            n_pf += 1
-            pf_pairs += new * (c + new / 2.0)
-            pf_ctx += c
-        else:
-            n_dc += 1
-            dc_ctx += c
-        ctx_max = max(ctx_max, c)
-    f = np.array(component_values(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max, k), dtype=float)
+    """The step as one trajectory step: scheduled requests only, in prefill while progress < input."""
+    slots = np.array([r for r in reqs if r[3] > 0], dtype=np.int64).reshape(-1, 4)
+    inputs, progress, new = slots[:, 0], slots[:, 2], slots[:, 3]
+    f = from_trajectory(np.zeros(len(slots), np.int64), new, progress, progress < inputs, 1, k)[:, 0]
     return micros(program.step_time(f, consts), 1)
 
 
@@ -99,4 +87,4 @@ def samples(program: Program, n_batches: int = 1000, seed: int = 0, deployments=
             "post_decode_us": micros(sp.post_decode_time(consts), 0)}
 
 
-__all__ = ["samples", "micros", "DEFAULT_DEPLOYMENTS", "math"]
+__all__ = ["samples", "micros", "DEFAULT_DEPLOYMENTS"]

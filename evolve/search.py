@@ -80,6 +80,12 @@ def structure_hash(program: Program) -> str:
     return hashlib.sha256("\n".join(dump).encode()).hexdigest()[:20]
 
 
+def _signed_error(predicted: dict, observed: dict, key: str) -> float:
+    """(predicted - observed) / observed in percent, NaN where undefined."""
+    o, p = observed.get(key), predicted.get(key)
+    return (p - o) / o * 100 if o and p is not None else math.nan
+
+
 @dataclass
 class Candidate:
     program: Program
@@ -173,8 +179,7 @@ class Search:
         stats = {**stats, "n_rejected": len(rejections), "evaluations": self.evaluations,
                  "best_val": top[0], "best_train": top[1]}
         ids = self.archive.write_generation(self.run_id, generation, time.perf_counter() - t0, records, rejections, llm_calls, stats)
-        for pid, r in zip(ids, records):
-            self.programs.append(self.archive.program(pid))
+        self.programs.extend(self.archive.program(pid) for pid in ids)
         self.rejection_counts.update(r["rule"] for r in rejections)
         self.evaluations = 0
 
@@ -231,12 +236,9 @@ class Search:
             if ev["split"] not in ("train", "validate") or ev["n_requests"] == 0:
                 continue
             o, p = ev["observed"], ev["predicted"]
-
-            def err(k):
-                return (p[k] - o[k]) / o[k] * 100 if o.get(k) and p.get(k) is not None else math.nan
-
             rows.append({"experiment": ev["experiment"], "split": ev["split"], "e2e_obs": o["e2e_mean_s"],
-                         "e2e_err": err("e2e_mean_s"), "ttft_obs": o["ttft_mean_s"], "ttft_err": err("ttft_mean_s")})
+                         "e2e_err": _signed_error(p, o, "e2e_mean_s"), "ttft_obs": o["ttft_mean_s"],
+                         "ttft_err": _signed_error(p, o, "ttft_mean_s")})
         return rows
 
     def _promotion_order(self, cands: list[Candidate], grid, front) -> list[Candidate]:

@@ -220,7 +220,7 @@ def run_cmd(
     seed: int = typer.Option(7, "--seed", help="Same seed and data give the same archive (offline)."),
     data: Optional[Path] = DataOpt,
     archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: runs/<data>-seed<seed>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --archive from its last completed generation."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --archive from its last completed generation (a new run if there is none)."),
     llm: Optional[str] = typer.Option(None, "--llm", help="litellm model string, e.g. openai/gpt-4o-mini, ollama/qwen2.5-coder."),
     llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", help="OpenAI-compatible server URL (e.g. http://127.0.0.1:8000/v1)."),
     llm_ratio: float = typer.Option(0.5, "--llm-ratio", help="Share of children asked of the LLM; the rest are symbolic."),
@@ -251,7 +251,7 @@ def run_cmd(
     tag = "synthetic" if loaded.synthetic else _slug(Path(loaded.label).name)
     archive_dir = archive_dir or Path("runs") / f"{tag}-seed{seed}"
     if resume and not (archive_dir / Archive.FILE).exists():
-        fail(f"{archive_dir}: no archive to resume")
+        err.print(f"{archive_dir}: no archive yet, starting a new run", highlight=False)
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands,
                           llm_ratio=llm_ratio if llm else 0.0, quick_evals=quick_evals, full_fit_evals=full_fit_evals,
                           seed_fit_evals=seed_fit_evals, max_promotions=max_promotions, migration_interval=migration_interval)

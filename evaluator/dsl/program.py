@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 
 from ..components import COMPONENT_NAMES
@@ -301,7 +302,9 @@ def parse_program(source: str) -> Program:
     if "\x00" in source:
         raise ProgramError(None, "syntax", "program text contains a NUL byte")
     try:
-        tree = ast.parse(source, mode="exec")
+        with warnings.catch_warnings():  # odd literals in hostile text must not print warnings
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(source, mode="exec")
     except SyntaxError as e:
         raise ProgramError(e.lineno, "syntax", f"syntax error: {e.msg}") from None
     except (RecursionError, MemoryError, ValueError):

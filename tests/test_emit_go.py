@@ -53,9 +53,25 @@ def go(root, *args):
     return subprocess.run([GO, *args], cwd=root, env=env, capture_output=True, text=True, timeout=900)
 
 
+def _fitted(seed_name: str):
+    """A seed fitted by CMA-ES on the synthetic sample (small budget: the constants are real fits)."""
+    from evaluator.datasets import load_data
+    from evaluator.engine import Engine
+    from evaluator.fitting import FitConfig, fit
+    from seeds import seed_path
+
+    prog = load_program(seed_path(seed_name))
+    data = load_data(None)
+    with Engine(data.experiments) as engine:
+        res = fit(prog, data.experiments, engine, FitConfig(seed=1, max_evals=24))
+    return prog.with_constants(res.constants["all"], header=f"synthetic seed=1 loss={res.loss:.3f}")
+
+
 def programs_to_emit() -> dict[str, object]:
-    """Every seed, the synthetic oracle, fitted and evolved-looking programs, random ones."""
+    """Every seed, fitted seeds, the synthetic oracle, an evolved-looking program, random ones."""
     progs = {f"Seed{p.stem.title().replace('_', '')}": load_program(p) for p in seed_paths()}
+    progs["FittedRoofline"] = _fitted("roofline")
+    progs["FittedTrainedPhysics"] = _fitted("trained_physics")
     oracle = parse_program(ORACLE_SOURCE)
     progs["Oracle"] = oracle.with_constants({k: v * 1.37 for k, v in oracle.constants.items()}, header="fitted stand-in")
     progs["Evolved"] = parse_program(
@@ -138,6 +154,12 @@ def test_emit_go_command_from_a_program_file_and_from_an_archive(tmp_path):
     assert res.exit_code == 0, res.output
     text = out.read_text()
     assert "// fitted: data=" in text and "func NewStepMLEvolvedModel(" in text and "PreemptionProcessingTime" in text
+    module = tmp_path / "module"
+    pkg = go_module(module, "v5")
+    for f in ("model.go", "model_test.go"):
+        (pkg / f).write_text((tmp_path / f).read_text())
+    test = go(module, "test", "-count=1", "./sim/latency/")
+    assert test.returncode == 0, test.stdout[-2000:] + test.stderr[-2000:]
     arch = tmp_path / "arch"
     res = CliRunner().invoke(app, ["run", "--generations", "1", "--seed", "2", "--archive", str(arch), "--seed-fit-evals", "20",
                                    "--full-fit-evals", "16", "--quick-evals", "8", "--children", "2"])

@@ -86,6 +86,20 @@ def test_synthetic_sample_loads_and_is_labeled(synthetic):
     assert any(e.n_failed > 0 for e in synthetic.experiments)  # an overloaded run with timeouts
 
 
+def test_data_synth_writes_the_sample_in_the_replay_format(tmp_path, synthetic):
+    res = CliRunner().invoke(app, ["data", "synth", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    good, bad = load_experiments(tmp_path)
+    assert not bad and [e.name for e in good] == [e.name for e in synthetic.experiments]
+    for mine, ref in zip(good, synthetic.experiments):
+        np.testing.assert_array_equal(mine.arrival_us, ref.arrival_us)
+        np.testing.assert_array_equal(mine.e2e_s, ref.e2e_s)
+        assert mine.observed_means() == pytest.approx(mine.summary, rel=1e-9)
+    other = tmp_path / "seed1"
+    CliRunner().invoke(app, ["data", "synth", "--out", str(other), "--seed", "1"])
+    assert not np.array_equal(load_experiments(other)[0][0].arrival_us, good[0].arrival_us)
+
+
 # ---- bad input: one-line error naming the experiment, others still reported ----
 
 def _copy_experiment(src, dst):

@@ -43,6 +43,7 @@ class FitConfig:
     split: str = "train"
     window: float | None = None  # score only the first fraction of requests
     experiments: tuple[str, ...] | None = None  # restrict to these experiment names
+    restarts: int = 0  # extra CMA-ES runs from the best point so far (fresh step size and seed)
 
     def __post_init__(self):
         if self.scope not in SCOPES:
@@ -141,34 +142,38 @@ def fit(program: Program, experiments: list[Experiment], engine: Engine, config:
     max_evals = config.max_evals or (30 + 6 * n) * (config.popsize or 4 + int(3 * math.log(n)))
     all_rows_loss = []
     for gi, (group, gexps) in enumerate(groups.items()):
-        opts = {"seed": (config.seed * 7919 + gi) % (2**31 - 2) + 1,
-                "maxfevals": max(1, max_evals - 1),  # the start point is evaluation 1
-                "tolfun": config.tolfun, "tolx": 1e-6, "verbose": -9}
-        if config.popsize:
-            opts["popsize"] = config.popsize
+        def losses_of(X, gexps=gexps):
+            return [_safe(v) for v in engine.population_losses(compiled, [tf.from_cma(x) for x in X], gexps, config.split)]
+
         x0 = tf.to_cma(v0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            es = cma.CMAEvolutionStrategy(x0, config.sigma0, opts)
         # the starting point itself is the first candidate: a fit never ends worse than its start
-        best_x, best_loss = x0, _safe(engine.population_losses(compiled, [tf.from_cma(x0)], gexps, config.split)[0])
+        best_x, best_loss = x0, losses_of([x0])[0]
         evals, it = 1, 0
         result.history.append((result.evaluations + evals, best_loss))
-        while not es.stop():
-            X = es.ask()
-            losses = [_safe(v) for v in engine.population_losses(compiled, [tf.from_cma(x) for x in X], gexps, config.split)]
+        for restart in range(1 + config.restarts):  # each restart: a fresh CMA-ES from the best point so far
+            opts = {"seed": (config.seed * 7919 + gi + 104729 * restart) % (2**31 - 2) + 1,
+                    "maxfevals": max(1, max_evals - 1),  # the start point is evaluation 1
+                    "tolfun": config.tolfun, "tolx": 1e-6, "verbose": -9}
+            if config.popsize:
+                opts["popsize"] = config.popsize
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                es.tell(X, losses)
-            evals += len(X)
-            it += 1
-            i = int(np.argmin(losses))
-            if losses[i] < best_loss:
-                best_loss, best_x = losses[i], np.array(X[i])
-            result.history.append((result.evaluations + evals, best_loss))
-            if progress:
-                elapsed = time.perf_counter() - t0
-                progress(group, it, best_loss, result.evaluations + evals, (result.evaluations + evals) / max(elapsed, 1e-9))
+                es = cma.CMAEvolutionStrategy(best_x, config.sigma0, opts)
+            while not es.stop():
+                X = es.ask()
+                losses = losses_of(X)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    es.tell(X, losses)
+                evals += len(X)
+                it += 1
+                i = int(np.argmin(losses))
+                if losses[i] < best_loss:
+                    best_loss, best_x = losses[i], np.array(X[i])
+                result.history.append((result.evaluations + evals, best_loss))
+                if progress:
+                    elapsed = time.perf_counter() - t0
+                    progress(group, it, best_loss, result.evaluations + evals, (result.evaluations + evals) / max(elapsed, 1e-9))
         result.evaluations += evals
         result.iterations += it
         best_v = tf.from_cma(best_x)

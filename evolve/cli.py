@@ -161,6 +161,7 @@ def fit_cmd(
     out_path: Optional[Path] = typer.Option(None, "--out", help="Fitted program file (default: <program>.fitted.py here)."),
     max_evals: Optional[int] = typer.Option(None, "--max-evals", help="CMA-ES evaluation budget per group."),
     quick: bool = typer.Option(False, "--quick", help="Screening fit: subset of experiments, short window, small budget."),
+    restarts: int = typer.Option(0, "--restarts", help="Extra CMA-ES runs from the best point so far (each with the full budget)."),
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: str = typer.Option("profile", help="Output length policy: profile or reported."),
@@ -179,7 +180,7 @@ def fit_cmd(
     loaded = _load(data, output_len)
     try:
         config = quick_config(seed, loaded.experiments) if quick else FitConfig(seed=seed, scope=scope)
-        config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals)
+        config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts)
     except ValueError as e:
         fail(str(e))
     with Engine(loaded.experiments, workers) as engine, fit_progress(err) as progress:

@@ -45,6 +45,15 @@ def test_fit_recovers_the_synthetic_oracle_from_perturbed_constants(synthetic):
     assert result.loss < before / 5
 
 
+def test_restarts_continue_from_the_best_point_and_never_lose_it(synthetic):
+    prog = load_program(seed_path("regime_switch"))
+    with Engine(synthetic.experiments) as engine:
+        one = fit(prog, synthetic.experiments, engine, FitConfig(seed=4, max_evals=30))
+        more = fit(prog, synthetic.experiments, engine, FitConfig(seed=4, max_evals=30, restarts=2))
+    assert more.history[: len(one.history)] == one.history  # the first run is the same run
+    assert more.loss <= one.loss and more.evaluations > one.evaluations
+
+
 def test_fit_never_ends_worse_than_its_start_and_reports_history(synthetic):
     prog = load_program(seed_path("trained_physics"))
     with Engine(synthetic.experiments) as engine:

@@ -46,7 +46,7 @@ def _ceil_div(a, b):
 
 @njit(cache=True, nogil=True)
 def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_tokens, kv_blocks, block,
-              k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec):
+              k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec, diag):
     n = arrival.shape[0]
     stack = np.zeros(STACK_SIZE)
     local = np.zeros(LOCALS_SIZE)
@@ -59,12 +59,16 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
     if entries[2] >= 0:
         x = run_code(code, lits, entries[2], none, consts, none, stack, local)
         if not np.isfinite(x):
+            diag[0] = x
+            diag[1] = 2.0
             return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
         out_tok = max(0, int(np.round(x)))
     post_decode = 0
     if entries[3] >= 0:
         x = run_code(code, lits, entries[3], none, consts, none, stack, local)
         if not np.isfinite(x):
+            diag[0] = x
+            diag[1] = 3.0
             return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
         post_decode = max(0, int(np.round(x)))
     ready = arrival.copy()
@@ -74,6 +78,8 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
             req[1] = outputs[r]
             x = run_code(code, lits, entries[1], none, consts, req, stack, local)
             if not np.isfinite(x):
+                diag[0] = x
+                diag[1] = 1.0
                 return BAD_QUEUE_TIME, 0, 0, r, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
             ready[r] = arrival[r] + max(0, int(np.round(x)))
     order = np.argsort(ready, kind="mergesort")
@@ -248,6 +254,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
             comps[j] = v[j]
         x = run_code(code, lits, entries[0], comps, consts, none, stack, local)
         if not np.isfinite(x) or x <= 0.0:
+            diag[0] = x
             return BAD_STEP_TIME, steps, clock, -1, ttft, e2e, state, preempts
         dt = max(np.int64(1), np.int64(np.round(x)))
         if record:
@@ -328,15 +335,18 @@ class ReplayResult:
     state: np.ndarray
     preemptions: np.ndarray
     trajectory: Trajectory | None = None
+    bad_value: float = 0.0  # the offending value when status is BAD_STEP_TIME or BAD_QUEUE_TIME
+    bad_function: str = "step_time"
 
     @property
     def ok(self) -> bool:
         return self.status == OK
 
     def failure(self) -> str:
-        return {OK: "", BAD_STEP_TIME: f"step_time returned a non-finite or non-positive value at step {self.n_steps}",
+        """One line saying what went wrong (empty when the replay succeeded)."""
+        return {OK: "", BAD_STEP_TIME: f"step_time returned {self.bad_value:g} (must be finite and positive) at step {self.n_steps}",
                 STEP_LIMIT: f"simulation exceeded the step limit ({self.n_steps} steps)",
-                BAD_QUEUE_TIME: "queueing_time, output_token_time or post_decode_time returned a non-finite value",
+                BAD_QUEUE_TIME: f"{self.bad_function} returned {self.bad_value:g} (must be finite)",
                 TRAJECTORY_FULL: "trajectory buffer full"}[self.status]
 
 
@@ -367,10 +377,11 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
     while True:
         traj = np.zeros((cap, 5), np.int64)
         steps_rec = np.zeros((cap, 4), np.int64)
+        diag = np.zeros(2)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
             exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.cached_tokens, exp.abort_after_us,
             s.max_num_seqs, s.max_num_batched_tokens, s.kv_blocks, s.block_size, experiment_coefficients(exp),
-            program.code, program.literals, program.entries, consts, horizon, max_steps, record, traj, steps_rec)
+            program.code, program.literals, program.entries, consts, horizon, max_steps, record, traj, steps_rec, diag)
         if status != TRAJECTORY_FULL:
             break
         cap = max(cap * 4, 1 << 20)
@@ -380,4 +391,5 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
         trajectory = Trajectory(step=t[:, 0], new_tokens=t[:, 1], context=t[:, 2], is_prefill=t[:, 3].astype(bool),
                                 request=t[:, 4], step_start_us=steps_rec[:steps, 0], step_us=steps_rec[:steps, 1],
                                 kv_blocks_used=steps_rec[:steps, 2], running=steps_rec[:steps, 3])
-    return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory)
+    which = {1: "queueing_time", 2: "output_token_time", 3: "post_decode_time"}.get(int(diag[1]), "step_time")
+    return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory, float(diag[0]), which)

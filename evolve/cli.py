@@ -147,9 +147,11 @@ def eval_cmd(
     else:
         out.print(metrics_table(rows, f"{program} on {loaded.label}, {split} split"))
         out.print(f"loss ({split}): {total:.3f}  (RMS APE mean E2E + RMS APE mean TTFT, %)")
-    for r in rows:
-        if "error" in r:
-            err.print(f"[red]error:[/red] {r['name']}: {r['error']}", highlight=False)
+    failed = [r for r in rows if "error" in r]
+    for r in failed:
+        err.print(f"[red]error:[/red] {program} on {r['name']}: {r['error']}", highlight=False, soft_wrap=True)
+    if failed:
+        raise typer.Exit(2)
 
 
 @app.command("fit")

@@ -112,6 +112,17 @@ def test_fit_command_model_scope_writes_one_file_per_model(tmp_path):
     assert len(files) == 4 and all(load_program(f) for f in files)
 
 
+def test_eval_of_a_program_with_nan_step_times_names_program_experiment_and_value(tmp_path):
+    nan = tmp_path / "nan.py"
+    nan.write_text("CONSTANTS = {}\ndef step_time(f, c):\n    return 1000.0 if f.n_pf > 0.0 else sqrt(-1.0) * 0.0 + log(0.0) - log(0.0)\n")
+    res = CliRunner().invoke(app, ["eval", str(nan), "--json"])
+    assert res.exit_code == 2
+    rows = json.loads(res.stdout)["experiments"]  # the other rows are still printed: nothing lost
+    assert len(rows) == 4 and all("step_time returned" in r["error"] for r in rows)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 4 and all(str(nan) in ln and "step_time returned" in ln for ln in lines)
+
+
 def test_eval_rejects_a_bad_program_with_one_line_naming_the_file(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def step_time(f, c):\n    return open('x')\n")

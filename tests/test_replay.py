@@ -108,7 +108,10 @@ def test_client_timeout_aborts_wherever_the_request_is_and_frees_blocks():
 def test_nan_or_non_positive_step_time_is_a_reported_failure():
     _, cp, c = _program("f.n_pf - 1.0")  # 0 for the first prefill step
     res = replay(_exp([0], [10], [3]), cp, c)
-    assert not res.ok and "non-positive" in res.failure()
+    assert not res.ok and "step_time returned 0 (must be finite and positive) at step 0" == res.failure()
+    _, cp, c = _program("1000.0", queue="-(exp(100.0) ** 4) * (exp(100.0) ** 4) * (exp(100.0) ** 4)")
+    res = replay(_exp([0], [10], [3]), cp, c)
+    assert not res.ok and res.failure().startswith("queueing_time returned -inf")
     _, cp, c = _program("log(f.n_req - f.n_req) * 0.0 + sqrt(-1.0) / 0.0 + (f.n_req ** -1.0) * 0.0 + 0.0 * (0.0 ** -1.0)")
     res = replay(_exp([0], [10], [3]), cp, c)
     assert not res.ok

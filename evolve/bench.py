@@ -56,7 +56,7 @@ def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable
 
 
 def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], None] = print,
-              search_generations: int = 4) -> dict:
+              search_generations: int = 4, workers: int | None = None) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
     prog = load_program(seed_path(BENCH_PROGRAM))
@@ -75,7 +75,7 @@ def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], No
     log(f"replay: largest experiment ({n_max} requests) {figures['replay_s_largest']} s; slowest of all "
         f"{figures['replay_s_slowest_any']} s")
 
-    with Engine(exps) as engine:
+    with Engine(exps, workers) as engine:
         vectors = [consts] * len(exps)
         figures["full_eval_s"] = round(_median_time(lambda: engine.score(compiled, vectors, ("test",))), 4)
         figures["workers"] = engine.workers

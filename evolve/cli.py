@@ -372,12 +372,13 @@ def bench_cmd(
     as_json: bool = typer.Option(False, "--json"),
     skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the (minutes-long) full fit figure."),
     search_generations: int = typer.Option(4, "--search-generations", help="Generations timed for generations_per_hour (0 skips)."),
+    workers: Optional[int] = WorkersOpt,
 ):
     """Throughput figures: replay, full evaluation, full and quick fits, search generations per hour."""
     from .bench import run_bench
     from .tables import dumps
 
-    figures = run_bench(data, skip_fit=skip_fit, log=lambda m: err.print(m, highlight=False), search_generations=search_generations)
+    figures = run_bench(data, skip_fit=skip_fit, log=lambda m: err.print(m, highlight=False), search_generations=search_generations, workers=workers)
     if as_json:
         print(dumps(figures))
     else:

@@ -236,7 +236,7 @@ def run_cmd(
     quick_evals: int = typer.Option(40, "--quick-evals", help="Screening-fit budget per child (CMA-ES evaluations)."),
     full_fit_evals: int = typer.Option(96, "--full-fit-evals", help="Full-fit budget for promoted children."),
     seed_fit_evals: Optional[int] = typer.Option(None, "--seed-fit-evals", help="Fit budget for the seeds (default: the standard fit)."),
-    max_promotions: int = typer.Option(2, "--max-promotions", help="Full fits per generation at most."),
+    max_promotions: int = typer.Option(1, "--max-promotions", help="Full fits per generation at most."),
     islands: int = typer.Option(1, "--islands", help="Independent islands with periodic migration of their best."),
     migration_interval: int = typer.Option(25, "--migration-interval", help="Generations between migrations (with --islands > 1)."),
     workers: Optional[int] = WorkersOpt,

@@ -52,7 +52,7 @@ class SearchConfig:
     seed: int = 7
     children: int = 6  # per generation
     llm_ratio: float = 0.5  # share of children asked of the LLM (when one is configured)
-    max_promotions: int = 2  # full fits per generation at most
+    max_promotions: int = 1  # full fits per generation at most (they dominate a generation's time)
     promote_margin: float = 0.05  # promote when the quick loss is within 5% of the reference it must beat
     sanity_factor: float = 3.0  # never promote a quick loss above 3x the best screening loss
     quick_evals: int = 40  # screening fit budget per child

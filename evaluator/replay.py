@@ -36,7 +36,18 @@ WAITING_TO_ARRIVE, QUEUED, RUNNING, FINISHED, TIMED_OUT = 0, 1, 2, 3, 4
 # simulation status
 OK, BAD_STEP_TIME, STEP_LIMIT, TRAJECTORY_FULL, BAD_QUEUE_TIME = 0, 1, 2, 3, 4
 
+NO_DEADLINE = np.iinfo(np.int64).max
+
 _component_values = njit(cache=True, nogil=True)(component_values)
+
+
+@njit(cache=True, nogil=True)
+def _record_slot(traj, row, step, tok, context, is_prefill, r):
+    traj[row, 0] = step
+    traj[row, 1] = tok
+    traj[row, 2] = context
+    traj[row, 3] = 1 if is_prefill else 0
+    traj[row, 4] = r
 
 
 @njit(cache=True, nogil=True)
@@ -104,6 +115,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
     free = kv_blocks
     pending = min(horizon, n)  # horizon requests not yet finished or timed out
     nxt = 0
+    min_deadline = NO_DEADLINE  # earliest client deadline among running requests (may be stale-low)
     clock = np.int64(0)
     steps = 0
     n_rec = 0
@@ -115,20 +127,25 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
             queue[qtail % qcap] = r
             qtail += 1
             nxt += 1
-        # client timeouts among running requests (waiting ones are dropped at the head)
-        m = 0
-        for i in range(n_running):
-            r = running[i]
-            if deadline[r] <= clock:
-                state[r] = TIMED_OUT
-                free += held[r]
-                held[r] = 0
-                if r < horizon:
-                    pending -= 1
-            else:
-                running[m] = r
-                m += 1
-        n_running = m
+        # client timeouts among running requests (waiting ones are dropped at the head); the
+        # batch is scanned only once the earliest running deadline has passed
+        if min_deadline <= clock:
+            m = 0
+            min_deadline = NO_DEADLINE
+            for i in range(n_running):
+                r = running[i]
+                if deadline[r] <= clock:
+                    state[r] = TIMED_OUT
+                    free += held[r]
+                    held[r] = 0
+                    if r < horizon:
+                        pending -= 1
+                else:
+                    running[m] = r
+                    m += 1
+                    if deadline[r] < min_deadline:
+                        min_deadline = deadline[r]
+            n_running = m
         while qhead < qtail and deadline[queue[qhead % qcap]] <= clock:
             r = queue[qhead % qcap]
             qhead += 1
@@ -143,9 +160,17 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 continue
             break
 
-        # 2. running requests in batch order
+        # 2. running requests in batch order (batch totals for the components accumulate as
+        # requests get their tokens; c is the context already in the KV cache)
         budget = budget_tokens
         preempted = False
+        tok_pf = 0.0
+        n_pf = 0.0
+        pf_pairs = 0.0
+        pf_ctx = 0.0
+        n_dc = 0.0
+        dc_ctx = 0.0
+        ctx_max = 0.0
         i = 0
         while i < n_running and budget > 0:
             r = running[i]
@@ -179,6 +204,22 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 held[r] += need
             sched[i] = tok
             budget -= tok
+            c = float(progress[r])
+            if progress[r] < inputs[r]:
+                tok_pf += tok
+                n_pf += 1.0
+                pf_pairs += tok * (c + tok / 2.0)
+                pf_ctx += c
+            else:
+                n_dc += 1.0
+                dc_ctx += c
+            if c > ctx_max:
+                ctx_max = c
+            if record:
+                if n_rec >= traj.shape[0]:
+                    return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
+                _record_slot(traj, n_rec, steps, tok, progress[r], progress[r] < inputs[r], r)
+                n_rec += 1
             i += 1
         for j in range(i, n_running):
             sched[j] = 0
@@ -207,6 +248,20 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 sched[n_running] = tok
                 n_running += 1
                 budget -= tok
+                if deadline[r] < min_deadline:
+                    min_deadline = deadline[r]
+                c = float(start)
+                tok_pf += tok  # a newly admitted request is always in prefill
+                n_pf += 1.0
+                pf_pairs += tok * (c + tok / 2.0)
+                pf_ctx += c
+                if c > ctx_max:
+                    ctx_max = c
+                if record:
+                    if n_rec >= traj.shape[0]:
+                        return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
+                    _record_slot(traj, n_rec, steps, tok, start, True, r)
+                    n_rec += 1
 
         if budget == budget_tokens:
             # nothing could be scheduled (a head that never fits): wait for the next event
@@ -216,39 +271,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
             clock = max(clock + 1, nxt_event)
             continue
 
-        # 4. the step: components from batch totals, then the program
-        tok_pf = 0.0
-        n_pf = 0.0
-        pf_pairs = 0.0
-        pf_ctx = 0.0
-        n_dc = 0.0
-        dc_ctx = 0.0
-        ctx_max = 0.0
-        for j in range(n_running):
-            tok = sched[j]
-            if tok == 0:
-                continue
-            r = running[j]
-            c = float(progress[r])
-            if progress[r] < inputs[r]:
-                tok_pf += tok
-                n_pf += 1.0
-                pf_pairs += tok * (c + tok / 2.0)
-                pf_ctx += c
-            else:
-                n_dc += 1.0
-                dc_ctx += c
-            if c > ctx_max:
-                ctx_max = c
-            if record:
-                if n_rec >= traj.shape[0]:
-                    return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
-                traj[n_rec, 0] = steps
-                traj[n_rec, 1] = tok
-                traj[n_rec, 2] = progress[r]
-                traj[n_rec, 3] = 1 if progress[r] < inputs[r] else 0
-                traj[n_rec, 4] = r
-                n_rec += 1
+        # 4. the step: components from the batch totals, then the program
         v = _component_values(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max, k)
         for j in range(N_COMPONENTS):
             comps[j] = v[j]

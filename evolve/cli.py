@@ -192,8 +192,9 @@ def fit_cmd(
     base = out_path or Path(f"{program.stem}.fitted.py")
     written = []
     for group, consts in result.constants.items():
-        header = (f"data={loaded.label} seed={seed} scope={scope} group={group} "
-                  f"train_loss={result.loss:.4f} evaluations={result.evaluations}")
+        header = (f"data={loaded.label} seed={seed} scope={scope} group={group}"
+                  + (f" restarts={restarts}" if restarts else "") + (" quick" if quick else "")
+                  + f" train_loss={result.loss:.4f} evaluations={result.evaluations}")
         fitted = prog.with_constants(consts, header=header)
         path = base if len(result.constants) == 1 else base.with_name(f"{base.stem}.{_slug(group)}{base.suffix or '.py'}")
         path.write_text(fitted.source)

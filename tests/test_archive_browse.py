@@ -1,32 +1,26 @@
 """`evolve archive`: list/show/pareto/diff agree with the archive, and the HTML report stands alone."""
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import shutil
 import sqlite3
+import threading
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from archive.browse import BrowseError, latest_archive_dir
 from archive.grid import cell_of, pareto_front
 from archive.store import Archive
-from evolve.archive_cli import archive_app
 from evolve.cli import app as main_app
 
 SMALL = ["--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "5"]
-
-cli = typer.Typer()
-cli.add_typer(archive_app, name="archive")
-
-
-@cli.callback()
-def _root():
-    """Stand-in for the main app until archive_app is registered there."""
-
 
 @pytest.fixture(scope="module")
 def archive_dir(tmp_path_factory):
@@ -46,7 +40,7 @@ def records(archive_dir):
 
 
 def invoke(*args, ok: bool = True):
-    res = CliRunner().invoke(cli, ["archive", *map(str, args)])
+    res = CliRunner().invoke(main_app, ["archive", *map(str, args)])
     if ok:
         assert res.exit_code == 0, res.output
     return res
@@ -234,7 +228,8 @@ def test_report_is_one_self_contained_page(archive_dir, records, tmp_path):
     assert list(out.parent.iterdir()) == [out]
     html = out.read_text()
     assert not re.search(r"https?://", html)
-    assert "<script" not in html.lower() and "<link" not in html.lower() and "<img" not in html.lower()
+    assert "<script" not in html.lower() and "<img" not in html.lower()
+    assert re.findall(r"<link[^>]*>", html, re.I) == ['<link rel="icon" href="data:,">']  # inline, fetches nothing
     for section in ("pareto", "history", "grid", "best", "distribution"):
         body = re.search(rf'<section id="{section}">(.*?)</section>', html, re.S)
         assert body and "<svg" in body.group(1), section
@@ -276,6 +271,89 @@ def test_report_summarizes_a_run_without_evaluations(tmp_path):
     assert "no test-split evaluation" in html  # the empty state, not a crash
 
 
+# ---- the report in a real browser ----
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+# Chromium as root on a machine with no internet: no sandbox, no background connections.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _need_browser():
+    """.ci/run installs Chromium and sets STEPML_REQUIRE_BROWSER=1, so CI fails rather than skips."""
+    required = os.environ.get("STEPML_REQUIRE_BROWSER") == "1"
+    problem = None
+    if not os.path.exists(CHROMIUM):
+        problem = "Debian's chromium is not installed (apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            problem = "playwright is not installed (pip install '.[test]')"
+    if problem:
+        if required:
+            pytest.fail(problem)
+        pytest.skip(problem)
+
+
+@contextmanager
+def serve(directory: Path):
+    """The report served over HTTP on 127.0.0.1, as a user would open it from a web share."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = partial(Quiet, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_report_renders_in_headless_chromium(archive_dir, records, tmp_path):
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    programs, _ = records
+    invoke("report", "--archive", archive_dir, "--out", tmp_path / "report.html")
+    errors, requests = [], []
+    with serve(tmp_path) as origin, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: requests.append(r.url))
+            response = page.goto(f"{origin}/report.html", wait_until="load")
+            assert response is not None and response.ok
+            assert page.title()
+            for section in ("pareto", "history", "grid", "best", "distribution"):
+                svg = page.locator(f"section#{section} svg").first
+                box = svg.bounding_box()
+                assert box and box["width"] > 200 and box["height"] > 100, (section, box)
+                marks = svg.locator("circle, rect, path, polyline, line").count()
+                assert marks >= 3, (section, marks)
+            ARTIFACTS.mkdir(exist_ok=True)
+            shot = ARTIFACTS / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+            # A program link in the table jumps to its source.
+            target = max(p.id for p in programs)
+            page.locator(f'section#programs a[href="#p{target}"]').first.click()
+            assert page.url.endswith(f"#p{target}")
+            assert page.locator(f"#p{target} pre").is_visible()
+            assert page.evaluate(f"document.getElementById('p{target}').getBoundingClientRect().top") < 900
+        finally:
+            browser.close()
+    assert errors == []
+    assert all(url.startswith(origin) for url in requests), requests  # nothing fetched from elsewhere
+    assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ---- errors and the default archive ----
 
 def one_line_error(res, text: str) -> None:
@@ -287,6 +365,19 @@ def test_unknown_program_is_a_one_line_error(archive_dir):
     one_line_error(invoke("show", "987654", "--archive", archive_dir, ok=False), "program 987654 does not exist")
     one_line_error(invoke("diff", "1", "987654", "--archive", archive_dir, ok=False), "program 987654 does not exist")
     one_line_error(invoke("show", "first", "--archive", archive_dir, ok=False), "not a program id")
+
+
+def test_corrupt_database_is_a_one_line_error(tmp_path):
+    (tmp_path / Archive.FILE).write_bytes(b"not sqlite at all" * 300)
+    for cmd in (["list"], ["show", "best"], ["pareto"], ["diff", "1", "2"], ["report", "--out", tmp_path / "r.html"]):
+        one_line_error(invoke(*cmd, "--archive", tmp_path, ok=False), "not a readable archive")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_empty_archive_is_a_one_line_error(tmp_path):
+    Archive(tmp_path, create=True).close()
+    for cmd in (["list"], ["show", "best"], ["pareto"], ["report", "--out", tmp_path / "r.html"]):
+        one_line_error(invoke(*cmd, "--archive", tmp_path, ok=False), "holds no run yet")
 
 
 def test_missing_archive_is_a_one_line_error(tmp_path, monkeypatch):

@@ -210,6 +210,23 @@ def program_detail(archive: Archive, program: ProgramRecord) -> dict:
     }
 
 
+def program_file_text(archive: Archive, program: ProgramRecord) -> str:
+    """The program as a DSL file with its fitted constants and a `# fitted:` header naming where it
+    came from: input for `evolve fit`, `eval`, `emit-go` and `run --seeds`."""
+    from evaluator.dsl import parse_program
+
+    run = archive.run()
+    header = (f"program #{program.id} of {archive.dir} (generation {program.generation}, {operator_label(program)})\n"
+              f"data={run['data_label']} seed={run['seed']} train={_fmt(program.train_loss)} "
+              f"val={_fmt(program.val_loss)} test={_fmt(program.test_loss)}")
+    prog = parse_program(program.source)
+    return prog.with_constants(program.constants or prog.constants, header=header).source
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
 # ---- two programs (diff) ----
 
 DIFF_METRICS = ("train_loss", "val_loss", "test_loss", "complexity", "n_components")

@@ -98,19 +98,25 @@ def show_cmd(
     program_id: str = typer.Argument(..., metavar="ID", help="Program id, or 'best' (lowest validation loss)."),
     archive_dir: Optional[Path] = ArchiveOpt,
     as_json: bool = JsonOpt,
+    source_only: bool = typer.Option(False, "--source", help="Print only the fitted program, as a file for "
+                                     "evolve fit / eval / emit-go or run --seeds."),
 ):
     """A program: source, fitted constants, descriptors, lineage to a seed, per-experiment errors by split."""
     from rich.markup import escape
     from rich.syntax import Syntax
     from rich.table import Table
 
-    from archive.browse import program_detail, resolve
+    from archive.browse import program_detail, program_file_text, resolve
 
     from .cli import out
     from .tables import dumps, metrics_table
 
     archive = _open(archive_dir)
-    detail = _guard(program_detail, archive, _guard(resolve, archive, program_id))
+    record = _guard(resolve, archive, program_id)
+    if source_only:
+        print(_guard(program_file_text, archive, record), end="")
+        return
+    detail = _guard(program_detail, archive, record)
     if as_json:
         print(dumps(detail))
         return

@@ -240,6 +240,8 @@ def run_cmd(
     max_promotions: int = typer.Option(1, "--max-promotions", help="Full fits per generation at most."),
     islands: int = typer.Option(1, "--islands", help="Independent islands with periodic migration of their best."),
     migration_interval: int = typer.Option(25, "--migration-interval", help="Generations between migrations (with --islands > 1)."),
+    seeds: Optional[list[Path]] = typer.Option(None, "--seeds", help="Seed program files, or directories of them, instead of the "
+                                               "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
     workers: Optional[int] = WorkersOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
@@ -251,6 +253,7 @@ def run_cmd(
     from .search import Search, SearchConfig
     from .tables import dumps
 
+    seed_programs = _seed_programs(seeds) if seeds else None  # bad seeds fail before any data is loaded
     loaded = _load(data)
     tag = "synthetic" if loaded.synthetic else _slug(Path(loaded.label).name)
     archive_dir = archive_dir or Path("runs") / f"{tag}-seed{seed}"
@@ -272,7 +275,8 @@ def run_cmd(
     run_config = {"data": loaded.label, "llm": llm, "llm_base_url": llm_base_url}
     with Engine(loaded.experiments, workers) as engine:
         try:
-            search = Search(archive, loaded, engine, config, operator, resume=resume, run_config=run_config)
+            search = Search(archive, loaded, engine, config, operator, resume=resume, run_config=run_config,
+                            seeds=seed_programs)
         except RuntimeError as e:
             fail(str(e))
         start = archive.last_generation(search.run_id) + 1
@@ -287,6 +291,37 @@ def run_cmd(
         print(dumps({"archive": str(archive_dir), **summary}))
     else:
         _print_summary(archive_dir, summary)
+
+
+def _seed_programs(paths: list[Path]) -> list[tuple[str, str]]:
+    """(name, source) of every seed program under --seeds, each validated; one-line errors otherwise."""
+    from evaluator.dsl import ProgramError, parse_program
+
+    files = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
+            if not found:
+                fail(f"{path}: no seed programs (*.py) in this directory")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            fail(f"{path}: no such seed program file or directory")
+    seeds, seen = [], set()
+    for f in files:
+        if f.stem in seen:
+            fail(f"{f}: a second seed named {f.stem!r}; seed names (file stems) must be unique")
+        seen.add(f.stem)
+        try:
+            source = f.read_text()
+            parse_program(source)
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"{f}: cannot read ({e})")
+        except ProgramError as e:
+            fail(f"{f}: {e}")
+        seeds.append((f.stem, source))
+    return seeds
 
 
 def _print_summary(archive_dir: Path, summary: dict) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 from archive.grid import best, cell_of, elites, pareto_front
 from archive.store import Archive, ProgramRecord
 from evaluator.datasets import LoadedData
-from evaluator.dsl import Program, ProgramError, compile_program, load_program, parse_program
+from evaluator.dsl import Program, ProgramError, compile_program, parse_program
 from evaluator.engine import Engine
 from evaluator.experiments import SPLITS
 from evaluator.fitting import FAILED_LOSS, FitConfig, fit, fit_experiments, quick_config
@@ -105,14 +105,18 @@ ProgressFn = Callable[[dict], None]
 class Search:
     def __init__(self, archive: Archive, data: LoadedData, engine: Engine, config: SearchConfig,
                  llm: LLMOperator | None = None, progress: ProgressFn | None = None, resume: bool = False,
-                 run_config: dict | None = None):
+                 run_config: dict | None = None, seeds: list[tuple[str, str]] | None = None):
+        """seeds: (name, source) of the generation-0 programs; None for the shipped seeds/."""
         self.archive, self.data, self.engine, self.cfg = archive, data, engine, config
+        self.seeds = seeds if seeds is not None else [(p.stem, p.read_text()) for p in seed_paths()]
         self.llm, self.progress = llm, progress or (lambda info: None)
         self.exps = data.experiments
         self.quick = dataclasses.replace(quick_config(0, self.exps), max_evals=config.quick_evals)
         self.screen_exps = fit_experiments(self.exps, self.quick)
         run = archive.run()
-        identity = {"search": config.identity(), "llm": (run_config or {}).get("llm")}
+        # custom seeds are part of a run's identity (by content); the shipped ones are recorded as None
+        seed_ids = None if seeds is None else {name: hashlib.sha256(src.encode()).hexdigest()[:16] for name, src in seeds}
+        identity = {"search": config.identity(), "llm": (run_config or {}).get("llm"), "seeds": seed_ids}
         if run is None:
             self.run_id = archive.create_run(data.label, data.fingerprint(), data.synthetic, config.seed,
                                              {**(run_config or {}), **identity, "generations": config.generations})
@@ -122,7 +126,7 @@ class Search:
                                    "completed): pass --resume to continue it, or choose another --archive")
             if run["data_fingerprint"] != data.fingerprint():
                 raise RuntimeError(f"{archive.dir}: the run used other data ({run['data_label']}); cannot resume on {data.label}")
-            saved = {"search": run["config"].get("search"), "llm": run["config"].get("llm")}
+            saved = {k: run["config"].get(k) for k in identity}
             if saved != identity:
                 raise RuntimeError(f"{archive.dir}: the run used other search settings {saved}; cannot resume with {identity}")
             self.run_id = run["id"]
@@ -162,12 +166,12 @@ class Search:
     def _generation_zero(self) -> None:
         t0 = time.perf_counter()
         records = []
-        for i, path in enumerate(seed_paths()):
-            prog = load_program(path)
+        for i, (name, source) in enumerate(self.seeds):
+            prog = parse_program(source)
             full = self._full_evaluation(prog, prog.constants, _mix(self.cfg.seed, 0, i) % (2**31), self.cfg.seed_fit_evals, 0.5)
-            rec = self._record(prog, full.pop("constants"), [], "seed", path.stem, i % self.cfg.islands, "seed", **full)
+            rec = self._record(prog, full.pop("constants"), [], "seed", name, i % self.cfg.islands, "seed", **full)
             records.append(rec)
-            self.progress({"generation": 0, "message": f"seed {path.stem}: val loss {rec['val_loss']:.3f}"})
+            self.progress({"generation": 0, "message": f"seed {name}: val loss {rec['val_loss']:.3f}"})
         self._commit(0, t0, records, [], [], {"n_children": len(records), "n_promoted": len(records)})
 
     def _commit(self, generation: int, t0: float, records: list[dict], rejections: list[dict], llm_calls: list[dict],

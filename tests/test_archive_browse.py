@@ -187,6 +187,18 @@ def test_show_prints_source_lineage_and_tables(archive_dir, records):
 
 # ---- pareto ----
 
+def test_show_source_is_a_program_file_that_reproduces_the_archived_losses(archive_dir, records, tmp_path):
+    programs, _ = records
+    top = min(full(programs), key=lambda q: (q.val_loss, q.id))
+    text = invoke("show", "best", "--source", "--archive", archive_dir).stdout
+    assert text.startswith(f"# fitted: program #{top.id} of ")
+    path = tmp_path / "winner.py"
+    path.write_text(text)
+    res = CliRunner().invoke(main_app, ["eval", str(path), "--split", "test", "--json"])  # the same synthetic data
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["loss"] == pytest.approx(top.test_loss, rel=1e-9)
+
+
 def test_pareto_is_non_dominated_and_sorted(archive_dir, records):
     programs, _ = records
     front = as_json("pareto", "--archive", archive_dir)

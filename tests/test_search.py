@@ -140,3 +140,49 @@ def test_islands_evolve_separately_and_exchange_their_best(tmp_path):
         if p.operator not in ("seed", "migration"):
             assert p.island == p.generation % 2  # generation g works on island g mod 2
             assert all(by_id[q].island == p.island for q in p.parents)
+
+
+# ---- user seeds: a saved winner (or any program file) starts a new search ----
+
+def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
+    d, _ = reference
+    shown = CliRunner().invoke(app, ["archive", "show", "best", "--archive", str(d), "--source"])
+    assert shown.exit_code == 0, shown.output
+    seeds_dir = tmp_path / "seeds"
+    seeds_dir.mkdir()
+    (seeds_dir / "winner.py").write_text(shown.stdout)
+    (seeds_dir / "_ignored.py").write_text("not a program")
+    from seeds import seed_path
+    extra = tmp_path / "rf.py"
+    extra.write_text(seed_path("roofline").read_text())
+    run(tmp_path / "run", 1, "--seeds", str(seeds_dir), "--seeds", str(extra))
+    a = Archive(tmp_path / "run")
+    run_row = a.run()
+    gen0 = [p for p in a.programs(run_row["id"]) if p.generation == 0]
+    a.close()
+    assert [(p.operator, p.operator_detail) for p in gen0] == [("seed", "winner"), ("seed", "rf")]
+    ref = Archive(d)
+    best = min((p for p in ref.programs(ref.run()["id"]) if p.full), key=lambda p: (p.val_loss, p.id))
+    ref.close()
+    from evolve.search import structure_hash
+    from evaluator.dsl import parse_program
+    assert structure_hash(parse_program(gen0[0].source)) == structure_hash(parse_program(best.source))
+    assert set(run_row["config"]["seeds"]) == {"winner", "rf"}
+    # resuming needs the same seeds: the shipped ones are not the ones this run started from
+    res = CliRunner().invoke(app, ["run", "--generations", "2", "--seed", "3", "--archive", str(tmp_path / "run"), "--resume", *SMALL])
+    assert res.exit_code == 2 and "other search settings" in res.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such seed program file or directory"),
+    ("import os\n", "line 1"),
+    ("CONSTANTS = {}\n", "step_time"),
+])
+def test_a_bad_seed_is_a_one_line_error_naming_the_file(tmp_path, content, message):
+    seed = tmp_path / "mine.py"
+    if content is not None:
+        seed.write_text(content)
+    res = CliRunner().invoke(app, ["run", "--generations", "1", "--archive", str(tmp_path / "run"), "--seeds", str(seed), *SMALL])
+    assert res.exit_code == 2, res.output
+    assert str(seed) in res.stderr and message in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
+    assert not (tmp_path / "run" / Archive.FILE).exists() or Archive(tmp_path / "run").run() is None

@@ -42,6 +42,7 @@ from .llm_operator import LLMOperator
 from .selection import examples_for, select_parent
 from .symbolic import OPERATORS, NotRepresentable, mutate
 
+PASSED_DUPLICATE_FILTER = ("evaluation",)  # rejection rules applied after the duplicate check
 OPERATOR_WEIGHTS = {"subtree": 0.2, "node_replace": 0.15, "insert": 0.1, "shrink": 0.1, "crossover": 0.15, "constants": 0.1,
                     "add_term": 0.2}
 
@@ -131,8 +132,14 @@ class Search:
                 raise RuntimeError(f"{archive.dir}: the run used other search settings {saved}; cannot resume with {identity}")
             self.run_id = run["id"]
         self.programs: list[ProgramRecord] = archive.programs(self.run_id)
+        rejected = archive.rejections(self.run_id)
+        # The duplicate filter holds every structure that passed it (archived programs, seeds
+        # included, and children that then failed evaluation): rebuilt here exactly as a live run
+        # grows it, so a resumed run makes the same choices as an uninterrupted one.
         self.structures = {structure_hash(parse_program(p.source)) for p in self.programs}
-        self.rejection_counts = Counter(r["rule"] for r in archive.rejections(self.run_id))
+        self.structures |= {structure_hash(parse_program(r["source"])) for r in rejected
+                            if r["rule"] in PASSED_DUPLICATE_FILTER and r.get("source")}
+        self.rejection_counts = Counter(r["rule"] for r in rejected)
         self.evaluations = 0
         self.started = time.perf_counter()
         if llm is not None:
@@ -168,6 +175,7 @@ class Search:
         records = []
         for i, (name, source) in enumerate(self.seeds):
             prog = parse_program(source)
+            self.structures.add(structure_hash(prog))
             full = self._full_evaluation(prog, prog.constants, _mix(self.cfg.seed, 0, i) % (2**31), self.cfg.seed_fit_evals, 0.5)
             rec = self._record(prog, full.pop("constants"), [], "seed", name, i % self.cfg.islands, "seed", **full)
             records.append(rec)

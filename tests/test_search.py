@@ -186,3 +186,34 @@ def test_a_bad_seed_is_a_one_line_error_naming_the_file(tmp_path, content, messa
     assert res.exit_code == 2, res.output
     assert str(seed) in res.stderr and message in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
     assert not (tmp_path / "run" / Archive.FILE).exists() or Archive(tmp_path / "run").run() is None
+
+
+def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
+    """What a resumed run knows must equal what the uninterrupted run knew at that generation,
+    seeds and children that failed evaluation included, or the two runs diverge."""
+    from evaluator.datasets import load_data
+    from evaluator.engine import Engine
+    from evolve.search import Search, SearchConfig
+
+    loaded = load_data(None)
+    cfg = SearchConfig(generations=6, seed=3, children=6, seed_fit_evals=40, full_fit_evals=24, quick_evals=16)
+    with Engine(loaded.experiments, 2) as engine:
+        archive = Archive(tmp_path, create=True)
+        live = Search(archive, loaded, engine, cfg)
+        live.run()
+        resumed = Search(archive, loaded, engine, cfg, resume=True)
+        rules = {r["rule"] for r in archive.rejections(live.run_id)}
+        archive.close()
+    assert "evaluation" in rules  # the case that used to be forgotten is exercised
+    assert resumed.structures == live.structures
+    assert len(live.structures) > 5
+
+
+def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(tmp_path):
+    run(tmp_path / "whole", 6, "--children", "6")
+    whole = snapshot(tmp_path / "whole")
+    for stop in (0, 3):
+        d = tmp_path / f"stop{stop}"
+        run(d, stop, "--children", "6")
+        run(d, 6, "--children", "6", "--resume")
+        assert snapshot(d) == whole, f"stopped after generation {stop}"

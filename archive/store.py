@@ -131,6 +131,10 @@ class ProgramRecord:
         return self.stage in ("seed", "full") and self.val_loss is not None
 
 
+class ArchiveError(Exception):
+    """An archive file that cannot be used; the message is one line naming the file."""
+
+
 class Archive:
     FILE = "archive.sqlite"
 
@@ -147,10 +151,21 @@ class Archive:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
-        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        try:
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "meta" not in tables:  # never take over someone else's database
+                raise ArchiveError(f"{path}: a SQLite database that is not a stepml-evolve archive "
+                                   f"(tables: {', '.join(sorted(tables))}); choose another --archive")
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(SCHEMA)
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise ArchiveError(f"{path}: not a readable archive ({e})") from None
+        except ArchiveError:
+            self.db.close()
+            raise
 
     def close(self) -> None:
         self.db.close()

@@ -177,7 +177,15 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         raise ExperimentError(exp, "not a directory")
     meta = _read_json(exp, path / "requests.json")
     truth = _read_json(exp, path / "ground_truth.json")
-    profile = _read_json(exp, path / "profile.json") if (path / "profile.json").exists() else {}
+    if (path / "profile.json").exists():
+        profile = _read_json(exp, path / "profile.json")
+    elif options.output_len == "profile":
+        # it holds the output length the server generated (EOS ignored) and the shared system
+        # prompt behind the prefix-cache hits: without it the replay would be quietly wrong
+        raise ExperimentError(exp, "missing file profile.json (needed for the output length and the shared "
+                                   "prefix; --output-len reported uses the client's token counts instead)")
+    else:
+        profile = {}
     if not isinstance(meta, dict) or not isinstance(meta.get("requests"), list):
         raise ExperimentError(exp, "requests.json: expected an object with a 'requests' list")
     if not isinstance(truth, list):

@@ -64,7 +64,8 @@ def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], No
     consts = np.array(list(prog.constants.values()))
     replay(exps[0], compiled, consts)  # compile/load the numba code outside the timings
     figures: dict = {"data": loaded.label, "synthetic": loaded.synthetic, "cores": os.cpu_count(),
-                     "program": f"seeds/{BENCH_PROGRAM}.py"}
+                     "program": f"seeds/{BENCH_PROGRAM}.py",
+                     "fit_s": None, "generations_per_hour": None}  # null when skipped, still listed
 
     largest = max(exps, key=lambda e: e.n_requests)
     n_max = largest.n_requests

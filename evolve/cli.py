@@ -194,7 +194,8 @@ def fit_cmd(
     for group, consts in result.constants.items():
         header = (f"data={loaded.label} seed={seed} scope={scope} group={group}"
                   + (f" restarts={restarts}" if restarts else "") + (" quick" if quick else "")
-                  + f" train_loss={result.loss:.4f} evaluations={result.evaluations}")
+                  + (f" train_loss={result.loss:.4f}" if len(result.constants) == 1 else f" train_loss_all_groups={result.loss:.4f}")
+                  + f" evaluations={result.evaluations}")
         fitted = prog.with_constants(consts, header=header)
         path = base if len(result.constants) == 1 else base.with_name(f"{base.stem}.{_slug(group)}{base.suffix or '.py'}")
         path.write_text(fitted.source)
@@ -246,7 +247,7 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
-    from archive.store import Archive
+    from archive.store import Archive, ArchiveError
     from evaluator.engine import Engine
 
     from .progress import run_progress
@@ -262,7 +263,10 @@ def run_cmd(
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands,
                           llm_ratio=llm_ratio if llm else 0.0, quick_evals=quick_evals, full_fit_evals=full_fit_evals,
                           seed_fit_evals=seed_fit_evals, max_promotions=max_promotions, migration_interval=migration_interval)
-    archive = Archive(archive_dir, create=True)
+    try:
+        archive = Archive(archive_dir, create=True)
+    except ArchiveError as e:
+        fail(str(e))
     operator = None
     if llm:
         from .llm_client import LLMClient
@@ -281,8 +285,9 @@ def run_cmd(
             fail(str(e))
         start = archive.last_generation(search.run_id) + 1
         if start > generations:
-            err.print(f"{archive_dir}: already at generation {start - 1}")
-        err.print(f"archive: {archive_dir}  (generations {start}..{generations})", highlight=False)
+            err.print(f"{archive_dir}: already at generation {start - 1}; nothing to run", highlight=False)
+        else:
+            err.print(f"archive: {archive_dir}  (generations {start}..{generations})", highlight=False)
         with run_progress(err, generations, start) as progress:
             search.progress = progress
             summary = search.run()

@@ -70,6 +70,20 @@ class SearchConfig:
         return d
 
 
+def _differences(saved: dict, now: dict) -> str:
+    """'children: run 5, now 7; seeds: ...' for the settings that differ."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in (d or {}).items():
+            if isinstance(v, dict) and k == "search":
+                out.update(flat(v))
+            else:
+                out[prefix + k] = v
+        return out
+    a, b = flat(saved), flat(now)
+    return "; ".join(f"{k.replace('_', '-')}: run {a.get(k)}, now {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+
+
 def _mix(*parts: int) -> int:
     h = hashlib.sha256(json.dumps(parts).encode()).digest()
     return int.from_bytes(h[:8], "little")
@@ -129,7 +143,8 @@ class Search:
                 raise RuntimeError(f"{archive.dir}: the run used other data ({run['data_label']}); cannot resume on {data.label}")
             saved = {k: run["config"].get(k) for k in identity}
             if saved != identity:
-                raise RuntimeError(f"{archive.dir}: the run used other search settings {saved}; cannot resume with {identity}")
+                raise RuntimeError(f"{archive.dir}: the run used other search settings ({_differences(saved, identity)}); "
+                                   "resume with the settings it started with")
             self.run_id = run["id"]
         self.programs: list[ProgramRecord] = archive.programs(self.run_id)
         rejected = archive.rejections(self.run_id)

@@ -16,3 +16,4 @@ def test_bench_json_has_the_documented_keys(synthetic):
         assert isinstance(figures[key], (int, float)) and figures[key] > 0, key
     assert figures["replay_requests_largest"] == max(e.n_requests for e in synthetic.experiments)
     assert figures["generations_timed"] == 1 and figures["workers"] >= 1
+    assert figures["fit_s"] is None  # skipped, but still listed

@@ -146,6 +146,10 @@ def _bad_cases(src, root):
     _copy_experiment(src, d)
     _edit(d / "ground_truth.json", lambda t: t[2].update(has_error=True))
     cases[d.name] = "has_error differs"
+    d = root / "i-missing-profile"
+    _copy_experiment(src, d)
+    (d / "profile.json").unlink()
+    cases[d.name] = "missing file profile.json"
     return cases
 
 
@@ -165,6 +169,13 @@ def test_each_bad_experiment_gets_a_one_line_error_and_the_rest_still_load(bad_d
         msg = str(e)
         assert "\n" not in msg and msg.startswith(f"{e.experiment}: ")
         assert cases[e.experiment] in msg, msg
+
+
+def test_without_profile_the_reported_output_lengths_can_be_asked_for(bad_dir):
+    root, _ = bad_dir
+    good, bad = load_experiments(root, LoadOptions(output_len="reported"))
+    assert "i-missing-profile" in [e.name for e in good]
+    assert "i-missing-profile" not in {e.experiment for e in bad}
 
 
 def test_data_check_cli_reports_good_rows_and_exits_2_on_bad(bad_dir):

@@ -122,6 +122,28 @@ def test_resume_refuses_other_search_settings(reference):
     res = CliRunner().invoke(app, ["run", "--generations", "6", "--seed", "3", "--archive", str(d), "--resume",
                                    "--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "7"])
     assert res.exit_code == 2 and "other search settings" in res.stderr
+    assert "children: run 5, now 7" in res.stderr
+
+
+def test_run_refuses_a_corrupt_or_foreign_database_with_one_line(tmp_path):
+    corrupt, foreign = tmp_path / "corrupt", tmp_path / "foreign"
+    corrupt.mkdir()
+    (corrupt / Archive.FILE).write_bytes(b"\x00garbage" * 500)
+    foreign.mkdir()
+    db = sqlite3.connect(foreign / Archive.FILE)
+    db.execute("CREATE TABLE users (name TEXT)")
+    db.commit()
+    db.close()
+    for d, message in ((corrupt, "not a readable archive"), (foreign, "not a stepml-evolve archive")):
+        for extra in ([], ["--resume"]):
+            res = CliRunner().invoke(app, ["run", "--generations", "1", "--archive", str(d), *SMALL, *extra])
+            assert res.exit_code == 2, res.output
+            last = res.stderr.strip().splitlines()[-1]
+            assert message in last and str(d / Archive.FILE) in last and "Traceback" not in res.output
+    db = sqlite3.connect(foreign / Archive.FILE)
+    assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["users"]  # untouched
+    db.close()
+    assert (corrupt / Archive.FILE).read_bytes() == b"\x00garbage" * 500
 
 
 def test_islands_evolve_separately_and_exchange_their_best(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import re
 import textwrap
 from dataclasses import dataclass
@@ -52,6 +53,37 @@ def go_float(v: float) -> str:
     return text if any(ch in text for ch in ".e") else text + ".0"
 
 
+def go_value(v: float) -> str:
+    """A float64 value as a Go expression; -0.0 needs math.Copysign (Go constants have no -0)."""
+    return "math.Copysign(0, -1)" if v == 0 and math.copysign(1.0, v) < 0 else go_float(v)
+
+
+def _literal_only(node: ast.AST) -> bool:
+    """A subtree Go would fold as an exact constant expression (only literals and + - * and
+    unary signs): emitted through a function call so Go rounds each step like Python does."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _literal_only(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
+        return _literal_only(node.left) and _literal_only(node.right)
+    return False
+
+
+def _needs_lit(node: ast.AST) -> bool:
+    """Literal-only subtrees whose Go constant value could differ from Python's float: those with
+    arithmetic, or a negated zero (negating any other literal is exact either way)."""
+    if not _literal_only(node) or isinstance(node, ast.Constant):
+        return False
+    return any(isinstance(n, ast.BinOp) for n in ast.walk(node)) or any(
+        isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) and literal_number(n.operand) == 0 for n in ast.walk(node))
+
+
+# Helpers the template defines for every model (package-level names to keep locals clear of).
+HELPERS = ("StepTime", "QueueingTime", "OutputTokenTime", "PostDecodeTime", "Div", "Max", "Min", "Log", "Exp",
+           "Select", "Micros", "Lit", "Or", "And")
+
+
 @dataclass
 class _Names:
     prefix: str  # lower-camel prefix for package-level helpers
@@ -66,6 +98,16 @@ class _GoExpr:
     def __init__(self, names: _Names, constants: dict[str, str], function: str):
         self.n, self.constants, self.function = names, constants, function
         self.locals: dict[str, str] = {}
+        self.taken = set(constants.values()) | {names.helper(h) for h in HELPERS}
+        self.literal_call = False  # inside a literal-only subtree: literals go through Lit()
+
+    def _local_name(self, name: str) -> str:
+        go, i = "v" + camel(name), 1
+        while go in self.taken:  # x_1 and x1 both camel to vX1; a local must not shadow a constant
+            i += 1
+            go = f"v{camel(name)}{i}"
+        self.taken.add(go)
+        return go
 
     def fail(self, node: ast.AST, what: str):
         raise EmitError(f"{self.function}, line {getattr(node, 'lineno', '?')}: cannot express {what} in Go")
@@ -83,9 +125,10 @@ class _GoExpr:
                 name = stmt.targets[0].id
                 expr = self.expr(stmt.value)
                 if name in self.locals:
-                    lines.append(f"{self.locals[name]} = {expr}")
+                    if expr != self.locals[name]:  # `x = x` changes nothing (and go vet rejects it)
+                        lines.append(f"{self.locals[name]} = {expr}")
                 else:
-                    self.locals[name] = "v" + camel(name)
+                    self.locals[name] = self._local_name(name)
                     lines.append(f"{self.locals[name]} := {expr}")
                     if name not in used:
                         lines.append(f"_ = {self.locals[name]}")
@@ -101,6 +144,12 @@ class _GoExpr:
     def _expr(self, node: ast.AST) -> tuple[str, int]:
         """(Go text, precedence); parentheses only where Go's precedence needs them. The right
         operand keeps its parentheses at equal precedence: float arithmetic is not associative."""
+        if not self.literal_call and _needs_lit(node):
+            self.literal_call = True
+            try:
+                return self._expr(node)
+            finally:
+                self.literal_call = False
         text = self._atom(node)
         if text is not None:
             return text, ATOM
@@ -108,6 +157,9 @@ class _GoExpr:
             op, prec = BINARY[type(node.op)]
             left, lp = self._expr(node.left)
             right, rp = self._expr(node.right)
+            if isinstance(node.op, ast.Mult):
+                # an explicit conversion rounds the product: Go may not fuse it into an FMA (arm64)
+                return f"float64({wrap(left, lp < prec)} * {wrap(right, rp <= prec)})", ATOM
             return f"{wrap(left, lp < prec)} {op} {wrap(right, rp <= prec)}", prec
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner, p = self._expr(node.operand)
@@ -120,7 +172,7 @@ class _GoExpr:
         """Leaves and calls (never need parentheses); None for operators."""
         h = self.n.helper
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return go_float(node.value)
+            return f"{h('Lit')}({go_float(node.value)})" if self.literal_call else go_float(node.value)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             base, attr = node.value.id, node.attr
             if base == "f" and attr in COMPONENT_NAMES:
@@ -178,10 +230,18 @@ class _GoExpr:
                 if type(op) not in cmp:
                     self.fail(node, f"the comparison {type(op).__name__}")
                 parts.append(f"{operands[i]} {cmp[type(op)]} {operands[i + 1]}")
-            return parts[0] if len(parts) == 1 else "(" + " && ".join(parts) + ")"
+            acc = parts[0]
+            for part in parts[1:]:
+                acc = f"{self.n.helper('And')}({acc}, {part})"
+            return acc
         if isinstance(node, ast.BoolOp):
-            joiner = " && " if isinstance(node.op, ast.And) else " || "
-            return "(" + joiner.join(self.cond(v) for v in node.values) + ")"
+            # through helpers, not && / ||: go vet rejects `x != 1 || x != 2` and repeated
+            # operands, which are valid (if odd) programs; the operands have no side effects
+            helper = self.n.helper("And" if isinstance(node.op, ast.And) else "Or")
+            acc = self.cond(node.values[0])
+            for v in node.values[1:]:
+                acc = f"{helper}({acc}, {self.cond(v)})"
+            return acc
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             return f"!({self.cond(node.operand)})"
         self.fail(node, f"the condition {type(node).__name__}")
@@ -212,6 +272,8 @@ def component_formulas_go(struct: str) -> list[str]:
         if isinstance(node, ast.BinOp) and type(node.op) in ops:
             op, prec = ops[type(node.op)]
             (left, lp), (right, rp) = tr(node.left), tr(node.right)
+            if isinstance(node.op, ast.Mult):  # rounded product: no FMA fusion (see _GoExpr._expr)
+                return f"float64({wrap(left, lp < prec)} * {wrap(right, rp <= prec)})", ATOM
             return f"{wrap(left, lp < prec)} {op} {wrap(right, rp <= prec)}", prec
         raise EmitError(f"component_values: cannot translate {ast.unparse(node)}")
 
@@ -235,7 +297,15 @@ def _templates() -> jinja2.Environment:
 
 
 def _comment(text: str) -> list[str]:
-    return [ln.rstrip() for ln in text.strip().splitlines()] if text else []
+    """The program's docstring as Go comment lines: printable characters only, and no line that
+    Go would read as a build constraint or directive (`+build ...`, `go:...`)."""
+    lines = []
+    for ln in (text or "").strip().splitlines():
+        ln = "".join(ch for ch in ln if ch.isprintable()).rstrip().replace("+build", "+ build")  # vet flags any "+build"
+        if ln.lstrip().startswith("go:"):
+            ln = "> " + ln.lstrip()
+        lines.append(ln)
+    return lines
 
 
 def emit_go(program: Program, name: str = "StepMLEvolved", interface: str = "v5", header: dict | None = None) -> str:
@@ -261,7 +331,7 @@ def emit_go(program: Program, name: str = "StepMLEvolved", interface: str = "v5"
         functions[fname] = _GoExpr(names, consts, fname).body(fn) if fn is not None else None
     ctx = {
         "name": name, "prefix": names.prefix, "interface": interface, "header": header or {},
-        "doc": _comment(program.doc), "constants": [(consts[k], go_float(v), k) for k, v in program.constants.items()],
+        "doc": _comment(program.doc), "constants": [(consts[k], go_value(v), k) for k, v in program.constants.items()],
         "components": [(camel(n), unit, meaning) for n, unit, meaning in comps_mod.COMPONENTS],
         "formulas": component_formulas_go(f"{name}Components"), "functions": functions,
         "K": coefficient_slots(), "n_coefficients": comps_mod.N_COEFFICIENTS,

@@ -281,3 +281,15 @@ def test_fuzzed_program_text_only_ever_raises_program_error(data):
     cp = compile_program(prog)  # whatever passes validation must compile both ways
     compile_vector(prog)
     assert cp.entries[0] >= 0
+
+
+@pytest.mark.parametrize("source", [
+    "def step_time(f, c):\n    return " + "9" * 400 + "\n",
+    'CONSTANTS = {"a": ' + "9" * 400 + "}\ndef step_time(f, c):\n    return c.a\n",
+    "def step_time(f, c):\n    return f.tokens ** " + "9" * 400 + "\n",
+])
+def test_integer_literals_too_large_for_a_float_are_rejected_not_raised(source):
+    """float() of a 400-digit integer raises OverflowError: it must become a ProgramError, or one
+    LLM reply could stop a search."""
+    with pytest.raises(ProgramError, match="line"):
+        parse_program(source)

@@ -88,7 +88,30 @@ def programs_to_emit() -> dict[str, object]:
         "def output_token_time(c):\n    return c.o\n")
     for seed in (3, 17, 42):
         progs[f"Random{seed}"] = parse_program(_random_program(seed))
+    progs["V"] = parse_program(HOSTILE)  # prefix "v": locals named like constants and helpers
     return progs
+
+
+# Valid programs that once broke the emitter: Go's exact constant folding (0.1 + 0.2 - 0.3,
+# 1e16 + 1 - 1e16, 1e200 * 1e200 overflow, -0.0), locals whose Go names collide (x_1 / x1, c_a
+# with the constant vCA, div with the helper vDiv), `x = x` and `a != 1 || a != 2` (go vet), and a
+# docstring with a build constraint, a NUL and a lone surrogate.
+HOSTILE = (
+    '"""Hostile but valid.\n+build ignore\ngo:generate rm -rf /\n NUL \\x00 BOM \\ufeff surrogate \\ud800 end"""\n'
+    'CONSTANTS = {"a": 1e16, "b": 1.0, "big": 1e200, "nz": -0.0}\n'
+    "def step_time(f, c):\n"
+    "    x_1 = 1000.0 + (0.1 + 0.2 - 0.3) * 1e20\n"
+    "    x1 = (c.a + c.b - c.a) * 1000.0\n"
+    "    x = 5.0\n"
+    "    x = x\n"
+    "    c_a = 5.0\n"
+    "    div = 2.0\n"
+    "    y = 100.0 if 0.1 + 0.2 == 0.3 else 200.0\n"
+    "    z = min(c.big * c.big, 1e6) + min(1e200 * 1e200, 1e6)\n"
+    "    w = c.nz * 3.0 + -0.0 + (-0.0) * f.tokens\n"
+    "    v = 7.0 if f.tp != 1 or f.tp != 2 else 9.0\n"
+    "    u = 3.0 if f.tp > 1 or f.tp > 1 else 4.0\n"
+    "    return x_1 + x1 + x + c_a + div + y + z + w + v + u + f.tokens * 0.1\n")
 
 
 @needs_go
@@ -129,6 +152,14 @@ def test_construct_the_emitter_cannot_express_is_named():
     ret.value = ast.BinOp(left=ret.value, op=ast.FloorDiv(), right=ast.Constant(2.0), lineno=ret.lineno)
     with pytest.raises(EmitError, match="line .*FloorDiv"):
         emit_go(broken)
+
+
+def test_hostile_docstring_becomes_plain_comment_lines():
+    go = emit_go(parse_program(HOSTILE), name="V")
+    header = go.split("package latency")[0]
+    assert "\x00" not in go and "\ufeff" not in go and "\ud800" not in go
+    assert "// + build ignore" in header and "// > go:generate" in header and "+build" not in header
+    assert not any(ln.startswith(("// +build", "//go:")) for ln in header.splitlines())
 
 
 def test_post_decode_time_needs_the_v4_interface():

@@ -152,8 +152,16 @@ def literal_number(node: ast.AST) -> float | None:
         inner = literal_number(node.operand)
         return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return float(node.value)
+        return _as_float(node.value)
     return None
+
+
+def _as_float(value: int | float) -> float:
+    """float(value), with integers too large for a float as inf (rejected as non-finite)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 class _FunctionChecker:
@@ -199,7 +207,7 @@ class _FunctionChecker:
         if self.nodes > MAX_NODES:
             self.fail(node, "size", f"more than {MAX_NODES} expression nodes in {self.fn.name}")
         if isinstance(node, ast.Constant):
-            if type(node.value) not in (int, float) or not math.isfinite(float(node.value)):
+            if type(node.value) not in (int, float) or not math.isfinite(_as_float(node.value)):
                 self.fail(node, "literal", f"only finite numeric literals are allowed, not {node.value!r}"[:120])
         elif isinstance(node, ast.BinOp):
             if not isinstance(node.op, _BINOPS):

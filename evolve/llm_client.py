@@ -1,8 +1,10 @@
 """LLM calls through litellm (any provider), with an on-disk reply cache and bounded retries.
 
 The cache is keyed by the full request (model, messages, sampling parameters; not the server
-URL), and written as soon as a reply arrives, so a finished or killed run replays offline and
-deterministically: the same archive state gives the same prompts, which hit the cache.
+URL) and holds the request's whole history: every attempt (failed ones too) and the reply, or
+the final failure. It is written as soon as the request ends, so a finished or killed run
+replays offline and deterministically: the same archive state gives the same prompts, which hit
+the cache and yield the same attempts, the same budget spent and the same outcome.
 Transient failures (timeouts, 429 rate limits, 5xx, connection errors) are retried a bounded
 number of times with backoff; every attempt is reported to the caller for the archive.
 """
@@ -15,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price table at import
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
@@ -90,12 +93,28 @@ class LLMClient:
             os.fsync(fh.fileno())
         os.replace(tmp, p)
 
-    def complete(self, messages: list[dict]) -> Reply:
+    def _replay(self, key: str, hit: dict) -> Reply:
+        """A cached request: its recorded attempts (marked cached) and its reply or failure."""
+        if "attempts" in hit:
+            attempts = [Attempt(**{**a, "cached": True}) for a in hit["attempts"]]
+        else:  # an entry from before failures were cached: the reply alone
+            attempts = [Attempt(self.model, key, hit["prompt_tokens"], hit["completion_tokens"], hit["cost_usd"],
+                                hit["latency_s"], cached=True)]
+        if hit.get("content") is None:
+            raise LLMUnavailable(hit.get("error") or "failed (cached)", attempts)
+        return Reply(hit["content"], attempts)
+
+    def _store_history(self, key: str, attempts: list[Attempt], content: str | None, error: str | None = None) -> None:
+        self._store(key, {"content": content, "error": error, "model": self.model, "created": time.time(),
+                          "attempts": [{**a.record(), "cached": False} for a in attempts]})
+
+    def complete(self, messages: list[dict], may_retry: Callable[[list[Attempt]], bool] | None = None) -> Reply:
+        """The reply to `messages`; raises LLMUnavailable when every attempt failed. may_retry
+        (given the attempts so far) can stop retries early, e.g. when a budget is spent."""
         key = request_hash(self.model, messages, self.temperature, self.max_tokens)
         hit = self._cached(key)
         if hit is not None:
-            a = Attempt(self.model, key, hit["prompt_tokens"], hit["completion_tokens"], hit["cost_usd"], hit["latency_s"], cached=True)
-            return Reply(hit["content"], [a])
+            return self._replay(key, hit)
         if self.offline:
             a = Attempt(self.model, key, outcome="not_cached", error="offline and the reply is not in the cache")
             raise LLMUnavailable("reply not cached (offline)", [a])
@@ -113,21 +132,21 @@ class LLMClient:
                 usage = getattr(resp, "usage", None)
                 a.prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
                 a.completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-                try:
-                    a.cost_usd = float(litellm.completion_cost(completion_response=resp) or 0.0)
-                except Exception:  # unknown model (e.g. a local server): no price
+                try:  # priced by the model asked for (a server may report another name)
+                    a.cost_usd = float(litellm.completion_cost(completion_response=resp, model=self.model) or 0.0)
+                except Exception:  # a model litellm has no price for (e.g. a local server): free
                     a.cost_usd = 0.0
                 content = resp.choices[0].message.content or ""
                 attempts.append(a)
-                self._store(key, {"content": content, "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
-                                  "cost_usd": a.cost_usd, "latency_s": a.latency_s, "model": self.model, "created": time.time()})
+                self._store_history(key, attempts, content)
                 return Reply(content, attempts)
             except Exception as e:  # classify, record, maybe retry
                 a.latency_s = time.perf_counter() - t0
                 a.outcome, retry = _classify(e)
                 a.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                 attempts.append(a)
-                if not retry or attempt == self.max_retries:
+                if not retry or attempt == self.max_retries or (may_retry is not None and not may_retry(attempts)):
+                    self._store_history(key, attempts, None, a.error)
                     raise LLMUnavailable(a.error, attempts) from None
                 time.sleep(self.backoff_s * (2 ** attempt) if a.outcome == "rate_limited" else self.backoff_s)
         raise LLMUnavailable("retries exhausted", attempts)  # pragma: no cover - loop always returns or raises

@@ -48,13 +48,17 @@ class Budget:
         self.tokens += a.prompt_tokens + a.completion_tokens
         self.usd += a.cost_usd
 
-    def exhausted(self) -> str | None:
-        if self.max_calls is not None and self.calls >= self.max_calls:
-            return f"LLM call cap reached ({self.calls} calls)"
-        if self.max_tokens is not None and self.tokens >= self.max_tokens:
-            return f"LLM token cap reached ({self.tokens} tokens)"
-        if self.max_usd is not None and self.usd >= self.max_usd:
-            return f"LLM budget reached (${self.usd:.4f})"
+    def exhausted(self, pending: list[Attempt] = ()) -> str | None:
+        """Why no further call may be made (None if one may), counting `pending` attempts not yet spent."""
+        calls = self.calls + len(pending)
+        tokens = self.tokens + sum(a.prompt_tokens + a.completion_tokens for a in pending)
+        usd = self.usd + sum(a.cost_usd for a in pending)
+        if self.max_calls is not None and calls >= self.max_calls:
+            return f"LLM call cap reached ({calls} calls)"
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"LLM token cap reached ({tokens} tokens)"
+        if self.max_usd is not None and usd >= self.max_usd:
+            return f"LLM budget reached (${usd:.4f})"
         return None
 
 
@@ -88,7 +92,7 @@ class LLMOperator:
                 proposal.reason, proposal.rule = why, "llm-budget"
                 return proposal
             try:
-                reply = self.client.complete(messages)
+                reply = self.client.complete(messages, may_retry=lambda pending: self.budget.exhausted(pending) is None)
             except LLMUnavailable as e:
                 for a in e.attempts:
                     self.budget.spend(a)

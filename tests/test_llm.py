@@ -104,6 +104,42 @@ def test_budget_stops_the_llm_side(tmp_path):
         assert op.budget.exhausted() and len(server.requests) == 2
 
 
+def test_failed_attempts_are_cached_and_replayed_with_the_reply(tmp_path):
+    """A replay must spend the same budget and record the same attempts as the original run."""
+    with ScriptedLLM([("status", 429), ("status", 500), ("reply", program_reply())]) as server:
+        first = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+    with ScriptedLLM([("status", 500)] * 3) as server:
+        failed = _operator(server, tmp_path).client
+        with pytest.raises(LLMUnavailable):
+            failed.complete([{"role": "user", "content": "always failing"}])
+    offline = LLMClient("openai/test-model", tmp_path / "cache", offline=True)
+    op = LLMOperator(offline, Budget())
+    again = op.propose(_Parent, ROWS, [])
+    assert [a.outcome for a in again.attempts] == [a.outcome for a in first.attempts] == ["rate_limited", "server_error", "valid"]
+    assert all(a.cached for a in again.attempts) and again.source == first.source
+    assert op.budget.calls == 3 and op.budget.tokens == 150
+    with pytest.raises(LLMUnavailable) as ei:
+        offline.complete([{"role": "user", "content": "always failing"}])
+    assert [a.outcome for a in ei.value.attempts] == ["server_error"] * 3 and all(a.cached for a in ei.value.attempts)
+
+
+def test_the_call_cap_also_stops_retries(tmp_path):
+    with ScriptedLLM([("status", 500)] * 4) as server:
+        p = _operator(server, tmp_path, budget=Budget(max_calls=1)).propose(_Parent, ROWS, [])
+        assert len(server.requests) == 1 and len(p.attempts) == 1 and p.source is None
+
+
+def test_cost_is_priced_by_the_model_asked_for_and_the_usd_cap_stops_calls(tmp_path):
+    # the server reports the name "test-model"; litellm prices openai/gpt-4o-mini: 100 + 50 tokens ~ $4.5e-5
+    with ScriptedLLM([], default=lambda n: PROSE_REPLY) as server:
+        client = LLMClient("openai/gpt-4o-mini", tmp_path / "cache", base_url=server.base_url, max_retries=0, backoff_s=0.01)
+        op = LLMOperator(client, Budget(max_usd=0.0001), max_attempts=5)
+        p = op.propose(_Parent, ROWS, [])
+        assert all(a.cost_usd > 0 for a in p.attempts)
+        assert len(server.requests) == 3 and p.rule == "llm-budget"  # 2 calls < $0.0001 <= 3 calls
+        assert op.budget.usd == pytest.approx(sum(a.cost_usd for a in p.attempts))
+
+
 def test_offline_client_never_calls_out(tmp_path):
     client = LLMClient("openai/test-model", tmp_path / "cache", base_url="http://127.0.0.1:9/v1", offline=True)
     with pytest.raises(LLMUnavailable) as ei:
@@ -164,6 +200,17 @@ def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
         return rows
 
     assert programs(second) == programs(first)
+
+    def calls_and_rejections(d):
+        db = sqlite3.connect(d / Archive.FILE)
+        calls = db.execute("SELECT generation, model, request_hash, prompt_tokens, completion_tokens, cost_usd, outcome,"
+                           " program_id FROM llm_calls ORDER BY id").fetchall()
+        rejections = db.execute("SELECT generation, operator, parents, rule, reason FROM rejections ORDER BY id").fetchall()
+        db.close()
+        return calls, rejections
+
+    # every attempt, failed ones included, replays: the same calls, budget and rejections
+    assert calls_and_rejections(second) == calls_and_rejections(first)
 
 
 def test_llm_budget_cap_in_a_run(tmp_path):

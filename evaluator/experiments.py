@@ -106,12 +106,18 @@ class Experiment:
         arrival = np.asarray(arrival_us, dtype=np.int64)
         n = len(arrival)
         out = np.asarray(output_tokens, dtype=np.int64)
+        inputs = np.asarray(input_tokens, dtype=np.int64)
+        cached = np.zeros(n, np.int64) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.int64)
+        # the loader guarantees these for real data; the replay relies on them
+        if (inputs < 1).any() or (out < 1).any():
+            raise ValueError(f"{name}: every request needs input_tokens >= 1 and output_tokens >= 1")
+        if (cached < 0).any() or (cached >= inputs).any() or (cached % block_size).any():
+            raise ValueError(f"{name}: cached_tokens must be whole {block_size}-token blocks, shorter than the prompt")
         return cls(
             name=name, model=model, workload="", tp=tp, hardware=get_hardware(hardware), arch=arch,
             server=ServerConfig(max_num_seqs, max_num_batched_tokens, kv_blocks, block_size),
-            arrival_us=arrival, input_tokens=np.asarray(input_tokens, dtype=np.int64), output_tokens=out,
-            reported_output_tokens=out.copy(),
-            cached_tokens=np.zeros(n, np.int64) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.int64),
+            arrival_us=arrival, input_tokens=inputs, output_tokens=out, reported_output_tokens=out.copy(),
+            cached_tokens=cached,
             failed=np.zeros(n, bool), abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
             e2e_s=np.full(n, np.nan), ttft_s=np.full(n, np.nan), split=_temporal_split(n, split),
         )

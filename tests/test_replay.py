@@ -182,3 +182,12 @@ def test_replay_components_equal_vectorized_trajectory_components(arch, tp, comp
     comps = from_trajectory(t.step, t.new_tokens, t.context, t.is_prefill, t.n_steps, coefficients(arch, exp.hardware, tp))
     expected = np.maximum(1, np.round(step_times(prog, comps, c)))
     np.testing.assert_array_equal(t.step_us, expected)
+
+
+@pytest.mark.parametrize("cached, message", [([16], "cached_tokens"), ([5], "cached_tokens"), ([-16], "cached_tokens")])
+def test_in_memory_experiments_reject_what_the_replay_cannot_schedule(cached, message):
+    """A fully cached prompt (or a partial block) would finish a request without a prefill step."""
+    with pytest.raises(ValueError, match=message):
+        Experiment.from_arrays("t", [0], [16], [4], arch=TINY, cached_tokens=cached)
+    with pytest.raises(ValueError, match="output_tokens >= 1"):
+        Experiment.from_arrays("t", [0], [16], [0], arch=TINY)

@@ -434,10 +434,3 @@ def _environment() -> jinja2.Environment:
 def render(archive: Archive) -> str:
     template = (files("archive") / "templates" / "report.html.j2").read_text(encoding="utf-8")
     return _environment().from_string(template).render(**build_context(archive))
-
-
-def write_report(archive: Archive, out: Path) -> Path:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(archive), encoding="utf-8")
-    return out

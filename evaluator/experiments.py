@@ -339,4 +339,8 @@ def load_experiments(data_dir: str | Path, options: LoadOptions = LoadOptions())
             good.append(load_experiment(d, options))
         except ExperimentError as e:
             bad.append(e)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
+            # a field of an unexpected type or size that no specific check caught: still one line,
+            # still only this experiment
+            bad.append(ExperimentError(d.name, f"unexpected content ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"))
     return good, bad

@@ -217,10 +217,16 @@ def report_cmd(
     archive_dir: Optional[Path] = ArchiveOpt,
 ):
     """Write one self-contained HTML page: run summary, plots (inline SVG), program table and sources."""
-    from archive.report import write_report
+    from archive.report import render
 
-    from .cli import out
+    from .cli import fail, out
+    from .outputs import OutputError, check_outputs, write_atomic
 
     archive = _open(archive_dir)
-    path = _guard(write_report, archive, out_path)
-    out.print(f"wrote {path} (archive {archive.dir})", highlight=False)
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        check_outputs([out_path])
+    except (OutputError, OSError) as e:
+        fail(str(e))
+    write_atomic(out_path, _guard(render, archive))
+    out.print(f"wrote {out_path} (archive {archive.dir})", highlight=False)

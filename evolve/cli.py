@@ -67,11 +67,13 @@ def data_check(
 @data_app.command("synth")
 def data_synth(
     out_dir: Path = typer.Option(..., "--out", help="Directory to write the synthetic experiments into."),
-    seed: int = typer.Option(0, help="Generator seed (0 is the built-in sample)."),
+    seed: int = typer.Option(0, min=0, help="Generator seed (0 is the built-in sample)."),
 ):
     """Write the built-in synthetic sample (hidden oracle + noise) in the replay format."""
     from evaluator.synthetic import write_sample
 
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        fail(f"{out_dir}: exists and is not an empty directory; the sample goes into a new one (nothing written)")
     dirs = write_sample(out_dir, seed=seed)
     out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
 
@@ -111,7 +113,7 @@ def _program(path: Path):
         fail(str(e))
 
 
-WorkersOpt = typer.Option(None, "--workers", help="Parallel replay threads (default: all cores).")
+WorkersOpt = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores).")
 SplitChoice = typer.Option("test", "--split", help="Split to score: train, validate or test.")
 
 
@@ -158,12 +160,12 @@ def eval_cmd(
 def fit_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
     data: Optional[Path] = DataOpt,
-    seed: int = typer.Option(0, "--seed", help="CMA-ES seed: same seed and data give the same constants."),
+    seed: int = typer.Option(0, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."),
     scope: str = typer.Option("global", "--scope", help="global (one constant set), model, or experiment."),
     out_path: Optional[Path] = typer.Option(None, "--out", help="Fitted program file (default: <program>.fitted.py here)."),
-    max_evals: Optional[int] = typer.Option(None, "--max-evals", help="CMA-ES evaluation budget per group."),
+    max_evals: Optional[int] = typer.Option(None, "--max-evals", min=1, help="CMA-ES evaluation budget per group."),
     quick: bool = typer.Option(False, "--quick", help="Screening fit: subset of experiments, short window, small budget."),
-    restarts: int = typer.Option(0, "--restarts", help="Extra CMA-ES runs from the best point so far (each with the full budget)."),
+    restarts: int = typer.Option(0, "--restarts", min=0, help="Extra CMA-ES runs from the best point so far (each with the full budget)."),
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: str = typer.Option("profile", help="Output length policy: profile or reported."),
@@ -178,6 +180,10 @@ def fit_cmd(
     from .progress import fit_progress
     from .tables import dumps, metrics_table, public_row
 
+    from evaluator.fitting import FAILED_LOSS, group_key
+
+    from .outputs import OutputError, check_outputs, write_atomic
+
     prog = _program(program)
     loaded = _load(data, output_len)
     try:
@@ -185,11 +191,22 @@ def fit_cmd(
         config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts)
     except ValueError as e:
         fail(str(e))
+    base = out_path or Path(f"{program.stem}.fitted.py")
+    groups = sorted({group_key(e, scope) for e in loaded.experiments})
+    slugs = {g: _slug(g) for g in groups}
+    if len(set(slugs.values())) < len(slugs):  # e.g. orgA/Foo and orgB/Foo: keep the org in the name
+        slugs = {g: _slug(g, keep_org=True) for g in groups}
+    paths = {g: base if len(groups) == 1 else base.with_name(f"{base.stem}.{slugs[g]}{base.suffix or '.py'}") for g in groups}
+    try:  # before minutes of fitting, not after
+        check_outputs(list(paths.values()), inputs=[program])
+    except OutputError as e:
+        fail(str(e))
     with Engine(loaded.experiments, workers) as engine, fit_progress(err) as progress:
         result = fit(prog, loaded.experiments, engine, config, progress=progress)
+        if not result.loss < FAILED_LOSS:
+            fail(f"{program}: step_time was non-finite or non-positive for every constant vector tried; nothing written")
         vectors = [result.vector_for(prog, e) for e in loaded.experiments]
         rows = engine.score(prog, vectors, ("validate", "test"), percentiles=True)
-    base = out_path or Path(f"{program.stem}.fitted.py")
     written = []
     for group, consts in result.constants.items():
         header = (f"data={loaded.label} seed={seed} scope={scope} group={group}"
@@ -197,8 +214,8 @@ def fit_cmd(
                   + (f" train_loss={result.loss:.4f}" if len(result.constants) == 1 else f" train_loss_all_groups={result.loss:.4f}")
                   + f" evaluations={result.evaluations}")
         fitted = prog.with_constants(consts, header=header)
-        path = base if len(result.constants) == 1 else base.with_name(f"{base.stem}.{_slug(group)}{base.suffix or '.py'}")
-        path.write_text(fitted.source)
+        path = paths.get(group, base)
+        write_atomic(path, fitted.source)
         written.append(str(path))
     splits = {s: {"loss": loss(rows[s]), "experiments": [public_row(r) for r in rows[s]]} for s in rows}
     if as_json:
@@ -213,34 +230,35 @@ def fit_cmd(
                   f"fitted program: {', '.join(written)}")
 
 
-def _slug(text: str) -> str:
+def _slug(text: str, keep_org: bool = False) -> str:
+    """A file-name-safe form of a model id; keep_org keeps "org/" so that two orgs' models differ."""
     import re
 
-    return re.sub(r"[^A-Za-z0-9.-]+", "-", text.split("/")[-1]).strip("-").lower()
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", text if keep_org else text.split("/")[-1]).strip("-").lower()
 
 
 @app.command("run")
 def run_cmd(
-    generations: int = typer.Option(500, "--generations", help="Generations to complete (generation 0 fits the seeds)."),
-    seed: int = typer.Option(7, "--seed", help="Same seed and data give the same archive (offline)."),
+    generations: int = typer.Option(500, "--generations", min=0, help="Generations to complete (generation 0 fits the seeds)."),
+    seed: int = typer.Option(7, "--seed", min=0, help="Same seed and data give the same archive (offline)."),
     data: Optional[Path] = DataOpt,
     archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: runs/<data>-seed<seed>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --archive from its last completed generation (a new run if there is none)."),
     llm: Optional[str] = typer.Option(None, "--llm", help="litellm model string, e.g. openai/gpt-4o-mini, ollama/qwen2.5-coder."),
     llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", help="OpenAI-compatible server URL (e.g. http://127.0.0.1:8000/v1)."),
-    llm_ratio: float = typer.Option(0.5, "--llm-ratio", help="Share of children asked of the LLM; the rest are symbolic."),
-    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Stop LLM calls once this much is spent."),
-    max_llm_calls: Optional[int] = typer.Option(None, "--max-llm-calls", help="Stop LLM calls after this many."),
-    max_llm_tokens: Optional[int] = typer.Option(None, "--max-llm-tokens", help="Stop LLM calls after this many tokens."),
+    llm_ratio: float = typer.Option(0.5, "--llm-ratio", min=0.0, max=1.0, help="Share of children asked of the LLM; the rest are symbolic."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", min=0.0, help="Stop LLM calls once this much is spent."),
+    max_llm_calls: Optional[int] = typer.Option(None, "--max-llm-calls", min=0, help="Stop LLM calls after this many."),
+    max_llm_tokens: Optional[int] = typer.Option(None, "--max-llm-tokens", min=0, help="Stop LLM calls after this many tokens."),
     llm_timeout: float = typer.Option(60.0, "--llm-timeout", help="Seconds before an LLM call is abandoned (then retried)."),
     llm_offline: bool = typer.Option(False, "--llm-offline", help="Replay LLM replies from the cache only; never call out."),
-    children: int = typer.Option(6, "--children", help="Children per generation."),
-    quick_evals: int = typer.Option(40, "--quick-evals", help="Screening-fit budget per child (CMA-ES evaluations)."),
-    full_fit_evals: int = typer.Option(96, "--full-fit-evals", help="Full-fit budget for promoted children."),
-    seed_fit_evals: Optional[int] = typer.Option(None, "--seed-fit-evals", help="Fit budget for the seeds (default: the standard fit)."),
-    max_promotions: int = typer.Option(1, "--max-promotions", help="Full fits per generation at most."),
-    islands: int = typer.Option(1, "--islands", help="Independent islands with periodic migration of their best."),
-    migration_interval: int = typer.Option(25, "--migration-interval", help="Generations between migrations (with --islands > 1)."),
+    children: int = typer.Option(6, "--children", min=1, help="Children per generation."),
+    quick_evals: int = typer.Option(40, "--quick-evals", min=1, help="Screening-fit budget per child (CMA-ES evaluations)."),
+    full_fit_evals: int = typer.Option(96, "--full-fit-evals", min=1, help="Full-fit budget for promoted children."),
+    seed_fit_evals: Optional[int] = typer.Option(None, "--seed-fit-evals", min=1, help="Fit budget for the seeds (default: the standard fit)."),
+    max_promotions: int = typer.Option(1, "--max-promotions", min=0, help="Full fits per generation at most."),
+    islands: int = typer.Option(1, "--islands", min=1, help="Independent islands with periodic migration of their best."),
+    migration_interval: int = typer.Option(25, "--migration-interval", min=1, help="Generations between migrations (with --islands > 1)."),
     seeds: Optional[list[Path]] = typer.Option(None, "--seeds", help="Seed program files, or directories of them, instead of the "
                                                "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
     workers: Optional[int] = WorkersOpt,
@@ -251,10 +269,12 @@ def run_cmd(
     from evaluator.engine import Engine
 
     from .progress import run_progress
-    from .search import Search, SearchConfig
+    from .search import Search, SearchConfig, SearchError
     from .tables import dumps
 
     seed_programs = _seed_programs(seeds) if seeds else None  # bad seeds fail before any data is loaded
+    if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
+        fail(f"{archive_dir}: is a file; --archive takes a directory")
     loaded = _load(data)
     tag = "synthetic" if loaded.synthetic else _slug(Path(loaded.label).name)
     archive_dir = archive_dir or Path("runs") / f"{tag}-seed{seed}"
@@ -288,9 +308,12 @@ def run_cmd(
             err.print(f"{archive_dir}: already at generation {start - 1}; nothing to run", highlight=False)
         else:
             err.print(f"archive: {archive_dir}  (generations {start}..{generations})", highlight=False)
-        with run_progress(err, generations, start) as progress:
-            search.progress = progress
-            summary = search.run()
+        try:
+            with run_progress(err, generations, start) as progress:
+                search.progress = progress
+                summary = search.run()
+        except SearchError as e:
+            fail(f"{archive_dir}: {e}")
     archive.close()
     if as_json:
         print(dumps({"archive": str(archive_dir), **summary}))
@@ -360,22 +383,29 @@ def emit_go_cmd(
     test_out: Optional[Path] = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
     interface: str = typer.Option("v5", "--interface", help="v5 (5-method LatencyModel) or v4 (PostDecodeFixedOverhead)."),
     name: str = typer.Option("StepMLEvolved", "--name", help="Go identifier prefix: <name>Model, New<name>Model, ..."),
-    samples: int = typer.Option(1000, "--samples", help="Sample batches in the generated test."),
+    samples: int = typer.Option(1000, "--samples", min=1, help="Sample batches in the generated test."),
 ):
     """Emit a program as Go (package latency) implementing the simulator's LatencyModel."""
     from .emit_go import EmitError, emit_go, emit_go_test, gofmt
     from .go_parity import samples as parity_samples
 
+    from .outputs import OutputError, check_outputs, write_atomic
+
+    program_file = Path(program) if program.endswith(".py") else None
+    try:
+        check_outputs([out_path] + ([test_out] if test_out else []), inputs=[program_file] if program_file else [])
+    except OutputError as e:
+        fail(str(e))
     prog, header = _program_for_emission(program, archive_dir)
     try:
         source = gofmt(emit_go(prog, name=name, interface=interface, header=header))
         test_source = gofmt(emit_go_test(name, parity_samples(prog, samples), interface)) if test_out else None
     except EmitError as e:
         fail(str(e))
-    out_path.write_text(source)
+    write_atomic(out_path, source)
     out.print(f"wrote {out_path} ({name}Model, interface {interface})")
     if test_out:
-        test_out.write_text(test_source)
+        write_atomic(test_out, test_source)
         out.print(f"wrote {test_out} ({samples} sample batches checked against Python)")
 
 
@@ -412,13 +442,15 @@ def bench_cmd(
     data: Optional[Path] = typer.Option(None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."),
     as_json: bool = typer.Option(False, "--json"),
     skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the (minutes-long) full fit figure."),
-    search_generations: int = typer.Option(4, "--search-generations", help="Generations timed for generations_per_hour (0 skips)."),
+    search_generations: int = typer.Option(4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."),
     workers: Optional[int] = WorkersOpt,
 ):
     """Throughput figures: replay, full evaluation, full and quick fits, search generations per hour."""
     from .bench import run_bench
     from .tables import dumps
 
+    if data is not None and not data.is_dir():
+        fail(f"{data}: no such data directory")
     figures = run_bench(data, skip_fit=skip_fit, log=lambda m: err.print(m, highlight=False), search_generations=search_generations, workers=workers)
     if as_json:
         print(dumps(figures))

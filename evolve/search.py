@@ -70,6 +70,10 @@ class SearchConfig:
         return d
 
 
+class SearchError(RuntimeError):
+    """The search cannot go on; the message is one line."""
+
+
 def _differences(saved: dict, now: dict) -> str:
     """'children: run 5, now 7; seeds: ...' for the settings that differ."""
     def flat(d, prefix=""):
@@ -188,14 +192,22 @@ class Search:
     def _generation_zero(self) -> None:
         t0 = time.perf_counter()
         records = []
+        rejections = []
         for i, (name, source) in enumerate(self.seeds):
             prog = parse_program(source)
             self.structures.add(structure_hash(prog))
             full = self._full_evaluation(prog, prog.constants, _mix(self.cfg.seed, 0, i) % (2**31), self.cfg.seed_fit_evals, 0.5)
+            if not full["train_loss"] < FAILED_LOSS:  # NaN or non-positive step times whatever the constants
+                rejections.append({"operator": "seed", "parents": [], "rule": "evaluation", "source": source,
+                                   "reason": f"seed {name}: step_time was non-finite or non-positive for every constant vector tried"})
+                self.progress({"generation": 0, "message": f"seed {name}: rejected (step_time non-finite or non-positive)"})
+                continue
             rec = self._record(prog, full.pop("constants"), [], "seed", name, i % self.cfg.islands, "seed", **full)
             records.append(rec)
             self.progress({"generation": 0, "message": f"seed {name}: val loss {rec['val_loss']:.3f}"})
-        self._commit(0, t0, records, [], [], {"n_children": len(records), "n_promoted": len(records)})
+        if not records:
+            raise SearchError(f"none of the seed programs can be evaluated ({'; '.join(r['reason'] for r in rejections)})")
+        self._commit(0, t0, records, rejections, [], {"n_children": len(self.seeds), "n_promoted": len(records)})
 
     def _commit(self, generation: int, t0: float, records: list[dict], rejections: list[dict], llm_calls: list[dict],
                 stats: dict) -> None:

@@ -254,6 +254,11 @@ def test_report_is_one_self_contained_page(archive_dir, records, tmp_path):
     assert all(name in best_section for name in tests)
 
 
+def test_report_refuses_a_directory_as_output(archive_dir, tmp_path):
+    res = invoke("report", "--archive", archive_dir, "--out", tmp_path, ok=False)
+    assert res.exit_code == 2 and "is a directory" in res.stderr and "Traceback" not in res.output
+
+
 def test_report_escapes_sources(archive_dir, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(archive_dir, copy)

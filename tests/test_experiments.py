@@ -146,6 +146,14 @@ def _bad_cases(src, root):
     _copy_experiment(src, d)
     _edit(d / "ground_truth.json", lambda t: t[2].update(has_error=True))
     cases[d.name] = "has_error differs"
+    d = root / "j-profile-wrong-type"
+    _copy_experiment(src, d)
+    _edit(d / "profile.json", lambda p: p.update(data=[1]))
+    cases[d.name] = "unexpected content"
+    d = root / "k-huge-input"
+    _copy_experiment(src, d)
+    _edit(d / "requests.json", lambda r: r["requests"][0].update(input_tokens=10**20))
+    cases[d.name] = "unexpected content (OverflowError"
     d = root / "i-missing-profile"
     _copy_experiment(src, d)
     (d / "profile.json").unlink()

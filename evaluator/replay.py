@@ -37,6 +37,7 @@ WAITING_TO_ARRIVE, QUEUED, RUNNING, FINISHED, TIMED_OUT = 0, 1, 2, 3, 4
 OK, BAD_STEP_TIME, STEP_LIMIT, TRAJECTORY_FULL, BAD_QUEUE_TIME = 0, 1, 2, 3, 4
 
 NO_DEADLINE = np.iinfo(np.int64).max
+MAX_US = 1e15  # durations are capped here before rounding to int64 microseconds (as the emitted Go does)
 
 _component_values = njit(cache=True, nogil=True)(component_values)
 
@@ -73,7 +74,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
             diag[0] = x
             diag[1] = 2.0
             return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
-        out_tok = max(0, int(np.round(x)))
+        out_tok = max(0, int(np.round(min(x, MAX_US))))
     post_decode = 0
     if entries[3] >= 0:
         x = run_code(code, lits, entries[3], none, consts, none, stack, local)
@@ -81,7 +82,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
             diag[0] = x
             diag[1] = 3.0
             return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
-        post_decode = max(0, int(np.round(x)))
+        post_decode = max(0, int(np.round(min(x, MAX_US))))
     ready = arrival.copy()
     if entries[1] >= 0:
         for r in range(n):
@@ -92,7 +93,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 diag[0] = x
                 diag[1] = 1.0
                 return BAD_QUEUE_TIME, 0, 0, r, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
-            ready[r] = arrival[r] + max(0, int(np.round(x)))
+            ready[r] = arrival[r] + max(0, int(np.round(min(x, MAX_US))))
     order = np.argsort(ready, kind="mergesort")
     deadline = arrival + abort_after
 
@@ -279,7 +280,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
         if not np.isfinite(x) or x <= 0.0:
             diag[0] = x
             return BAD_STEP_TIME, steps, clock, -1, ttft, e2e, state, preempts
-        dt = max(np.int64(1), np.int64(np.round(x)))
+        dt = max(np.int64(1), np.int64(np.round(min(x, MAX_US))))
         if record:
             if steps >= steps_rec.shape[0]:
                 return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts

@@ -191,3 +191,11 @@ def test_in_memory_experiments_reject_what_the_replay_cannot_schedule(cached, me
         Experiment.from_arrays("t", [0], [16], [4], arch=TINY, cached_tokens=cached)
     with pytest.raises(ValueError, match="output_tokens >= 1"):
         Experiment.from_arrays("t", [0], [16], [0], arch=TINY)
+
+
+def test_huge_step_times_are_capped_not_wrapped_around():
+    """1e30 us does not fit an int64: it must count as the cap (1e15 us, as in Go), never as 1 us."""
+    prog = parse_program("def step_time(f, c):\n    return 1e30\n")
+    exp = _exp([0, 10], [32, 32], [2, 2], timeout_s=1e12)
+    res = replay(exp, compile_program(prog), np.zeros(0))
+    assert res.status == 0 and (res.e2e_us >= 1e15).all() and (res.ttft_us >= 1e15).all()

@@ -223,14 +223,16 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     if len(truth) != n:
         raise ExperimentError(exp, f"ground_truth.json has {len(truth)} records but requests.json has {n} requests")
     try:
+        _check_types(exp, "requests.json", reqs, ints=("index", "arrival_time_us", "input_tokens", "output_tokens"))
         index = np.array([r["index"] for r in reqs], dtype=np.int64)
         arrival = np.array([r["arrival_time_us"] for r in reqs], dtype=np.float64)
         inputs = np.array([r["input_tokens"] for r in reqs], dtype=np.int64)
         reported_out = np.array([r["output_tokens"] for r in reqs], dtype=np.int64)
         failed = np.array([bool(r.get("has_error", False)) for r in reqs])
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ExperimentError(exp, f"requests.json: bad request record ({type(e).__name__}: {e})") from None
     try:
+        _check_types(exp, "ground_truth.json", truth, ints=("index",))
         truth_index = np.array([t["index"] for t in truth], dtype=np.int64)
         truth_failed = np.array([bool(t.get("has_error", False)) for t in truth])
         e2e = np.array([t.get("e2e_s", math.nan) for t in truth], dtype=np.float64)
@@ -329,6 +331,20 @@ def experiment_dirs(data_dir: str | Path) -> list[Path]:
     if (root / "requests.json").exists():
         return [root]
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _check_types(exp: str, file: str, records: list, ints: tuple[str, ...]) -> None:
+    """Integers where the format has integers (not strings, booleans or fractions, which numpy
+    would quietly convert) and booleans for has_error: a mistyped field is named, not misread."""
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise ExperimentError(exp, f"{file}: record {i} is not an object")
+        for key in ints:
+            v = rec.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or not -2**62 < v < 2**62:
+                raise ExperimentError(exp, f"{file}: {key} of record {i} must be an integer, not {v!r}"[:200])
+        if not isinstance(rec.get("has_error", False), bool):
+            raise ExperimentError(exp, f"{file}: has_error of record {i} must be true or false, not {rec['has_error']!r}"[:200])
 
 
 def load_experiments(data_dir: str | Path, options: LoadOptions = LoadOptions()) -> tuple[list[Experiment], list[ExperimentError]]:

@@ -153,7 +153,15 @@ def _bad_cases(src, root):
     d = root / "k-huge-input"
     _copy_experiment(src, d)
     _edit(d / "requests.json", lambda r: r["requests"][0].update(input_tokens=10**20))
-    cases[d.name] = "unexpected content (OverflowError"
+    cases[d.name] = "input_tokens of record 0 must be an integer"
+    d = root / "l-string-flag"
+    _copy_experiment(src, d)
+    _edit(d / "requests.json", lambda r: r["requests"][4].update(has_error="false"))
+    cases[d.name] = "has_error of record 4 must be true or false"
+    d = root / "m-string-tokens"
+    _copy_experiment(src, d)
+    _edit(d / "requests.json", lambda r: r["requests"][2].update(input_tokens="591"))
+    cases[d.name] = "input_tokens of record 2 must be an integer"
     d = root / "i-missing-profile"
     _copy_experiment(src, d)
     (d / "profile.json").unlink()

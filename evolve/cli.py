@@ -26,6 +26,10 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _loss_text(x: float) -> str:
+    return f"{x:.3f}" if x == x else "n/a (no experiment has a successful request in this split)"
+
+
 def _fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x != x else f"{x:.{digits}f}"
 
@@ -148,7 +152,7 @@ def eval_cmd(
                      "loss": total, "experiments": [public_row(r) for r in rows]}))
     else:
         out.print(metrics_table(rows, f"{program} on {loaded.label}, {split} split"))
-        out.print(f"loss ({split}): {total:.3f}  (RMS APE mean E2E + RMS APE mean TTFT, %)")
+        out.print(f"loss ({split}): {_loss_text(total)}  (RMS APE mean E2E + RMS APE mean TTFT, %)")
     failed = [r for r in rows if "error" in r]
     for r in failed:
         err.print(f"[red]error:[/red] {program} on {r['name']}: {r['error']}", highlight=False, soft_wrap=True)
@@ -225,7 +229,7 @@ def fit_cmd(
     else:
         for s in ("validate", "test"):
             out.print(metrics_table(rows[s], f"fitted {program.name} ({scope} scope), {s} split"))
-            out.print(f"loss ({s}): {splits[s]['loss']:.3f}")
+            out.print(f"loss ({s}): {_loss_text(splits[s]['loss'])}")
         out.print(f"train loss {result.loss:.3f} after {result.evaluations} evaluations in {result.seconds:.1f} s; "
                   f"fitted program: {', '.join(written)}")
 

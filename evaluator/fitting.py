@@ -29,6 +29,7 @@ from .experiments import Experiment
 from .metrics import loss
 
 FAILED_LOSS = 1e5  # loss given to constants whose replay fails (NaN or non-positive step time)
+FAILED_REASON = "step_time was non-finite or non-positive for every constant vector tried"
 SCOPES = ("global", "model", "experiment")
 
 

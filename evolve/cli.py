@@ -178,15 +178,12 @@ def fit_cmd(
     import dataclasses
 
     from evaluator.engine import Engine
-    from evaluator.fitting import FitConfig, fit, quick_config
+    from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, fit, group_key, quick_config
     from evaluator.metrics import loss
 
+    from .outputs import OutputError, check_outputs, write_atomic
     from .progress import fit_progress
     from .tables import dumps, metrics_table, public_row
-
-    from evaluator.fitting import FAILED_LOSS, group_key
-
-    from .outputs import OutputError, check_outputs, write_atomic
 
     prog = _program(program)
     loaded = _load(data, output_len)
@@ -208,7 +205,7 @@ def fit_cmd(
     with Engine(loaded.experiments, workers) as engine, fit_progress(err) as progress:
         result = fit(prog, loaded.experiments, engine, config, progress=progress)
         if not result.loss < FAILED_LOSS:
-            fail(f"{program}: step_time was non-finite or non-positive for every constant vector tried; nothing written")
+            fail(f"{program}: {FAILED_REASON}; nothing written")
         vectors = [result.vector_for(prog, e) for e in loaded.experiments]
         rows = engine.score(prog, vectors, ("validate", "test"), percentiles=True)
     written = []

@@ -34,7 +34,7 @@ from evaluator.datasets import LoadedData
 from evaluator.dsl import Program, ProgramError, compile_program, parse_program
 from evaluator.engine import Engine
 from evaluator.experiments import SPLITS
-from evaluator.fitting import FAILED_LOSS, FitConfig, fit, fit_experiments, quick_config
+from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, fit, fit_experiments, quick_config
 from evaluator.metrics import loss
 from seeds import seed_paths
 
@@ -76,14 +76,8 @@ class SearchError(RuntimeError):
 
 def _differences(saved: dict, now: dict) -> str:
     """'children: run 5, now 7; seeds: ...' for the settings that differ."""
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in (d or {}).items():
-            if isinstance(v, dict) and k == "search":
-                out.update(flat(v))
-            else:
-                out[prefix + k] = v
-        return out
+    def flat(d):  # the search settings side by side with the others
+        return {**{k: v for k, v in (d or {}).items() if k != "search"}, **((d or {}).get("search") or {})}
     a, b = flat(saved), flat(now)
     return "; ".join(f"{k.replace('_', '-')}: run {a.get(k)}, now {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
@@ -199,7 +193,7 @@ class Search:
             full = self._full_evaluation(prog, prog.constants, _mix(self.cfg.seed, 0, i) % (2**31), self.cfg.seed_fit_evals, 0.5)
             if not full["train_loss"] < FAILED_LOSS:  # NaN or non-positive step times whatever the constants
                 rejections.append({"operator": "seed", "parents": [], "rule": "evaluation", "source": source,
-                                   "reason": f"seed {name}: step_time was non-finite or non-positive for every constant vector tried"})
+                                   "reason": f"seed {name}: {FAILED_REASON}"})
                 self.progress({"generation": 0, "message": f"seed {name}: rejected (step_time non-finite or non-positive)"})
                 continue
             rec = self._record(prog, full.pop("constants"), [], "seed", name, i % self.cfg.islands, "seed", **full)
@@ -318,7 +312,7 @@ class Search:
         failed = [c for c in cands if not c.quick_loss < FAILED_LOSS]
         for c in failed:
             rejections.append({"operator": c.operator, "parents": c.parents, "rule": "evaluation",
-                               "reason": "step_time was non-finite or non-positive for every constant vector tried",
+                               "reason": FAILED_REASON,
                                "source": c.program.source})
             for ci in c.llm_call_indices:
                 llm_calls[ci]["outcome"] = "evaluation_failed"

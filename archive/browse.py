@@ -13,6 +13,7 @@ import math
 import sqlite3
 from pathlib import Path
 
+from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
 
 from .grid import cell_label, cell_of, pareto_front
@@ -23,7 +24,7 @@ SORT_KEYS = ("id", "generation", "train", "val", "complexity")
 RUNS_DIR = Path("runs")
 
 
-class BrowseError(Exception):
+class BrowseError(UserError):
     """A problem the user can fix (no archive, unknown program, bad option): one line of text."""
 
 

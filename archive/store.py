@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluator.errors import UserError
+
 SCHEMA_VERSION = 1
 
 SCHEMA = """
@@ -131,7 +133,7 @@ class ProgramRecord:
         return self.stage in ("seed", "full") and self.val_loss is not None
 
 
-class ArchiveError(Exception):
+class ArchiveError(UserError):
     """An archive file that cannot be used; the message is one line naming the file."""
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import UserError
 from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .model_arch import ModelArch
 
@@ -28,7 +29,7 @@ SPLITS = ("train", "validate", "test")
 DEFAULT_CLIENT_TIMEOUT_S = 300.0  # inference-perf's request timeout in the real data
 
 
-class ExperimentError(Exception):
+class ExperimentError(UserError):
     """A bad experiment: str() is one line naming the experiment and the problem."""
 
     def __init__(self, experiment: str, problem: str):

@@ -24,6 +24,7 @@ from evaluator import components as comps_mod
 from evaluator.components import COMPONENT_NAMES
 from evaluator.dsl import Program
 from evaluator.dsl.program import literal_number
+from evaluator.errors import UserError
 
 INTERFACES = ("v5", "v4")
 
@@ -36,7 +37,7 @@ def wrap(text: str, needed: bool) -> str:
     return f"({text})" if needed else text
 
 
-class EmitError(ValueError):
+class EmitError(UserError, ValueError):
     """The emitter cannot express a construct in Go: names it (and its line)."""
 
 

@@ -6,8 +6,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from evaluator.errors import UserError
 
-class OutputError(ValueError):
+
+class OutputError(UserError, ValueError):
     """An output path that cannot or must not be written; the message names it."""
 
 

@@ -33,6 +33,7 @@ from archive.store import Archive, ProgramRecord
 from evaluator.datasets import LoadedData
 from evaluator.dsl import Program, ProgramError, compile_program, parse_program
 from evaluator.engine import Engine
+from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, fit, fit_experiments, quick_config
 from evaluator.metrics import loss
@@ -70,7 +71,7 @@ class SearchConfig:
         return d
 
 
-class SearchError(RuntimeError):
+class SearchError(UserError, RuntimeError):
     """The search cannot go on; the message is one line."""
 
 

@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..components import COMPONENT_NAMES
+from ..errors import UserError
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "step_time": ("f", "c"),
@@ -42,7 +43,7 @@ _BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
 _CMPOPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
 
 
-class ProgramError(ValueError):
+class ProgramError(UserError, ValueError):
     """A rejected program: `line`, `rule` and a one-line message (prefixed by the file name)."""
 
     def __init__(self, line: int | None, rule: str, message: str, origin: str = ""):

@@ -1,0 +1,13 @@
+"""The one base class of every error a user can cause (bad data, program, archive, path, option).
+
+Its message is one line naming the file, flag or program and the problem. The command line
+catches `UserError` once, at its top (`evolve.cli.main`), prints `error: <message>` and exits 2;
+anything else reaching the top is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem the user can fix; str(error) is one line naming where and what."""
+
+    exit_code = 2

@@ -1,0 +1,14 @@
+"""The search archive: SQLite store (store.py) of typed records (records.py), the MAP-Elites grid
+and Pareto front with the add-status query (grid.py), read-only browsing (browse.py) and the HTML
+report (report.py). This package stores what `evaluator` measured; it knows nothing of how
+programs are made."""
+from .grid import AddStatus, Elites, best, cell_of, elites, pareto_front
+from .records import (EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord,
+                      RunRecord)
+from .store import SCHEMA_VERSION, Archive, ArchiveError
+
+__all__ = [
+    "AddStatus", "Elites", "best", "cell_of", "elites", "pareto_front",
+    "EvaluationRecord", "GenerationRecord", "LLMCallRecord", "NewProgram", "ProgramRecord", "RejectionRecord", "RunRecord",
+    "SCHEMA_VERSION", "Archive", "ArchiveError",
+]

@@ -15,10 +15,12 @@ from pathlib import Path
 
 from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
+from evaluator.metrics import MetricRow
 
 from .grid import cell_label, cell_of, pareto_front
 from .grid import best as best_program
-from .store import Archive, ProgramRecord
+from .records import ProgramRecord, RunRecord
+from .store import Archive
 
 SORT_KEYS = ("id", "generation", "train", "val", "complexity")
 RUNS_DIR = Path("runs")
@@ -56,12 +58,12 @@ def open_archive(directory: Path | None) -> Archive:
         raise BrowseError(f"{path}: not a readable archive ({e})") from None
 
 
-def run_programs(archive: Archive) -> tuple[dict, list[ProgramRecord]]:
+def run_programs(archive: Archive) -> tuple[RunRecord, list[ProgramRecord]]:
     """The latest run of the archive and all its programs."""
     run = archive.run()
     if run is None:
         raise BrowseError(f"{archive.dir}: the archive holds no run yet")
-    return run, archive.programs(run["id"])
+    return run, archive.programs(run.id)
 
 
 def resolve(archive: Archive, ref: str) -> ProgramRecord:
@@ -159,23 +161,11 @@ def pareto_rows(programs: list[ProgramRecord]) -> list[dict]:
 
 # ---- one program (show) ----
 
-def metric_row(evaluation: dict) -> dict:
-    """An evaluations-table row in the metric-row shape used by `evolve eval` and metrics_table."""
-    row = {
-        "name": evaluation["experiment"], "split": evaluation["split"], "n_requests": evaluation["n_requests"],
-        "observed": evaluation["observed"], "predicted": evaluation["predicted"],
-        "ape": {"e2e": evaluation["ape_e2e"], "ttft": evaluation["ape_ttft"], "itl": evaluation["ape_itl"]},
-        "timeouts": {"observed": evaluation["timeouts_observed"], "predicted": evaluation["timeouts_predicted"]},
-    }
-    row.update({k: v for k, v in evaluation.get("extra", {}).items() if k in ("e2e_percentiles_s", "error")})
-    return row
-
-
-def split_rows(archive: Archive, program_id: int) -> dict[str, list[dict]]:
+def split_rows(archive: Archive, program_id: int) -> dict[str, list[MetricRow]]:
     """Per-experiment metric rows of a program by split (train, validate, test); empty when screened only."""
-    by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    for e in archive.evaluations(program_id):
-        by_split.setdefault(e["split"], []).append(metric_row(e))
+    by_split: dict[str, list[MetricRow]] = {s: [] for s in SPLITS}
+    for row in archive.metric_rows(program_id):
+        by_split.setdefault(row.split, []).append(row)
     return {s: rows for s, rows in by_split.items() if rows}
 
 
@@ -218,7 +208,7 @@ def program_file_text(archive: Archive, program: ProgramRecord) -> str:
 
     run = archive.run()
     header = (f"program #{program.id} of {archive.dir} (generation {program.generation}, {operator_label(program)})\n"
-              f"data={run['data_label']} seed={run['seed']} train={_fmt(program.train_loss)} "
+              f"data={run.data_label} seed={run.seed} train={_fmt(program.train_loss)} "
               f"val={_fmt(program.val_loss)} test={_fmt(program.test_loss)}")
     prog = parse_program(program.source)
     return prog.with_constants(program.constants or prog.constants, header=header).source
@@ -242,12 +232,13 @@ def diff(archive: Archive, a: ProgramRecord, b: ProgramRecord) -> dict:
     """Unified diff of the sources (A -> B) and how the metrics change, B minus A."""
     source_diff = list(difflib.unified_diff(a.source.splitlines(), b.source.splitlines(),
                                             fromfile=f"#{a.id}", tofile=f"#{b.id}", lineterm=""))
-    va = {r["name"]: r for r in split_rows(archive, a.id).get("validate", [])}
-    vb = {r["name"]: r for r in split_rows(archive, b.id).get("validate", [])}
+    va = {r.name: r for r in archive.metric_rows(a.id, "validate")}
+    vb = {r.name: r for r in archive.metric_rows(b.id, "validate")}
     experiments = []
     for name in sorted(set(va) | set(vb)):
         ra, rb = va.get(name), vb.get(name)
-        experiments.append({"name": name, **{f"ape_{k}": _change(ra and ra["ape"][k], rb and rb["ape"][k]) for k in ("e2e", "ttft")}})
+        experiments.append({"name": name, **{f"ape_{k}": _change(ra and getattr(ra.ape, k), rb and getattr(rb.ape, k))
+                                             for k in ("e2e", "ttft")}})
     return {
         "a": program_row(a), "b": program_row(b), "source_diff": source_diff,
         "metrics": {m: _change(getattr(a, m), getattr(b, m)) for m in DIFF_METRICS},

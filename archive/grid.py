@@ -3,12 +3,16 @@
 Cells: (complexity bin, number of distinct components used). The elite of a cell is its
 fully evaluated program with the lowest validation loss (ties: the older program). The
 front holds programs not dominated in (validation loss, complexity), both minimized.
+`Elites.status` answers, as pyribs' archives do on `add`, whether a candidate would open a
+new cell, improve on a cell's elite or the front, or neither.
 """
 from __future__ import annotations
 
+import enum
 import math
+from dataclasses import dataclass
 
-from .store import ProgramRecord
+from .records import ProgramRecord
 
 COMPLEXITY_BIN = 8  # AST nodes per bin
 MAX_COMPLEXITY_BIN = 24  # complexity >= 192 shares the last bin
@@ -58,3 +62,41 @@ def pareto_front(programs: list[ProgramRecord]) -> list[ProgramRecord]:
 def best(programs: list[ProgramRecord]) -> ProgramRecord | None:
     s = scored(programs)
     return min(s, key=_key) if s else None
+
+
+class AddStatus(enum.Enum):
+    NEW_CELL = "new_cell"  # its cell is empty
+    IMPROVES = "improves"  # beats its cell's elite or every simpler front member (within the margin)
+    NOT_ADDED = "not_added"
+
+
+@dataclass
+class Elites:
+    """The grid and the front of a set of programs (e.g. one island), and the add-status query."""
+
+    grid: dict[Cell, ProgramRecord]
+    front: list[ProgramRecord]
+
+    @classmethod
+    def of(cls, programs: list[ProgramRecord]) -> "Elites":
+        return cls(elites(programs), pareto_front(programs))
+
+    def best_screen_loss(self) -> float:
+        screens = [p.screen_loss for p in self.grid.values() if p.screen_loss is not None]
+        return min(screens) if screens else math.inf
+
+    def status(self, complexity: int, n_components: int, screen_loss: float, margin: float) -> tuple[AddStatus, float]:
+        """Where a candidate with this screening loss would stand, compared like with like with the
+        screening losses of the archived programs: (status, its loss over the reference it beats;
+        for a new cell its own loss)."""
+        cell = cell_of(complexity, n_components)
+        if cell not in self.grid:
+            return AddStatus.NEW_CELL, screen_loss
+        # to enter the grid it must beat its cell's elite; to enter the front, every simpler program
+        front_refs = [p.screen_loss for p in self.front if p.complexity <= complexity and p.screen_loss is not None]
+        refs = [min(front_refs)] if front_refs else []
+        if self.grid[cell].screen_loss is not None:
+            refs.append(self.grid[cell].screen_loss)
+        if refs and screen_loss < max(refs) * (1 + margin):
+            return AddStatus.IMPROVES, screen_loss / max(refs)
+        return AddStatus.NOT_ADDED, math.nan

@@ -16,8 +16,11 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup, escape
 
+from evaluator.metrics import MetricRow
+
 from .browse import operator_label, run_programs, select_rows, split_rows
 from .grid import COMPLEXITY_BIN, MAX_COMPLEXITY_BIN, best, cell_label, elites, pareto_front, scored
+from .records import GenerationRecord, RunRecord
 from .store import Archive
 
 OBSERVED = "#3b3b3b"
@@ -195,20 +198,20 @@ def pareto_svg(programs) -> Markup:
     return _svg(W, H, label, body)
 
 
-def history_svg(generations: list[dict]) -> Markup:
+def history_svg(generations: list[GenerationRecord]) -> Markup:
     """Best train and best validation loss after each generation (log y)."""
     label = "best loss over generations"
     series = [("best_train", TRAIN, "best train loss"), ("best_val", VALIDATE, "best validation loss")]
-    values = [g[k] for g in generations for k, _, _ in series if finite(g[k]) and g[k] > 0]
+    values = [v for g in generations for k, _, _ in series if finite(v := getattr(g, k)) and v > 0]
     if not values:
         return _empty(label, "no completed generation yet")
     W, H = 760, 320
     box = Box(70, 15, W - 170, H - 45)
-    xs = Scale.fit([g["generation"] for g in generations], box.left, box.right, pad=0.02)
+    xs = Scale.fit([g.generation for g in generations], box.left, box.right, pad=0.02)
     ys = Scale.fit(values, box.bottom, box.top, log=True)
     body = _axes(box, xs, ys, "generation", "loss (log)")
     for key, color, name in series:
-        pts = [(g["generation"], g[key]) for g in generations if finite(g[key]) and g[key] > 0]
+        pts = [(g.generation, v) for g in generations if finite(v := getattr(g, key)) and v > 0]
         # a step line: the best so far holds until the generation that improves on it
         path = []
         for i, (gen, v) in enumerate(pts):
@@ -309,21 +312,21 @@ def _observed_predicted_legend(x: float, y: float, predicted_marker: bool) -> li
             mark, _text(x + 105, y, "predicted")]
 
 
-def means_svg(rows: list[dict], key: str, ape_key: str, unit_label: str) -> Markup:
+def means_svg(rows: list[MetricRow], key: str, ape_key: str, unit_label: str) -> Markup:
     """Observed vs predicted mean per experiment as a dot pair on a shared log axis, with the APE."""
     label = f"predicted vs observed {unit_label} per experiment"
-    rows = [r for r in rows if finite(r["observed"].get(key)) and finite(r["predicted"].get(key))]
+    rows = [r for r in rows if finite(r.observed.get(key)) and finite(r.predicted.get(key))]
     if not rows:
         return _empty(label, "no test-split evaluation")
-    names = [r["name"] for r in rows]
+    names = [r.name for r in rows]
     row_h = 24
     box, H = _row_layout(names, row_h)
-    xs = Scale.fit([r[s][key] for r in rows for s in ("observed", "predicted")], box.left, box.right, log=True)
+    xs = Scale.fit([m.get(key) for r in rows for m in (r.observed, r.predicted)], box.left, box.right, log=True)
     body = _row_axes(box, xs, f"{unit_label} (log scale)", names, row_h)
     for i, r in enumerate(rows):
         y = box.top + i * row_h + row_h / 2
-        o, p, name = r["observed"][key], r["predicted"][key], r["name"]
-        ape = r["ape"].get(ape_key)
+        o, p, name = r.observed.get(key), r.predicted.get(key), r.name
+        ape = getattr(r.ape, ape_key)
         body.append(f'<g>{_title(f"{name}: observed {fmt(o, 4)}, predicted {fmt(p, 4)}, APE {fmt(ape)}%")}'
                     f'<line x1="{xs(o)}" y1="{y}" x2="{xs(p)}" y2="{y}" stroke="#bbb" stroke-width="3"/>'
                     f'<circle cx="{xs(o)}" cy="{y}" r="5" fill="{OBSERVED}"/>{_diamond(xs(p), y, PREDICTED)}</g>')
@@ -332,7 +335,7 @@ def means_svg(rows: list[dict], key: str, ape_key: str, unit_label: str) -> Mark
     return _svg(760, H, label, body)
 
 
-def distribution_svg(rows: list[dict]) -> Markup:
+def distribution_svg(rows: list[MetricRow]) -> Markup:
     """E2E p50-p99 per experiment relative to the observed p50 (log axis), observed above predicted.
 
     Experiments differ in latency by orders of magnitude, so on one absolute axis each spread
@@ -343,7 +346,7 @@ def distribution_svg(rows: list[dict]) -> Markup:
     rows = [r for r in rows if _percentiles(r)]
     if not rows:
         return _empty(label, "no stored E2E percentiles on the test split")
-    names = [r["name"] for r in rows]
+    names = [r.name for r in rows]
     row_h = 30
     box, H = _row_layout(names, row_h)
     ratios = [v / _percentiles(r)["observed"]["p50"] for r in rows for side in _percentiles(r).values() for v in side.values()]
@@ -356,7 +359,7 @@ def distribution_svg(rows: list[dict]) -> Markup:
         for offset, side, color in ((-6, "observed", OBSERVED), (6, "predicted", PREDICTED)):
             q = {k: v / base for k, v in pct[side].items()}
             y = box.top + i * row_h + row_h / 2 + offset
-            tip = _title(f"{r['name']} {side}: p50 {fmt(pct[side]['p50'], 4)} s, p90 {fmt(pct[side]['p90'], 4)} s, "
+            tip = _title(f"{r.name} {side}: p50 {fmt(pct[side]['p50'], 4)} s, p90 {fmt(pct[side]['p90'], 4)} s, "
                          f"p99 {fmt(pct[side]['p99'], 4)} s")
             body.append(f'<g>{tip}<line x1="{xs(q["p50"])}" y1="{y}" x2="{xs(q["p99"])}" y2="{y}" stroke="{color}" '
                         f'stroke-width="4" stroke-opacity="0.55"/><line x1="{xs(q["p90"])}" y1="{y - 5}" x2="{xs(q["p90"])}" '
@@ -366,16 +369,16 @@ def distribution_svg(rows: list[dict]) -> Markup:
     return _svg(760, H, label, body)
 
 
-def _percentiles(row: dict) -> dict | None:
-    pct = row.get("e2e_percentiles_s") or {}
+def _percentiles(row: MetricRow) -> dict | None:
+    pct = row.e2e_percentiles_s or {}
     ok = all(finite((pct.get(s) or {}).get(q)) and pct[s][q] > 0 for s in ("observed", "predicted") for q in ("p50", "p90", "p99"))
     return pct if ok else None
 
 
 # ---- context and rendering ----
 
-def run_summary(archive: Archive, run: dict, programs) -> dict:
-    rid = run["id"]
+def run_summary(archive: Archive, run: RunRecord, programs) -> dict:
+    rid = run.id
     generations = archive.generations(rid)
     calls = archive.llm_calls(rid)
     front_ids = {p.id for p in pareto_front(programs)}
@@ -387,19 +390,19 @@ def run_summary(archive: Archive, run: dict, programs) -> dict:
         o["full"] += p.full
         o["front"] += p.id in front_ids
     return {
-        "data_label": run["data_label"], "synthetic": run["synthetic"], "seed": run["seed"], "run_id": rid,
+        "data_label": run.data_label, "synthetic": run.synthetic, "seed": run.seed, "run_id": rid,
         "generations_completed": archive.last_generation(rid),
-        "seconds": sum(g["seconds"] for g in generations),
-        "evaluations": sum(g["evaluations"] for g in generations),
+        "seconds": sum(g.seconds for g in generations),
+        "evaluations": sum(g.evaluations for g in generations),
         "n_programs": len(programs), "n_full": sum(p.full for p in programs), "n_front": len(front_ids),
         "operators": dict(sorted(operators.items(), key=lambda kv: -kv[1]["programs"])),
-        "rejections": dict(Counter(r["rule"] for r in archive.rejections(rid)).most_common()),
-        "llm": {"calls": len(calls), "cached": sum(bool(c["cached"]) for c in calls),
-                "outcomes": dict(Counter(c["outcome"] for c in calls).most_common()),
-                "models": dict(Counter(c["model"] for c in calls).most_common()),
-                "prompt_tokens": sum(c["prompt_tokens"] for c in calls),
-                "completion_tokens": sum(c["completion_tokens"] for c in calls),
-                "cost_usd": sum(c["cost_usd"] for c in calls)},
+        "rejections": dict(Counter(r.rule for r in archive.rejections(rid)).most_common()),
+        "llm": {"calls": len(calls), "cached": sum(c.cached for c in calls),
+                "outcomes": dict(Counter(c.outcome for c in calls).most_common()),
+                "models": dict(Counter(c.model for c in calls).most_common()),
+                "prompt_tokens": sum(c.prompt_tokens for c in calls),
+                "completion_tokens": sum(c.completion_tokens for c in calls),
+                "cost_usd": sum(c.cost_usd for c in calls)},
     }
 
 
@@ -413,7 +416,7 @@ def build_context(archive: Archive) -> dict:
         "best": top, "best_operator": operator_label(top) if top else None, "best_test_rows": test_rows,
         "plots": {
             "pareto": pareto_svg(programs),
-            "history": history_svg(archive.generations(run["id"])),
+            "history": history_svg(archive.generations(run.id)),
             "grid": grid_svg(programs),
             "means_e2e": means_svg(test_rows, "e2e_mean_s", "e2e", "mean E2E, s"),
             "means_ttft": means_svg(test_rows, "ttft_mean_s", "ttft", "mean TTFT, s"),

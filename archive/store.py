@@ -8,129 +8,34 @@ redone generation is the one that would have been written.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from evaluator.errors import UserError
+from evaluator.metrics import MetricRow
+
+from .records import (EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord,
+                      RunRecord, ddl, encode, insert, select)
 
 SCHEMA_VERSION = 1
+# MIGRATIONS[v] upgrades an archive from schema v to v + 1 in place (inside one transaction).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    created REAL NOT NULL,
-    data_label TEXT NOT NULL,
-    data_fingerprint TEXT NOT NULL,
-    synthetic INTEGER NOT NULL,
-    seed INTEGER NOT NULL,
-    config TEXT NOT NULL,
-    summary TEXT
-);
-CREATE TABLE IF NOT EXISTS programs (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    generation INTEGER NOT NULL,
-    source_hash TEXT NOT NULL,
-    source TEXT NOT NULL,
-    constants TEXT NOT NULL,
-    parents TEXT NOT NULL,
-    operator TEXT NOT NULL,
-    operator_detail TEXT NOT NULL DEFAULT '',
-    island INTEGER NOT NULL DEFAULT 0,
-    complexity INTEGER NOT NULL,
-    n_components INTEGER NOT NULL,
-    components TEXT NOT NULL,
-    quick_loss REAL,
-    screen_loss REAL,
-    train_loss REAL,
-    val_loss REAL,
-    test_loss REAL,
-    stage TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS programs_hash ON programs(run_id, source_hash);
-CREATE TABLE IF NOT EXISTS evaluations (
-    program_id INTEGER NOT NULL REFERENCES programs(id),
-    experiment TEXT NOT NULL,
-    split TEXT NOT NULL,
-    n_requests INTEGER NOT NULL,
-    observed TEXT NOT NULL,
-    predicted TEXT NOT NULL,
-    ape_e2e REAL, ape_ttft REAL, ape_itl REAL,
-    timeouts_observed INTEGER, timeouts_predicted INTEGER,
-    extra TEXT,
-    PRIMARY KEY (program_id, experiment, split)
-);
-CREATE TABLE IF NOT EXISTS rejections (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL,
-    generation INTEGER NOT NULL,
-    operator TEXT NOT NULL,
-    parents TEXT NOT NULL,
-    rule TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    source TEXT
-);
-CREATE TABLE IF NOT EXISTS llm_calls (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL,
-    generation INTEGER NOT NULL,
-    model TEXT NOT NULL,
-    request_hash TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    cost_usd REAL NOT NULL,
-    latency_s REAL NOT NULL,
-    outcome TEXT NOT NULL,
-    error TEXT,
-    cached INTEGER NOT NULL,
-    program_id INTEGER
-);
-CREATE TABLE IF NOT EXISTS generations (
-    run_id INTEGER NOT NULL,
-    generation INTEGER NOT NULL,
-    completed REAL NOT NULL,
-    seconds REAL NOT NULL,
-    n_children INTEGER NOT NULL,
-    n_rejected INTEGER NOT NULL,
-    n_promoted INTEGER NOT NULL,
-    best_train REAL,
-    best_val REAL,
-    evaluations INTEGER NOT NULL,
-    PRIMARY KEY (run_id, generation)
-);
-"""
-
-
-@dataclass
-class ProgramRecord:
-    id: int
-    run_id: int
-    generation: int
-    source_hash: str
-    source: str
-    constants: dict
-    parents: list[int]
-    operator: str
-    operator_detail: str
-    island: int
-    complexity: int
-    n_components: int
-    components: list[str]
-    quick_loss: float | None
-    screen_loss: float | None
-    train_loss: float | None
-    val_loss: float | None
-    test_loss: float | None
-    stage: str  # "seed", "screened" (quick fit only) or "full" (full fit + validation)
-
-    @property
-    def full(self) -> bool:
-        return self.stage in ("seed", "full") and self.val_loss is not None
+TABLES: tuple[tuple[str, type, str], ...] = (  # table, record, table constraints
+    ("runs", RunRecord, ""),
+    ("programs", ProgramRecord, ""),
+    ("evaluations", EvaluationRecord, "PRIMARY KEY (program_id, experiment, split)"),
+    ("rejections", RejectionRecord, ""),
+    ("llm_calls", LLMCallRecord, ""),
+    ("generations", GenerationRecord, "PRIMARY KEY (run_id, generation)"),
+)
+SCHEMA = "\n".join(["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"]
+                   + [ddl(record, table, constraints) for table, record, constraints in TABLES]
+                   + ["CREATE INDEX IF NOT EXISTS programs_hash ON programs(run_id, source_hash);"])
 
 
 class ArchiveError(UserError):
@@ -142,14 +47,20 @@ class Archive:
 
     def __init__(self, directory: str | Path, create: bool = False, read_only: bool = False):
         """Open (or with create=True, make) the archive in `directory`. read_only opens the
-        database without writing anything, so browsing never waits on a running search."""
+        database without writing anything, so browsing never waits on a running search.
+        An archive of another schema version is migrated (read-write) or refused (one line)."""
         self.dir = Path(directory)
         path = self.dir / self.FILE
         if not path.exists() and not create:
             raise FileNotFoundError(f"{path}: no archive here")
         if read_only:
             self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
-            self.db.execute("SELECT 1 FROM programs LIMIT 1")  # fails early on a file that is not an archive
+            try:
+                self.db.execute("SELECT 1 FROM programs LIMIT 1")  # fails early on a file that is not an archive
+                self._check_version(path, migrate=False)
+            except (sqlite3.Error, ArchiveError):
+                self.db.close()
+                raise
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
@@ -160,6 +71,8 @@ class Archive:
                                    f"(tables: {', '.join(sorted(tables))}); choose another --archive")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
+            if tables:
+                self._check_version(path, migrate=True)
             self.db.executescript(SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         except sqlite3.DatabaseError as e:
@@ -168,6 +81,34 @@ class Archive:
         except ArchiveError:
             self.db.close()
             raise
+
+    def _check_version(self, path: Path, migrate: bool) -> None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        try:
+            version = int(row[0]) if row else None
+        except ValueError:
+            version = None
+        if version is None:
+            raise ArchiveError(f"{path}: the archive records no schema version; it is damaged or not a stepml-evolve archive")
+        if version > SCHEMA_VERSION:
+            raise ArchiveError(f"{path}: archive schema {version} is newer than this stepml-evolve reads "
+                               f"({SCHEMA_VERSION}); upgrade stepml-evolve to open it")
+        if version == SCHEMA_VERSION:
+            return
+        missing = [v for v in range(version, SCHEMA_VERSION) if v not in MIGRATIONS]
+        if missing:
+            raise ArchiveError(f"{path}: archive schema {version} is too old for this stepml-evolve "
+                               f"(reads {SCHEMA_VERSION}; no migration from {missing[0]})")
+        if not migrate:
+            raise ArchiveError(f"{path}: archive schema {version} is older than this stepml-evolve reads "
+                               f"({SCHEMA_VERSION}); `evolve run --resume` with this --archive migrates it")
+        with self.transaction() as db:
+            for v in range(version, SCHEMA_VERSION):
+                MIGRATIONS[v](db)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+    def schema_version(self) -> int:
+        return int(self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
 
     def close(self) -> None:
         self.db.close()
@@ -186,123 +127,74 @@ class Archive:
     # ---- runs ----
     def create_run(self, data_label: str, fingerprint: str, synthetic: bool, seed: int, config: dict) -> int:
         with self.transaction() as db:
-            cur = db.execute("INSERT INTO runs (created, data_label, data_fingerprint, synthetic, seed, config) VALUES (?,?,?,?,?,?)",
-                             (time.time(), data_label, fingerprint, int(synthetic), seed, json.dumps(config, sort_keys=True)))
-            return int(cur.lastrowid)
+            return insert(db, "runs", RunRecord(id=None, created=time.time(), data_label=data_label,
+                                                data_fingerprint=fingerprint, synthetic=synthetic, seed=seed, config=config))
 
-    def run(self, run_id: int | None = None) -> dict | None:
-        q = "SELECT id, created, data_label, data_fingerprint, synthetic, seed, config, summary FROM runs"
-        row = self.db.execute(q + (" WHERE id=?" if run_id else " ORDER BY id DESC LIMIT 1"), (run_id,) if run_id else ()).fetchone()
-        if not row:
-            return None
-        return {"id": row[0], "created": row[1], "data_label": row[2], "data_fingerprint": row[3], "synthetic": bool(row[4]),
-                "seed": row[5], "config": json.loads(row[6]), "summary": json.loads(row[7]) if row[7] else None}
+    def run(self, run_id: int | None = None) -> RunRecord | None:
+        """The run `run_id`, or the latest run; None if there is none."""
+        if run_id:
+            rows = select(self.db, RunRecord, "runs", "id=?", (run_id,))
+        else:
+            rows = select(self.db, RunRecord, "runs", order="id DESC LIMIT 1")
+        return rows[0] if rows else None
 
     def set_summary(self, run_id: int, summary: dict) -> None:
         with self.transaction() as db:
-            db.execute("UPDATE runs SET summary=? WHERE id=?", (json.dumps(summary, sort_keys=True), run_id))
+            db.execute("UPDATE runs SET summary=? WHERE id=?", (encode(RunRecord, "summary", summary), run_id))
 
     def last_generation(self, run_id: int) -> int:
         row = self.db.execute("SELECT MAX(generation) FROM generations WHERE run_id=?", (run_id,)).fetchone()
         return -1 if row[0] is None else int(row[0])
 
-    def generations(self, run_id: int) -> list[dict]:
-        cols = ("generation", "completed", "seconds", "n_children", "n_rejected", "n_promoted", "best_train", "best_val", "evaluations")
-        rows = self.db.execute(f"SELECT {', '.join(cols)} FROM generations WHERE run_id=? ORDER BY generation", (run_id,))
-        return [dict(zip(cols, r)) for r in rows]
+    def generations(self, run_id: int) -> list[GenerationRecord]:
+        return select(self.db, GenerationRecord, "generations", "run_id=?", (run_id,), order="generation")
 
     # ---- programs ----
-    _PCOLS = ("id", "run_id", "generation", "source_hash", "source", "constants", "parents", "operator", "operator_detail",
-              "island", "complexity", "n_components", "components", "quick_loss", "screen_loss", "train_loss", "val_loss",
-              "test_loss", "stage")
-
-    def _program(self, row) -> ProgramRecord:
-        d = dict(zip(self._PCOLS, row))
-        d["constants"] = json.loads(d["constants"])
-        d["parents"] = json.loads(d["parents"])
-        d["components"] = json.loads(d["components"])
-        return ProgramRecord(**d)
-
     def programs(self, run_id: int | None = None, where: str = "", args: tuple = ()) -> list[ProgramRecord]:
         clauses = ["run_id=?"] if run_id is not None else []
         params: tuple = (run_id,) if run_id is not None else ()
         if where:
             clauses.append(where)
             params += args
-        q = f"SELECT {', '.join(self._PCOLS)} FROM programs" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
-        return [self._program(r) for r in self.db.execute(q, params)]
+        return select(self.db, ProgramRecord, "programs", " AND ".join(clauses), params, order="id")
 
     def program(self, program_id: int) -> ProgramRecord | None:
-        row = self.db.execute(f"SELECT {', '.join(self._PCOLS)} FROM programs WHERE id=?", (program_id,)).fetchone()
-        return self._program(row) if row else None
+        rows = select(self.db, ProgramRecord, "programs", "id=?", (program_id,))
+        return rows[0] if rows else None
 
-    def has_source(self, run_id: int, source_hash: str) -> int | None:
-        row = self.db.execute("SELECT id FROM programs WHERE run_id=? AND source_hash=? ORDER BY id LIMIT 1", (run_id, source_hash)).fetchone()
-        return None if row is None else int(row[0])
+    def evaluations(self, program_id: int) -> list[EvaluationRecord]:
+        return select(self.db, EvaluationRecord, "evaluations", "program_id=?", (program_id,), order="split, experiment")
 
-    def evaluations(self, program_id: int) -> list[dict]:
-        cols = ("experiment", "split", "n_requests", "observed", "predicted", "ape_e2e", "ape_ttft", "ape_itl",
-                "timeouts_observed", "timeouts_predicted", "extra")
-        out = []
-        for r in self.db.execute(f"SELECT {', '.join(cols)} FROM evaluations WHERE program_id=? ORDER BY split, experiment", (program_id,)):
-            d = dict(zip(cols, r))
-            d["observed"], d["predicted"] = json.loads(d["observed"]), json.loads(d["predicted"])
-            d["extra"] = json.loads(d["extra"]) if d["extra"] else {}
-            out.append(d)
-        return out
+    def metric_rows(self, program_id: int, split: str | None = None) -> list[MetricRow]:
+        """The program's per-experiment rows (of one split, or all), by split then experiment."""
+        return [e.metric_row() for e in self.evaluations(program_id) if split is None or e.split == split]
 
-    def rejections(self, run_id: int) -> list[dict]:
-        cols = ("id", "generation", "operator", "parents", "rule", "reason", "source")
-        return [dict(zip(cols, r)) for r in self.db.execute(f"SELECT {', '.join(cols)} FROM rejections WHERE run_id=? ORDER BY id", (run_id,))]
+    def rejections(self, run_id: int) -> list[RejectionRecord]:
+        return select(self.db, RejectionRecord, "rejections", "run_id=?", (run_id,), order="id")
 
-    def llm_calls(self, run_id: int) -> list[dict]:
-        cols = ("id", "generation", "model", "request_hash", "prompt_tokens", "completion_tokens", "cost_usd", "latency_s",
-                "outcome", "error", "cached", "program_id")
-        return [dict(zip(cols, r)) for r in self.db.execute(f"SELECT {', '.join(cols)} FROM llm_calls WHERE run_id=? ORDER BY id", (run_id,))]
+    def llm_calls(self, run_id: int) -> list[LLMCallRecord]:
+        return select(self.db, LLMCallRecord, "llm_calls", "run_id=?", (run_id,), order="id")
 
     # ---- writing one generation ----
-    def write_generation(self, run_id: int, generation: int, seconds: float, programs: list[dict], rejections: list[dict],
-                         llm_calls: list[dict], stats: dict) -> list[int]:
+    def write_generation(self, run_id: int, generation: int, seconds: float, programs: list[NewProgram],
+                         rejections: list[RejectionRecord], llm_calls: list[LLMCallRecord],
+                         stats: GenerationRecord) -> list[int]:
         """Write a whole generation atomically; returns the new program ids in order.
 
-        programs: dicts with the ProgramRecord fields (no id) plus "evaluations" (metric rows);
-        llm_calls may name a program by its index in `programs` under "program_index".
-        """
+        Records get their run and generation here; an LLM call names its program by
+        `program_index` (its place in `programs`). `stats` gets run, generation and timing."""
         ids: list[int] = []
         with self.transaction() as db:
             for p in programs:
-                cur = db.execute(
-                    "INSERT INTO programs (run_id, generation, source_hash, source, constants, parents, operator, operator_detail,"
-                    " island, complexity, n_components, components, quick_loss, screen_loss, train_loss, val_loss, test_loss, stage)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (run_id, generation, p["source_hash"], p["source"], json.dumps(p["constants"]), json.dumps(p["parents"]),
-                     p["operator"], p.get("operator_detail", ""), p.get("island", 0), p["complexity"], p["n_components"],
-                     json.dumps(p["components"]), p.get("quick_loss"), p.get("screen_loss"), p.get("train_loss"),
-                     p.get("val_loss"), p.get("test_loss"), p["stage"]))
-                pid = int(cur.lastrowid)
+                pid = insert(db, "programs", dataclasses.replace(p.record, id=None, run_id=run_id, generation=generation))
                 ids.append(pid)
-                for row in p.get("evaluations", []):
-                    extra = {k: row[k] for k in ("e2e_percentiles_s", "error") if k in row}
-                    db.execute("INSERT INTO evaluations VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                               (pid, row["name"], row["split"], row["n_requests"], json.dumps(row["observed"]),
-                                json.dumps(row["predicted"]), _num(row["ape"]["e2e"]), _num(row["ape"]["ttft"]),
-                                _num(row["ape"]["itl"]), row["timeouts"]["observed"], row["timeouts"]["predicted"],
-                                json.dumps(extra) if extra else None))
+                for row in p.evaluations:
+                    insert(db, "evaluations", EvaluationRecord.of(pid, row))
             for rj in rejections:
-                db.execute("INSERT INTO rejections (run_id, generation, operator, parents, rule, reason, source) VALUES (?,?,?,?,?,?,?)",
-                           (run_id, generation, rj["operator"], json.dumps(rj["parents"]), rj["rule"], rj["reason"], rj.get("source")))
+                insert(db, "rejections", dataclasses.replace(rj, id=None, run_id=run_id, generation=generation))
             for c in llm_calls:
-                pidx = c.get("program_index")
-                db.execute("INSERT INTO llm_calls (run_id, generation, model, request_hash, prompt_tokens, completion_tokens, cost_usd,"
-                           " latency_s, outcome, error, cached, program_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                           (run_id, generation, c["model"], c["request_hash"], c["prompt_tokens"], c["completion_tokens"],
-                            c["cost_usd"], c["latency_s"], c["outcome"], c.get("error"), int(c.get("cached", False)),
-                            ids[pidx] if pidx is not None else None))
-            db.execute("INSERT INTO generations VALUES (?,?,?,?,?,?,?,?,?,?)",
-                       (run_id, generation, time.time(), seconds, stats.get("n_children", 0), stats.get("n_rejected", 0),
-                        stats.get("n_promoted", 0), stats.get("best_train"), stats.get("best_val"), stats.get("evaluations", 0)))
+                pid = ids[c.program_index] if c.program_index is not None else None
+                insert(db, "llm_calls", dataclasses.replace(c, id=None, run_id=run_id, generation=generation, program_id=pid))
+            insert(db, "generations", dataclasses.replace(stats, run_id=run_id, generation=generation,
+                                                          completed=time.time(), seconds=seconds))
         return ids
-
-
-def _num(x):
-    return x if isinstance(x, (int, float)) and x == x and x not in (float("inf"), float("-inf")) else None

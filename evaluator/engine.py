@@ -15,7 +15,7 @@ import numpy as np
 
 from .dsl import CompiledProgram, Program, compile_program
 from .experiments import SPLITS, Experiment
-from .metrics import failed_rows, loss, split_horizon, split_metrics
+from .metrics import MetricRow, failed_row, loss, split_horizon, split_metrics
 from .replay import replay
 
 
@@ -48,7 +48,7 @@ class Engine:
         self.close()
 
     def score(self, program: Program | CompiledProgram, constants: list[np.ndarray], splits=("test",),
-              experiments: list[Experiment] | None = None, percentiles: bool = False) -> dict[str, list[dict]]:
+              experiments: list[Experiment] | None = None, percentiles: bool = False) -> dict[str, list[MetricRow]]:
         """Metric rows per split for each experiment, each replayed with its own constant vector.
 
         One replay per experiment covers every requested split (it stops once they are settled).
@@ -62,7 +62,7 @@ class Engine:
             exp = exps[i]
             res = replay(exp, compiled, constants[i], horizon=split_horizon(exp, splits))
             if not res.ok:
-                return {s: failed_rows(exp, s, res.failure()) for s in splits}
+                return {s: failed_row(exp, s, res.failure()) for s in splits}
             return {s: split_metrics(exp, res, s, percentiles) for s in splits}
 
         results = list(self.pool.map(one, range(len(exps))))
@@ -77,7 +77,7 @@ class Engine:
             p, i = task
             exp = experiments[i]
             res = replay(exp, compiled, population[p], horizon=split_horizon(exp, (split,)))
-            return split_metrics(exp, res, split) if res.ok else failed_rows(exp, split, res.failure())
+            return split_metrics(exp, res, split) if res.ok else failed_row(exp, split, res.failure())
 
         rows = list(self.pool.map(one, tasks))
         n = len(experiments)

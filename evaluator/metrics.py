@@ -7,7 +7,9 @@ ITL per request = (E2E - TTFT) / (output length - 1); means are over requests.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,6 +18,59 @@ from .replay import FINISHED, TIMED_OUT, ReplayResult
 
 METRIC_KEYS = ("e2e_mean_s", "ttft_mean_s", "itl_mean_ms")
 APE_KEYS = {"e2e": "e2e_mean_s", "ttft": "ttft_mean_s", "itl": "itl_mean_ms"}
+
+
+@dataclass(frozen=True)
+class Means:
+    """Mean latencies over a split's successful requests (NaN where there are none)."""
+
+    e2e_mean_s: float
+    ttft_mean_s: float
+    itl_mean_ms: float
+
+    def get(self, key: str) -> float:
+        return getattr(self, key)
+
+
+@dataclass(frozen=True)
+class Errors:
+    """Absolute percentage errors of the predicted means (NaN where undefined, inf for a failed
+    replay; None where read back from an archive, which stores undefined as NULL)."""
+
+    e2e: float | None
+    ttft: float | None
+    itl: float | None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    observed: int
+    predicted: int  # -1 when the replay failed
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One experiment on one split: observed vs predicted means, their APE, timeouts.
+
+    This is the record `evolve eval --json` prints (`to_json`) and the archive stores (one row of
+    its evaluations table); `loss` and every table and plot read it."""
+
+    name: str
+    split: str
+    n_requests: int  # successful requests in the split (the ones errors are measured on)
+    observed: Means
+    predicted: Means
+    ape: Errors
+    timeouts: Timeouts
+    error: str | None = None  # why the replay failed, when it did
+    e2e_percentiles_s: dict | None = None  # {"observed": {"p50", "p90", "p99"}, "predicted": {...}} in seconds
+
+    def to_json(self) -> dict:
+        """The documented JSON shape (optional keys only where present)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for k in ("observed", "predicted", "ape", "timeouts"):
+            out[k] = dataclasses.asdict(out[k])
+        return {k: v for k, v in out.items() if v is not None or k not in ("e2e_percentiles_s", "error")}
 
 
 def split_horizon(exp: Experiment, splits) -> int:
@@ -30,13 +85,12 @@ def _ape(pred: float, obs: float) -> float:
     return abs(pred - obs) / obs * 100.0
 
 
-def _means(e2e: np.ndarray, ttft: np.ndarray, out_len: np.ndarray) -> dict[str, float]:
+def _means(e2e: np.ndarray, ttft: np.ndarray, out_len: np.ndarray) -> Means:
     if len(e2e) == 0:
-        return {k: math.nan for k in METRIC_KEYS}
+        return Means(math.nan, math.nan, math.nan)
     multi = out_len > 1
     itl = (e2e[multi] - ttft[multi]) / (out_len[multi] - 1) * 1e3
-    return {"e2e_mean_s": float(e2e.mean()), "ttft_mean_s": float(ttft.mean()),
-            "itl_mean_ms": float(itl.mean()) if len(itl) else math.nan}
+    return Means(float(e2e.mean()), float(ttft.mean()), float(itl.mean()) if len(itl) else math.nan)
 
 
 def predicted_times(exp: Experiment, result: ReplayResult) -> tuple[np.ndarray, np.ndarray]:
@@ -48,38 +102,35 @@ def predicted_times(exp: Experiment, result: ReplayResult) -> tuple[np.ndarray, 
     return e2e, np.minimum(ttft, e2e)
 
 
-def split_metrics(exp: Experiment, result: ReplayResult, split: str, percentiles: bool = False) -> dict:
+def split_metrics(exp: Experiment, result: ReplayResult, split: str, percentiles: bool = False) -> MetricRow:
     """Observed vs predicted means (and APE in %) for one split of one experiment."""
     in_split = exp.split_mask(split)
     ok = in_split & ~exp.failed
     pe2e, pttft = predicted_times(exp, result)
     observed = _means(exp.e2e_s[ok], exp.ttft_s[ok], exp.output_tokens[ok])
     predicted = _means(pe2e[ok], pttft[ok], exp.output_tokens[ok])
-    row = {
-        "name": exp.name, "split": split, "n_requests": int(ok.sum()),
-        "observed": observed, "predicted": predicted,
-        "ape": {k: _ape(predicted[m], observed[m]) for k, m in APE_KEYS.items()},
-        "timeouts": {"observed": int((in_split & exp.failed).sum()),
-                     "predicted": int((in_split & (result.state == TIMED_OUT)).sum())},
-    }
+    pct = None
     if percentiles:
         q = [50, 90, 99]
         has = ok.any()
-        row["e2e_percentiles_s"] = {
+        pct = {
             "observed": {f"p{p}": float(v) for p, v in zip(q, np.percentile(exp.e2e_s[ok], q))} if has else {},
             "predicted": {f"p{p}": float(v) for p, v in zip(q, np.percentile(pe2e[ok], q))} if has else {},
         }
-    return row
+    return MetricRow(
+        name=exp.name, split=split, n_requests=int(ok.sum()), observed=observed, predicted=predicted,
+        ape=Errors(*(_ape(predicted.get(m), observed.get(m)) for m in APE_KEYS.values())),
+        timeouts=Timeouts(int((in_split & exp.failed).sum()), int((in_split & (result.state == TIMED_OUT)).sum())),
+        e2e_percentiles_s=pct)
 
 
-def failed_rows(exp: Experiment, split: str, reason: str) -> dict:
+def failed_row(exp: Experiment, split: str, reason: str) -> MetricRow:
     """The row of an experiment whose replay failed: predictions NaN, APE infinite."""
     ok = exp.split_mask(split) & ~exp.failed
-    obs = _means(exp.e2e_s[ok], exp.ttft_s[ok], exp.output_tokens[ok])
-    return {"name": exp.name, "split": split, "n_requests": int(ok.sum()), "observed": obs,
-            "predicted": {k: math.nan for k in METRIC_KEYS}, "ape": {k: math.inf for k in APE_KEYS},
-            "timeouts": {"observed": int((exp.split_mask(split) & exp.failed).sum()), "predicted": -1},
-            "error": reason}
+    return MetricRow(name=exp.name, split=split, n_requests=int(ok.sum()),
+                     observed=_means(exp.e2e_s[ok], exp.ttft_s[ok], exp.output_tokens[ok]),
+                     predicted=Means(math.nan, math.nan, math.nan), ape=Errors(math.inf, math.inf, math.inf),
+                     timeouts=Timeouts(int((exp.split_mask(split) & exp.failed).sum()), -1), error=reason)
 
 
 def rms(values) -> float:
@@ -89,12 +140,12 @@ def rms(values) -> float:
     return float(np.sqrt(np.mean(v * v)))
 
 
-def loss(rows: list[dict]) -> float:
+def loss(rows: list[MetricRow]) -> float:
     """RMS over experiments of APE(mean E2E) + RMS of APE(mean TTFT), in percent.
 
     Experiments with no successful request in the split carry no information and are skipped.
     """
-    rows = [r for r in rows if r["n_requests"] > 0]
+    rows = [r for r in rows if r.n_requests > 0]
     if not rows:
         return math.nan
-    return rms(r["ape"]["e2e"] for r in rows) + rms(r["ape"]["ttft"] for r in rows)
+    return rms(r.ape.e2e for r in rows) + rms(r.ape.ttft for r in rows)

@@ -48,9 +48,9 @@ def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable
         search = Search(archive, loaded, engine, SearchConfig(generations=generations, seed=0, seed_fit_evals=60),
                         progress=lambda info: log(f"  bench search: generation {info['generation']} done") if "message" not in info else None)
         search.run()
-        gens = [g for g in archive.generations(search.run_id) if g["generation"] >= 1]
+        gens = [g for g in archive.generations(search.run_id) if g.generation >= 1]
         archive.close()
-    seconds = sum(g["seconds"] for g in gens)
+    seconds = sum(g.seconds for g in gens)
     return {"generations_per_hour": round(len(gens) / seconds * 3600, 1), "generation_s_mean": round(seconds / len(gens), 1),
             "generations_timed": len(gens)}
 

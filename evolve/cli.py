@@ -135,7 +135,7 @@ def eval_cmd(
     from evaluator.experiments import SPLITS
     from evaluator.metrics import loss
 
-    from .tables import dumps, metrics_table, public_row
+    from .tables import dumps, metrics_table
 
     if split not in SPLITS:
         fail(f"--split must be one of {', '.join(SPLITS)}")
@@ -149,13 +149,13 @@ def eval_cmd(
     total = loss(rows)
     if as_json:
         print(dumps({"program": str(program), "data": loaded.label, "synthetic": loaded.synthetic, "split": split,
-                     "loss": total, "experiments": [public_row(r) for r in rows]}))
+                     "loss": total, "experiments": rows}))
     else:
         out.print(metrics_table(rows, f"{program} on {loaded.label}, {split} split"))
         out.print(f"loss ({split}): {_loss_text(total)}  (RMS APE mean E2E + RMS APE mean TTFT, %)")
-    failed = [r for r in rows if "error" in r]
+    failed = [r for r in rows if r.error]
     for r in failed:
-        err.print(f"[red]error:[/red] {program} on {r['name']}: {r['error']}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {program} on {r.name}: {r.error}", highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(2)
 
@@ -183,7 +183,7 @@ def fit_cmd(
 
     from .outputs import OutputError, check_outputs, write_atomic
     from .progress import fit_progress
-    from .tables import dumps, metrics_table, public_row
+    from .tables import dumps, metrics_table
 
     prog = _program(program)
     loaded = _load(data, output_len)
@@ -218,7 +218,7 @@ def fit_cmd(
         path = paths.get(group, base)
         write_atomic(path, fitted.source)
         written.append(str(path))
-    splits = {s: {"loss": loss(rows[s]), "experiments": [public_row(r) for r in rows[s]]} for s in rows}
+    splits = {s: {"loss": loss(rows[s]), "experiments": rows[s]} for s in rows}
     if as_json:
         print(dumps({"program": str(program), "fitted_programs": written, "data": loaded.label, "synthetic": loaded.synthetic,
                      "seed": seed, "scope": scope, "train_loss": result.loss, "constants": result.constants,
@@ -269,6 +269,7 @@ def run_cmd(
     from archive.store import Archive, ArchiveError
     from evaluator.engine import Engine
 
+    from .emitters import build_emitters
     from .progress import run_progress
     from .search import Search, SearchConfig, SearchError
     from .tables import dumps
@@ -300,8 +301,8 @@ def run_cmd(
     run_config = {"data": loaded.label, "llm": llm, "llm_base_url": llm_base_url}
     with Engine(loaded.experiments, workers) as engine:
         try:
-            search = Search(archive, loaded, engine, config, operator, resume=resume, run_config=run_config,
-                            seeds=seed_programs)
+            search = Search(archive, loaded, engine, config, build_emitters(operator, config.llm_ratio), resume=resume,
+                            run_config=run_config, seeds=seed_programs)
         except RuntimeError as e:
             fail(str(e))
         start = archive.last_generation(search.run_id) + 1
@@ -433,7 +434,7 @@ def _program_for_emission(spec: str, archive_dir: Optional[Path]):
         return "n/a" if x is None else f"{x:.4f}"
 
     header = {"program": f"#{record.id} of {archive.dir} (generation {record.generation}, {record.operator})",
-              "data": run["data_label"], "seed": run["seed"],
+              "data": run.data_label, "seed": run.seed,
               "loss": f"train {f(record.train_loss)}, validation {f(record.val_loss)}, test {f(record.test_loss)}"}
     return parse_program(record.source), header
 

@@ -1,13 +1,14 @@
-"""The search loop (the scheduler between archive and operators).
+"""The search loop (the scheduler between the archive and the emitters).
 
 Generation 0 fits every seed. Each later generation, read top to bottom:
   1. parents come from the current island's MAP-Elites grid and Pareto front;
-  2. children come from the LLM operator (a configurable share, while its budget lasts) or the
-     symbolic operators; every child goes through the DSL validator; invalid ones and
-     duplicates are rejected with their reason;
+  2. an emitter (symbolic operators, an LLM, ...; see emitters.py) proposes each child; every
+     child goes through the DSL validator; invalid ones and duplicates are rejected with their
+     reason, and the emitter is told;
   3. cascade: every child gets a quick fit (one experiment per model, short window, small
-     budget, warm start); only children that could enter the grid or the front (or fill an
-     empty cell) get the full fit on all experiments and the validation replay;
+     budget, warm start); the archive says which children would open a cell or improve on its
+     elites (`Elites.status`), and only those get the full fit on all experiments and the
+     validation replay;
   4. everything the generation produced is written to the archive in one transaction.
 A generation is a deterministic function of (seed, generation, archive so far): random
 streams are derived from the seed and the generation, never shared across generations, so a
@@ -23,29 +24,27 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from archive.grid import best, cell_of, elites, pareto_front
-from archive.store import Archive, ProgramRecord
+from archive.grid import AddStatus, Elites, best, pareto_front
+from archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
+from archive.store import Archive
 from evaluator.datasets import LoadedData
 from evaluator.dsl import Program, ProgramError, compile_program, parse_program
 from evaluator.engine import Engine
 from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, fit, fit_experiments, quick_config
-from evaluator.metrics import loss
+from evaluator.metrics import MetricRow, loss
 from seeds import seed_paths
 
-from .llm_operator import LLMOperator
-from .selection import examples_for, select_parent
-from .symbolic import OPERATORS, NotRepresentable, mutate
+from .emitters import ARCHIVED, DUPLICATE, EVALUATION_FAILED, INVALID, AskContext, Emitter, Proposal, SymbolicEmitter
+from .selection import select_parent
 
 PASSED_DUPLICATE_FILTER = ("evaluation",)  # rejection rules applied after the duplicate check
-OPERATOR_WEIGHTS = {"subtree": 0.2, "node_replace": 0.15, "insert": 0.1, "shrink": 0.1, "crossover": 0.15, "constants": 0.1,
-                    "add_term": 0.2}
 
 
 @dataclass(frozen=True)
@@ -94,23 +93,26 @@ def structure_hash(program: Program) -> str:
     return hashlib.sha256("\n".join(dump).encode()).hexdigest()[:20]
 
 
-def _signed_error(predicted: dict, observed: dict, key: str) -> float:
-    """(predicted - observed) / observed in percent, NaN where undefined."""
-    o, p = observed.get(key), predicted.get(key)
-    return (p - o) / o * 100 if o and p is not None else math.nan
+@dataclass(eq=False)
+class Candidate:
+    """A valid child in the evaluation cascade."""
+
+    program: Program
+    proposal: Proposal
+    emitter: Emitter
+    island: int
+    quick_loss: float = math.nan
+    constants: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
-class Candidate:
-    program: Program
-    parents: list[int]
-    operator: str
-    detail: str
-    island: int
-    llm_call_indices: list[int] = field(default_factory=list)
-    quick_loss: float = math.nan
-    constants: dict[str, float] = field(default_factory=dict)
-    record: dict = field(default_factory=dict)
+class FullFit:
+    constants: dict[str, float]
+    train_loss: float
+    val_loss: float
+    test_loss: float
+    screen_loss: float
+    rows: list[MetricRow]  # every experiment on every split
 
 
 ProgressFn = Callable[[dict], None]
@@ -118,12 +120,15 @@ ProgressFn = Callable[[dict], None]
 
 class Search:
     def __init__(self, archive: Archive, data: LoadedData, engine: Engine, config: SearchConfig,
-                 llm: LLMOperator | None = None, progress: ProgressFn | None = None, resume: bool = False,
+                 emitters: list[Emitter] | None = None, progress: ProgressFn | None = None, resume: bool = False,
                  run_config: dict | None = None, seeds: list[tuple[str, str]] | None = None):
-        """seeds: (name, source) of the generation-0 programs; None for the shipped seeds/."""
+        """emitters: who proposes children, the first being the default (symbolic when None); any
+        other is asked for its `share` of the children while `available()`. seeds: (name, source)
+        of the generation-0 programs; None for the shipped seeds/."""
         self.archive, self.data, self.engine, self.cfg = archive, data, engine, config
         self.seeds = seeds if seeds is not None else [(p.stem, p.read_text()) for p in seed_paths()]
-        self.llm, self.progress = llm, progress or (lambda info: None)
+        self.emitters: list[Emitter] = emitters or [SymbolicEmitter()]
+        self.progress = progress or (lambda info: None)
         self.exps = data.experiments
         self.quick = dataclasses.replace(quick_config(0, self.exps), max_evals=config.quick_evals)
         self.screen_exps = fit_experiments(self.exps, self.quick)
@@ -136,35 +141,32 @@ class Search:
                                              {**(run_config or {}), **identity, "generations": config.generations})
         else:
             if not resume:
-                raise RuntimeError(f"{archive.dir} already holds a run ({archive.last_generation(run['id']) + 1} generations "
-                                   "completed): pass --resume to continue it, or choose another --archive")
-            if run["data_fingerprint"] != data.fingerprint():
-                raise RuntimeError(f"{archive.dir}: the run used other data ({run['data_label']}); cannot resume on {data.label}")
-            saved = {k: run["config"].get(k) for k in identity}
+                raise SearchError(f"{archive.dir} already holds a run ({archive.last_generation(run.id) + 1} generations "
+                                  "completed): pass --resume to continue it, or choose another --archive")
+            if run.data_fingerprint != data.fingerprint():
+                raise SearchError(f"{archive.dir}: the run used other data ({run.data_label}); cannot resume on {data.label}")
+            saved = {k: run.config.get(k) for k in identity}
             if saved != identity:
-                raise RuntimeError(f"{archive.dir}: the run used other search settings ({_differences(saved, identity)}); "
-                                   "resume with the settings it started with")
-            self.run_id = run["id"]
+                raise SearchError(f"{archive.dir}: the run used other search settings ({_differences(saved, identity)}); "
+                                  "resume with the settings it started with")
+            self.run_id = run.id
         self.programs: list[ProgramRecord] = archive.programs(self.run_id)
         rejected = archive.rejections(self.run_id)
         # The duplicate filter holds every structure that passed it (archived programs, seeds
         # included, and children that then failed evaluation): rebuilt here exactly as a live run
         # grows it, so a resumed run makes the same choices as an uninterrupted one.
         self.structures = {structure_hash(parse_program(p.source)) for p in self.programs}
-        self.structures |= {structure_hash(parse_program(r["source"])) for r in rejected
-                            if r["rule"] in PASSED_DUPLICATE_FILTER and r.get("source")}
-        self.rejection_counts = Counter(r["rule"] for r in rejected)
+        self.structures |= {structure_hash(parse_program(r.source)) for r in rejected
+                            if r.rule in PASSED_DUPLICATE_FILTER and r.source}
+        self.rejection_counts = Counter(r.rule for r in rejected)
         self.evaluations = 0
         self.started = time.perf_counter()
-        if llm is not None:
-            for c in archive.llm_calls(self.run_id):
-                llm.budget.calls += 1
-                llm.budget.tokens += c["prompt_tokens"] + c["completion_tokens"]
-                llm.budget.usd += c["cost_usd"]
+        for e in self.emitters:
+            e.resume(archive, self.run_id)
 
     # ---- evaluation cascade ----
     def _full_evaluation(self, program: Program, start: dict[str, float], seed: int, max_evals: int | None,
-                         sigma: float) -> dict:
+                         sigma: float) -> FullFit:
         res = fit(program, self.exps, self.engine, FitConfig(seed=seed, max_evals=max_evals, sigma0=sigma), start=start)
         self.evaluations += res.evaluations
         consts = res.constants["all"]
@@ -172,139 +174,119 @@ class Search:
         rows = self.engine.score(program, [vec] * len(self.exps), SPLITS, percentiles=True)
         screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps)[0]
         self.evaluations += 2
-        return {"constants": consts, "train_loss": loss(rows["train"]), "val_loss": loss(rows["validate"]),
-                "test_loss": loss(rows["test"]), "screen_loss": screen,
-                "evaluations": [r for s in SPLITS for r in rows[s]]}
+        return FullFit(consts, loss(rows["train"]), loss(rows["validate"]), loss(rows["test"]), screen,
+                       [r for s in SPLITS for r in rows[s]])
 
-    def _record(self, program: Program, constants: dict, parents: list[int], operator: str, detail: str,
-                island: int, stage: str, **losses) -> dict:
+    def _program(self, program: Program, constants: dict, proposal: Proposal, island: int, stage: str,
+                 quick_loss: float | None = None, full: FullFit | None = None) -> NewProgram:
         fitted = program.with_constants(constants) if constants else program
-        return {"source_hash": structure_hash(program), "source": fitted.source, "constants": constants,
-                "parents": parents, "operator": operator, "operator_detail": detail, "island": island,
-                "complexity": program.complexity, "n_components": len(program.components_used),
-                "components": program.components_used, "stage": stage, **losses}
+        record = ProgramRecord(
+            id=None, source_hash=structure_hash(program), source=fitted.source, constants=constants,
+            parents=proposal.parents, operator=proposal.operator, operator_detail=proposal.detail, island=island,
+            complexity=program.complexity, n_components=len(program.components_used),
+            components=program.components_used, stage=stage, quick_loss=quick_loss)
+        if full is None:
+            return NewProgram(record)
+        record = dataclasses.replace(record, train_loss=full.train_loss, val_loss=full.val_loss,
+                                     test_loss=full.test_loss, screen_loss=full.screen_loss)
+        return NewProgram(record, full.rows)
 
     def _generation_zero(self) -> None:
         t0 = time.perf_counter()
-        records = []
-        rejections = []
+        programs: list[NewProgram] = []
+        rejections: list[RejectionRecord] = []
         for i, (name, source) in enumerate(self.seeds):
             prog = parse_program(source)
             self.structures.add(structure_hash(prog))
             full = self._full_evaluation(prog, prog.constants, _mix(self.cfg.seed, 0, i) % (2**31), self.cfg.seed_fit_evals, 0.5)
-            if not full["train_loss"] < FAILED_LOSS:  # NaN or non-positive step times whatever the constants
-                rejections.append({"operator": "seed", "parents": [], "rule": "evaluation", "source": source,
-                                   "reason": f"seed {name}: {FAILED_REASON}"})
+            if not full.train_loss < FAILED_LOSS:  # NaN or non-positive step times whatever the constants
+                rejections.append(RejectionRecord(operator="seed", parents=[], rule="evaluation", source=source,
+                                                  reason=f"seed {name}: {FAILED_REASON}"))
                 self.progress({"generation": 0, "message": f"seed {name}: rejected (step_time non-finite or non-positive)"})
                 continue
-            rec = self._record(prog, full.pop("constants"), [], "seed", name, i % self.cfg.islands, "seed", **full)
-            records.append(rec)
-            self.progress({"generation": 0, "message": f"seed {name}: val loss {rec['val_loss']:.3f}"})
-        if not records:
-            raise SearchError(f"none of the seed programs can be evaluated ({'; '.join(r['reason'] for r in rejections)})")
-        self._commit(0, t0, records, rejections, [], {"n_children": len(self.seeds), "n_promoted": len(records)})
+            seed = Proposal("seed", [], source, name)
+            programs.append(self._program(prog, full.constants, seed, i % self.cfg.islands, "seed", full=full))
+            self.progress({"generation": 0, "message": f"seed {name}: val loss {full.val_loss:.3f}"})
+        if not programs:
+            raise SearchError(f"none of the seed programs can be evaluated ({'; '.join(r.reason for r in rejections)})")
+        self._commit(0, t0, programs, rejections, [], GenerationRecord(n_children=len(self.seeds), n_promoted=len(programs)))
 
-    def _commit(self, generation: int, t0: float, records: list[dict], rejections: list[dict], llm_calls: list[dict],
-                stats: dict) -> None:
+    def _commit(self, generation: int, t0: float, programs: list[NewProgram], rejections: list[RejectionRecord],
+                llm_calls: list[LLMCallRecord], stats: GenerationRecord) -> None:
         scored = [(p.val_loss, p.train_loss) for p in self.programs if p.full and p.val_loss is not None]
-        scored += [(r["val_loss"], r["train_loss"]) for r in records if r.get("val_loss") is not None]
+        scored += [(p.record.val_loss, p.record.train_loss) for p in programs if p.record.val_loss is not None]
         scored = [s for s in scored if math.isfinite(s[0])]
         top = min(scored) if scored else (None, None)
-        stats = {**stats, "n_rejected": len(rejections), "evaluations": self.evaluations,
-                 "best_val": top[0], "best_train": top[1]}
-        ids = self.archive.write_generation(self.run_id, generation, time.perf_counter() - t0, records, rejections, llm_calls, stats)
+        stats = dataclasses.replace(stats, n_rejected=len(rejections), evaluations=self.evaluations,
+                                    best_val=top[0], best_train=top[1])
+        ids = self.archive.write_generation(self.run_id, generation, time.perf_counter() - t0, programs, rejections,
+                                            llm_calls, stats)
         self.programs.extend(self.archive.program(pid) for pid in ids)
-        self.rejection_counts.update(r["rule"] for r in rejections)
+        self.rejection_counts.update(r.rule for r in rejections)
         self.evaluations = 0
 
-    def _propose(self, g: int, i: int, grid, front, rejections: list, llm_calls: list) -> Candidate | None:
+    def _choose_emitter(self, rng: random.Random) -> Emitter:
+        """The first emitter is the default; each other one takes its share while it is available."""
+        default = self.emitters[0]
+        if len(self.emitters) == 1:
+            return default
+        r, acc = rng.random(), 0.0
+        for e in self.emitters[1:]:
+            acc += e.share
+            if r < acc:
+                return e if e.available() else default
+        return default
+
+    def _propose(self, g: int, i: int, elites: Elites, rejections: list[RejectionRecord],
+                 llm_calls: list[LLMCallRecord]) -> Candidate | None:
         rng = random.Random(_mix(self.cfg.seed, g, i))
-        island = g % self.cfg.islands
-        parent, how = select_parent(rng, grid, front)
-        parent_prog = parse_program(parent.source)
-        use_llm = self.llm is not None and rng.random() < self.cfg.llm_ratio and self.llm.budget.exhausted() is None
-        parents = [parent.id]
-        if use_llm:
-            operator = f"llm:{self.llm.client.model}"
-            rows = self._prompt_rows(parent)
-            proposal = self.llm.propose(parent, rows, examples_for(parent, grid, rng), request_tag=f"{g}.{i}")
-            llm_calls.extend(a.record() for a in proposal.attempts)
-            if proposal.source is None:
-                rejections.append({"operator": operator, "parents": parents, "rule": proposal.rule, "reason": proposal.reason})
-                return None
-            source, detail, call_idx = proposal.source, f"{len(proposal.attempts)} call(s), parent via {how}", [len(llm_calls) - 1]
-        else:
-            operator = rng.choices(list(OPERATOR_WEIGHTS), weights=list(OPERATOR_WEIGHTS.values()))[0]
-            other = other_prog = None
-            if operator == "crossover":
-                other, _ = select_parent(rng, grid, front, exclude=parent.id)
-                other_prog = parse_program(other.source)
-                parents.append(other.id)
-            try:
-                source, detail = mutate(operator, parent_prog, parent.constants, rng, other_prog,
-                                        other.constants if other else None)
-            except NotRepresentable as e:
-                rejections.append({"operator": operator, "parents": parents, "rule": "not-representable", "reason": str(e)})
-                return None
-            detail += f", parent via {how}"
-            call_idx = []
+        parent, how = select_parent(rng, elites.grid, elites.front)
+        emitter = self._choose_emitter(rng)
+        proposal = emitter.ask(AskContext(g, i, rng, parent, parse_program(parent.source), how, elites, self.archive))
+        llm_calls.extend(proposal.llm_calls)
+        if proposal.source is None:
+            rejections.append(proposal.rejection)
+            return None
+        reject = dict(operator=proposal.operator, parents=proposal.parents, source=proposal.source)
         try:
-            child = parse_program(source)
+            child = parse_program(proposal.source)
             compile_program(child)
         except ProgramError as e:
-            rejections.append({"operator": operator, "parents": parents, "rule": e.rule, "reason": str(e), "source": source})
-            for ci in call_idx:
-                llm_calls[ci]["outcome"] = "invalid_program"
+            rejections.append(RejectionRecord(**reject, rule=e.rule, reason=str(e)))
+            emitter.tell(proposal, INVALID)
             return None
         h = structure_hash(child)
-        if h in self.structures and operator != "constants":
-            rejections.append({"operator": operator, "parents": parents, "rule": "duplicate",
-                               "reason": "same structure as a program already in the archive", "source": source})
+        if h in self.structures and not proposal.reuses_structure:
+            rejections.append(RejectionRecord(**reject, rule="duplicate", reason="same structure as a program already in the archive"))
+            emitter.tell(proposal, DUPLICATE)
             return None
         self.structures.add(h)
-        return Candidate(child, parents, operator, detail, island, call_idx)
+        return Candidate(child, proposal, emitter, g % self.cfg.islands)
 
-    def _prompt_rows(self, parent: ProgramRecord) -> list[dict]:
-        rows = []
-        for ev in self.archive.evaluations(parent.id):
-            if ev["split"] not in ("train", "validate") or ev["n_requests"] == 0:
-                continue
-            o, p = ev["observed"], ev["predicted"]
-            rows.append({"experiment": ev["experiment"], "split": ev["split"], "e2e_obs": o["e2e_mean_s"],
-                         "e2e_err": _signed_error(p, o, "e2e_mean_s"), "ttft_obs": o["ttft_mean_s"],
-                         "ttft_err": _signed_error(p, o, "ttft_mean_s")})
-        return rows
-
-    def _promotion_order(self, cands: list[Candidate], grid, front) -> list[Candidate]:
+    def _promotion_order(self, cands: list[Candidate], elites: Elites) -> list[Candidate]:
         """Children worth a full fit, most promising first: improvements on their cell's elite or
         on the front (by quick loss vs screening loss), then children opening an empty cell."""
-        screens = [p.screen_loss for p in grid.values() if p.screen_loss is not None]
-        best_screen = min(screens) if screens else math.inf
+        best_screen = elites.best_screen_loss()
         improving, opening = [], []
         for c in cands:
             if not c.quick_loss < self.cfg.sanity_factor * best_screen:
                 continue
-            cell = cell_of(c.program.complexity, len(c.program.components_used))
-            # to enter the grid it must beat its cell's elite; to enter the front, every simpler program
-            front_refs = [p.screen_loss for p in front if p.complexity <= c.program.complexity and p.screen_loss is not None]
-            refs = [min(front_refs)] if front_refs else []
-            if cell in grid and grid[cell].screen_loss is not None:
-                refs.append(grid[cell].screen_loss)
-            if cell not in grid:
-                opening.append((c.quick_loss, c))
-            elif refs and c.quick_loss < max(refs) * (1 + self.cfg.promote_margin):
-                improving.append((c.quick_loss / max(refs), c))
+            status, rank = elites.status(c.program.complexity, len(c.program.components_used), c.quick_loss,
+                                         self.cfg.promote_margin)
+            if status is AddStatus.NEW_CELL:
+                opening.append((rank, c))
+            elif status is AddStatus.IMPROVES:
+                improving.append((rank, c))
         ordered = [c for _, c in sorted(improving, key=lambda t: t[0])] + [c for _, c in sorted(opening, key=lambda t: t[0])]
         return ordered[: self.cfg.max_promotions]
 
     def _generation(self, g: int) -> None:
         t0 = time.perf_counter()
         island = g % self.cfg.islands
-        pool = [p for p in self.programs if p.island == island]
-        grid, front = elites(pool), pareto_front(pool)
-        rejections: list[dict] = []
-        llm_calls: list[dict] = []
-        cands = [c for i in range(self.cfg.children) if (c := self._propose(g, i, grid, front, rejections, llm_calls))]
+        elites = Elites.of([p for p in self.programs if p.island == island])
+        rejections: list[RejectionRecord] = []
+        llm_calls: list[LLMCallRecord] = []
+        cands = [c for i in range(self.cfg.children) if (c := self._propose(g, i, elites, rejections, llm_calls))]
         for i, c in enumerate(cands):
             qcfg = dataclasses.replace(self.quick, seed=_mix(self.cfg.seed, g, i, 1) % (2**31))
             res = fit(c.program, self.exps, self.engine, qcfg, start=c.program.constants)
@@ -312,32 +294,27 @@ class Search:
             c.quick_loss, c.constants = res.loss, res.constants["all"]
         failed = [c for c in cands if not c.quick_loss < FAILED_LOSS]
         for c in failed:
-            rejections.append({"operator": c.operator, "parents": c.parents, "rule": "evaluation",
-                               "reason": FAILED_REASON,
-                               "source": c.program.source})
-            for ci in c.llm_call_indices:
-                llm_calls[ci]["outcome"] = "evaluation_failed"
+            rejections.append(RejectionRecord(operator=c.proposal.operator, parents=c.proposal.parents, rule="evaluation",
+                                              reason=FAILED_REASON, source=c.program.source))
+            c.emitter.tell(c.proposal, EVALUATION_FAILED)
         cands = [c for c in cands if c not in failed]
-        promoted = self._promotion_order(cands, grid, front)
-        records = []
+        promoted = self._promotion_order(cands, elites)
+        programs: list[NewProgram] = []
         for i, c in enumerate(cands):
             if c in promoted:
                 full = self._full_evaluation(c.program, c.constants, _mix(self.cfg.seed, g, i, 2) % (2**31),
                                              self.cfg.full_fit_evals, self.cfg.full_fit_sigma)
-                rec = self._record(c.program, full.pop("constants"), c.parents, c.operator, c.detail, c.island, "full",
-                                   quick_loss=c.quick_loss, **full)
+                new = self._program(c.program, full.constants, c.proposal, c.island, "full", c.quick_loss, full)
             else:
-                rec = self._record(c.program, c.constants, c.parents, c.operator, c.detail, c.island, "screened",
-                                   quick_loss=c.quick_loss)
-            for ci in c.llm_call_indices:
-                llm_calls[ci]["program_index"] = len(records)
-            records.append(rec)
+                new = self._program(c.program, c.constants, c.proposal, c.island, "screened", c.quick_loss)
+            c.emitter.tell(c.proposal, ARCHIVED, len(programs))
+            programs.append(new)
         if self.cfg.islands > 1 and g % self.cfg.migration_interval == 0:
-            records.extend(self._migrants(g))
-        self._commit(g, t0, records, rejections, llm_calls,
-                     {"n_children": self.cfg.children, "n_promoted": len(promoted)})
+            programs.extend(self._migrants())
+        self._commit(g, t0, programs, rejections, llm_calls,
+                     GenerationRecord(n_children=self.cfg.children, n_promoted=len(promoted)))
 
-    def _migrants(self, g: int) -> list[dict]:
+    def _migrants(self) -> list[NewProgram]:
         """Each island's best program, copied into the next island."""
         out = []
         n = self.cfg.islands
@@ -345,15 +322,9 @@ class Search:
             top = best([p for p in self.programs if p.island == i])
             if top is None:
                 continue
-            rec = {k: getattr(top, k) for k in ("source_hash", "source", "constants", "complexity", "n_components", "components",
-                                                 "quick_loss", "screen_loss", "train_loss", "val_loss", "test_loss")}
-            rec.update(parents=[top.id], operator="migration", operator_detail=f"island {i} -> {(i + 1) % n}",
-                       island=(i + 1) % n, stage="full", evaluations=[
-                           {"name": e["experiment"], "split": e["split"], "n_requests": e["n_requests"], "observed": e["observed"],
-                            "predicted": e["predicted"], "ape": {"e2e": e["ape_e2e"], "ttft": e["ape_ttft"], "itl": e["ape_itl"]},
-                            "timeouts": {"observed": e["timeouts_observed"], "predicted": e["timeouts_predicted"]}, **e["extra"]}
-                           for e in self.archive.evaluations(top.id)])
-            out.append(rec)
+            record = dataclasses.replace(top, id=None, parents=[top.id], operator="migration",
+                                         operator_detail=f"island {i} -> {(i + 1) % n}", island=(i + 1) % n, stage="full")
+            out.append(NewProgram(record, self.archive.metric_rows(top.id)))
         return out
 
     # ---- the run ----
@@ -364,13 +335,12 @@ class Search:
                 "full": sum(p.full for p in self.programs), "best_train": top.train_loss if top else None,
                 "best_val": top.val_loss if top else None, "rejections": dict(self.rejection_counts),
                 "elapsed_s": elapsed}
-        if self.llm is not None:
-            info.update(llm_calls=self.llm.budget.calls, llm_tokens=self.llm.budget.tokens, llm_usd=self.llm.budget.usd)
+        for e in self.emitters:
+            info.update(e.status())
         return info
 
     def run(self) -> dict:
         start = self.archive.last_generation(self.run_id) + 1
-        done_evals = 0
         for g in range(start, self.cfg.generations + 1):
             t0 = time.perf_counter()
             if g == 0:
@@ -378,7 +348,7 @@ class Search:
             else:
                 self._generation(g)
             gens = self.archive.generations(self.run_id)
-            done_evals = gens[-1]["evaluations"] if gens else 0
+            done_evals = gens[-1].evaluations if gens else 0
             info = self.status(g)
             info["evals_per_s"] = done_evals / max(time.perf_counter() - t0, 1e-9)
             self.progress(info)
@@ -393,12 +363,12 @@ class Search:
                "fully_evaluated": sum(p.full for p in self.programs), "rejections": dict(self.rejection_counts),
                "front": [{"id": p.id, "complexity": p.complexity, "val_loss": p.val_loss, "operator": p.operator} for p in front]}
         if top is not None:
-            rows = [e for e in self.archive.evaluations(top.id) if e["split"] == "test"]
+            rows = self.archive.metric_rows(top.id, "test")
             out["best"] = {"id": top.id, "val_loss": top.val_loss, "train_loss": top.train_loss, "test_loss": top.test_loss,
                            "complexity": top.complexity, "operator": top.operator, "generation": top.generation,
-                           "test": [{"name": e["experiment"], "n_requests": e["n_requests"], "ape": {
-                               "e2e": e["ape_e2e"], "ttft": e["ape_ttft"], "itl": e["ape_itl"]}} for e in rows]}
+                           "test": [{"name": r.name, "n_requests": r.n_requests, "ape": dataclasses.asdict(r.ape)}
+                                    for r in rows]}
         return out
 
 
-__all__ = ["Search", "SearchConfig", "structure_hash", "OPERATORS"]
+__all__ = ["Search", "SearchConfig", "SearchError", "structure_hash"]

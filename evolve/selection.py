@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 from archive.grid import Cell
-from archive.store import ProgramRecord
+from archive.records import ProgramRecord
 
 TOURNAMENT = 3
 P_ELITE, P_FRONT = 0.4, 0.3  # the rest: a random occupied cell

@@ -1,14 +1,21 @@
 """Rendering of metric rows: rich tables for people, NaN-free JSON for scripts."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 from rich.table import Table
 
+from evaluator.metrics import MetricRow
+
 
 def clean(obj):
-    """JSON-safe copy: NaN and infinities become null."""
+    """JSON-safe copy: NaN and infinities become null; metric rows in their documented shape."""
+    if isinstance(obj, MetricRow):
+        return clean(obj.to_json())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return clean(dataclasses.asdict(obj))
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -22,26 +29,20 @@ def dumps(obj) -> str:
     return json.dumps(clean(obj), indent=2)
 
 
-def public_row(row: dict) -> dict:
-    """A metric row in the documented JSON shape (plus timeouts and any error)."""
-    keys = ("name", "split", "n_requests", "observed", "predicted", "ape", "timeouts", "error", "e2e_percentiles_s")
-    return {k: row[k] for k in keys if k in row}
-
-
 def _f(x, fmt: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
-def metrics_table(rows: list[dict], title: str) -> Table:
+def metrics_table(rows: list[MetricRow], title: str) -> Table:
     t = Table(title=title)
     for col in ("experiment", "n", "E2E obs s", "E2E pred s", "E2E APE%", "TTFT obs s", "TTFT pred s", "TTFT APE%",
                 "ITL obs ms", "ITL pred ms", "ITL APE%", "timeouts obs/pred"):
         t.add_column(col, justify="left" if col == "experiment" else "right")
     for r in rows:
-        o, p, a = r["observed"], r["predicted"], r["ape"]
-        t.add_row(r["name"], str(r["n_requests"]),
-                  _f(o["e2e_mean_s"], ".3f"), _f(p["e2e_mean_s"], ".3f"), _f(a["e2e"], ".1f"),
-                  _f(o["ttft_mean_s"], ".4f"), _f(p["ttft_mean_s"], ".4f"), _f(a["ttft"], ".1f"),
-                  _f(o["itl_mean_ms"], ".2f"), _f(p["itl_mean_ms"], ".2f"), _f(a["itl"], ".1f"),
-                  f"{r['timeouts']['observed']}/{r['timeouts']['predicted']}")
+        o, p, a = r.observed, r.predicted, r.ape
+        t.add_row(r.name, str(r.n_requests),
+                  _f(o.e2e_mean_s, ".3f"), _f(p.e2e_mean_s, ".3f"), _f(a.e2e, ".1f"),
+                  _f(o.ttft_mean_s, ".4f"), _f(p.ttft_mean_s, ".4f"), _f(a.ttft, ".1f"),
+                  _f(o.itl_mean_ms, ".2f"), _f(p.itl_mean_ms, ".2f"), _f(a.itl, ".1f"),
+                  f"{r.timeouts.observed}/{r.timeouts.predicted}")
     return t

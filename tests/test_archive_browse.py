@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from archive.browse import BrowseError, latest_archive_dir
 from archive.grid import cell_of, pareto_front
+from archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
 from archive.store import Archive
 from evolve.cli import app as main_app
 
@@ -33,7 +34,7 @@ def archive_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def records(archive_dir):
     a = Archive(archive_dir)
-    programs = a.programs(a.run()["id"])
+    programs = a.programs(a.run().id)
     evaluations = {p.id: a.evaluations(p.id) for p in programs}
     a.close()
     return programs, evaluations
@@ -133,13 +134,13 @@ def test_show_best_has_lineage_to_a_seed_and_the_evaluations(archive_dir, record
         assert s["other_parents"] == by_id[s["id"]].parents[1:]
 
     for split, rows in shown["evaluations"].items():
-        stored = {e["experiment"]: e for e in evaluations[top.id] if e["split"] == split}
+        stored = {e.experiment: e for e in evaluations[top.id] if e.split == split}
         assert [r["name"] for r in rows] == sorted(stored)
         for r in rows:
             e = stored[r["name"]]
-            assert r["ape"]["e2e"] == pytest.approx(e["ape_e2e"]) and r["ape"]["ttft"] == pytest.approx(e["ape_ttft"])
-            assert r["observed"]["e2e_mean_s"] == pytest.approx(e["observed"]["e2e_mean_s"])
-            assert r["predicted"]["ttft_mean_s"] == pytest.approx(e["predicted"]["ttft_mean_s"])
+            assert r["ape"]["e2e"] == pytest.approx(e.ape_e2e) and r["ape"]["ttft"] == pytest.approx(e.ape_ttft)
+            assert r["observed"]["e2e_mean_s"] == pytest.approx(e.observed["e2e_mean_s"])
+            assert r["predicted"]["ttft_mean_s"] == pytest.approx(e.predicted["ttft_mean_s"])
     assert set(shown["evaluations"]) == {"train", "validate", "test"}
 
 
@@ -150,16 +151,18 @@ def _hand_built_archive(directory):
 
     def prog(i, parents, operator, detail, stage="full"):
         source = f'CONSTANTS = {{"a": {i}.0}}\n\ndef step_time(f, c):\n    return c.a * f.tokens + {i}\n'
-        return {"source_hash": str(i), "source": source, "constants": {"a": float(i)}, "parents": parents,
-                "operator": operator, "operator_detail": detail, "complexity": 5 + i, "n_components": 1,
-                "components": ["tokens"], "train_loss": 10.0 / i, "val_loss": 10.0 / i, "test_loss": 10.0 / i, "stage": stage}
+        return NewProgram(ProgramRecord(
+            id=None, source_hash=str(i), source=source, constants={"a": float(i)}, parents=parents, operator=operator,
+            operator_detail=detail, complexity=5 + i, n_components=1, components=["tokens"], train_loss=10.0 / i,
+            val_loss=10.0 / i, test_loss=10.0 / i, stage=stage))
 
-    a.write_generation(run, 0, 0.0, [prog(1, [], "seed", "roofline", "seed"), prog(2, [], "seed", "blackbox", "seed")], [], [], {})
-    a.write_generation(run, 1, 0.0, [prog(3, [1, 2], "crossover", "crossover on step_time")], [], [], {})
-    call = {"model": "test/model", "request_hash": "h", "prompt_tokens": 1200, "completion_tokens": 345, "cost_usd": 0.0125,
-            "latency_s": 1.0, "outcome": "ok", "program_index": 0}
-    rejected = [{"operator": "add_term", "parents": [3], "rule": "duplicate", "reason": "same structure"}] * 2
-    a.write_generation(run, 2, 0.0, [prog(4, [3], "llm:test/model", "rewrote step_time")], rejected, [call], {})
+    stats = GenerationRecord()
+    a.write_generation(run, 0, 0.0, [prog(1, [], "seed", "roofline", "seed"), prog(2, [], "seed", "blackbox", "seed")], [], [], stats)
+    a.write_generation(run, 1, 0.0, [prog(3, [1, 2], "crossover", "crossover on step_time")], [], [], stats)
+    call = LLMCallRecord(model="test/model", request_hash="h", prompt_tokens=1200, completion_tokens=345, cost_usd=0.0125,
+                         latency_s=1.0, outcome="ok", program_index=0)
+    rejected = [RejectionRecord(operator="add_term", parents=[3], rule="duplicate", reason="same structure")] * 2
+    a.write_generation(run, 2, 0.0, [prog(4, [3], "llm:test/model", "rewrote step_time")], rejected, [call], stats)
     a.close()
 
 
@@ -249,7 +252,7 @@ def test_report_is_one_self_contained_page(archive_dir, records, tmp_path):
         assert f'id="p{p.id}"' in html
         assert f'href="#p{p.id}"' in html
     top = min(full(programs), key=lambda q: (q.val_loss, q.id))
-    tests = [e["experiment"] for e in evaluations[top.id] if e["split"] == "test"]
+    tests = [e.experiment for e in evaluations[top.id] if e.split == "test"]
     best_section = re.search(r'<section id="best">(.*?)</section>', html, re.S).group(1)
     assert all(name in best_section for name in tests)
 

@@ -173,18 +173,18 @@ def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
         n_http = len(server.requests)
     a = Archive(first)
     run = a.run()
-    calls = a.llm_calls(run["id"])
-    outcomes = Counter(c["outcome"] for c in calls)
+    calls = a.llm_calls(run.id)
+    outcomes = Counter(c.outcome for c in calls)
     for outcome in ("rate_limited", "valid", "no_code", "invalid_program", "timeout", "server_error"):
         assert outcomes[outcome] >= 1, outcomes
-    assert all(c["model"] == "openai/test-model" and c["request_hash"] for c in calls)
-    rules = Counter(r["rule"] for r in a.rejections(run["id"]))
+    assert all(c.model == "openai/test-model" and c.request_hash for c in calls)
+    rules = Counter(r.rule for r in a.rejections(run.id))
     assert rules["llm-no-code"] >= 1 and rules["llm-server_error"] >= 1
-    llm_programs = [p for p in a.programs(run["id"]) if p.operator == "llm:openai/test-model"]
+    llm_programs = [p for p in a.programs(run.id) if p.operator == "llm:openai/test-model"]
     assert llm_programs
-    linked = {c["program_id"] for c in calls if c["program_id"]}
+    linked = {c.program_id for c in calls if c.program_id}
     assert linked <= {p.id for p in llm_programs} and linked
-    assert n_http == sum(1 for c in calls if not c["cached"])
+    assert n_http == sum(1 for c in calls if not c.cached)
 
     # replay offline from the cache: the same archive, no server at all
     second = tmp_path / "second"
@@ -222,6 +222,6 @@ def test_llm_budget_cap_in_a_run(tmp_path):
         assert len(server.requests) == 3  # every request is distinct: no cache hits
     a = Archive(tmp_path)
     run = a.run()
-    assert len(a.llm_calls(run["id"])) == 3
-    ops = Counter(p.operator for p in a.programs(run["id"]))
+    assert len(a.llm_calls(run.id)) == 3
+    ops = Counter(p.operator for p in a.programs(run.id))
     assert sum(v for k, v in ops.items() if k not in ("seed", "llm:openai/test-model")) >= 1  # symbolic after the cap

@@ -58,7 +58,7 @@ def test_archive_records_programs_evaluations_and_rejections(reference):
     d, ref = reference
     a = Archive(d)
     run_row = a.run()
-    progs = a.programs(run_row["id"])
+    progs = a.programs(run_row.id)
     seeds = [p for p in progs if p.operator == "seed"]
     assert {p.operator_detail for p in seeds} >= {"roofline", "blackbox", "trained_physics"}
     child = next(p for p in progs if p.operator != "seed")
@@ -66,12 +66,12 @@ def test_archive_records_programs_evaluations_and_rejections(reference):
     assert child.complexity > 0 and child.components
     full = next(p for p in progs if p.stage == "full")
     evs = a.evaluations(full.id)
-    assert {e["split"] for e in evs} == {"train", "validate", "test"}
+    assert {e.split for e in evs} == {"train", "validate", "test"}
     assert len(evs) == 3 * 4
     assert ref["rejections"], "a 5-generation run rejects some children"
     assert all(r[4] and r[5] for r in ref["rejections"])  # every rejection has a rule and a reason
     assert [g[0] for g in ref["generations"]] == [0, 1, 2, 3, 4, 5]
-    summary = run_row["summary"]
+    summary = run_row.summary
     assert summary["best"]["id"] == min((p for p in progs if p.full), key=lambda p: (p.val_loss, p.id)).id
     assert len(summary["best"]["test"]) == 4 and all("ape" in t for t in summary["best"]["test"])
 
@@ -149,7 +149,7 @@ def test_run_refuses_a_corrupt_or_foreign_database_with_one_line(tmp_path):
 def test_islands_evolve_separately_and_exchange_their_best(tmp_path):
     run(tmp_path, 4, "--islands", "2", "--migration-interval", "2", seed=4)
     a = Archive(tmp_path)
-    progs = a.programs(a.run()["id"])
+    progs = a.programs(a.run().id)
     by_id = {p.id: p for p in progs}
     assert {p.island for p in progs} == {0, 1}
     migrants = [p for p in progs if p.operator == "migration"]
@@ -180,16 +180,16 @@ def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     run(tmp_path / "run", 1, "--seeds", str(seeds_dir), "--seeds", str(extra))
     a = Archive(tmp_path / "run")
     run_row = a.run()
-    gen0 = [p for p in a.programs(run_row["id"]) if p.generation == 0]
+    gen0 = [p for p in a.programs(run_row.id) if p.generation == 0]
     a.close()
     assert [(p.operator, p.operator_detail) for p in gen0] == [("seed", "winner"), ("seed", "rf")]
     ref = Archive(d)
-    best = min((p for p in ref.programs(ref.run()["id"]) if p.full), key=lambda p: (p.val_loss, p.id))
+    best = min((p for p in ref.programs(ref.run().id) if p.full), key=lambda p: (p.val_loss, p.id))
     ref.close()
     from evolve.search import structure_hash
     from evaluator.dsl import parse_program
     assert structure_hash(parse_program(gen0[0].source)) == structure_hash(parse_program(best.source))
-    assert set(run_row["config"]["seeds"]) == {"winner", "rf"}
+    assert set(run_row.config["seeds"]) == {"winner", "rf"}
     # resuming needs the same seeds: the shipped ones are not the ones this run started from
     res = CliRunner().invoke(app, ["run", "--generations", "2", "--seed", "3", "--archive", str(tmp_path / "run"), "--resume", *SMALL])
     assert res.exit_code == 2 and "other search settings" in res.stderr
@@ -224,7 +224,7 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
         live = Search(archive, loaded, engine, cfg)
         live.run()
         resumed = Search(archive, loaded, engine, cfg, resume=True)
-        rules = {r["rule"] for r in archive.rejections(live.run_id)}
+        rules = {r.rule for r in archive.rejections(live.run_id)}
         archive.close()
     assert "evaluation" in rules  # the case that used to be forgotten is exercised
     assert resumed.structures == live.structures
@@ -239,3 +239,58 @@ def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(tmp
         run(d, stop, "--children", "6")
         run(d, 6, "--children", "6", "--resume")
         assert snapshot(d) == whole, f"stopped after generation {stop}"
+
+
+class FixedEmitter:
+    """A third emitter, added without touching the loop: proposes one program, every time."""
+
+    share = 1.0
+
+    def __init__(self, source: str):
+        self.source, self.told = source, []
+
+    def available(self) -> bool:
+        return True
+
+    def resume(self, archive, run_id) -> None:
+        pass
+
+    def ask(self, ctx):
+        from evolve.emitters import Proposal
+
+        return Proposal("fixed", [ctx.parent.id], self.source, "the same child every time")
+
+    def tell(self, proposal, outcome, program_index=None) -> None:
+        self.told.append((outcome, program_index))
+
+    def status(self) -> dict:
+        return {"fixed_told": len(self.told)}
+
+
+def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children(tmp_path):
+    from evaluator.datasets import load_data
+    from evaluator.engine import Engine
+    from evolve.emitters import SymbolicEmitter
+    from evolve.search import Search, SearchConfig
+    from seeds import seed_path
+
+    child = ('CONSTANTS = {"base_us": 2000.0, "c": 1.5}\n\n'
+             "def step_time(f, c):\n    return c.base_us + c.c * (f.weights + f.kv_read + f.gemm_pf)\n")
+    fixed = FixedEmitter(child)
+    loaded = load_data(None)
+    cfg = SearchConfig(generations=2, seed=3, children=2, seed_fit_evals=16, full_fit_evals=8, quick_evals=8)
+    seeds = [("roofline", seed_path("roofline").read_text())]
+    with Engine(loaded.experiments, 2) as engine:
+        archive = Archive(tmp_path, create=True)
+        search = Search(archive, loaded, engine, cfg, [SymbolicEmitter(), fixed], seeds=seeds)
+        search.run()
+        programs = archive.programs(search.run_id)
+        rejections = archive.rejections(search.run_id)
+        archive.close()
+    mine = [p for p in programs if p.operator == "fixed"]
+    assert len(mine) == 1 and mine[0].parents == [programs[0].id] and mine[0].operator_detail == "the same child every time"
+    # generation 1: child 1 is a duplicate of child 0 (told at once), child 0 is archived as the generation's
+    # program 0 (told after its fit); generation 2: both are duplicates
+    assert fixed.told == [("duplicate", None), ("archived", 0), ("duplicate", None), ("duplicate", None)]
+    assert [(r.operator, r.rule) for r in rejections] == [("fixed", "duplicate")] * 3
+    assert search.status(2)["fixed_told"] == 4

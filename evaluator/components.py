@@ -1,9 +1,11 @@
 """Analytical per-step components: the physics every program builds on.
 
-One definition, two uses. `component_values` maps a step's batch totals to the component
+One definition, three uses. `component_values` maps a step's batch totals to the component
 vector using arithmetic only, so the same function runs
-  * on scalars inside the compiled replay loop (O(1) per step, see `replay.py`), and
-  * on numpy arrays of per-step totals reduced from a recorded trajectory (`from_trajectory`).
+  * on scalars inside the compiled replay loop (O(1) per step, see `replay.py`),
+  * on numpy arrays of per-step totals reduced from a recorded trajectory (`from_trajectory`),
+  * and, translated to Go with `coefficient_values`, in the emitted simulator model (see
+    "Translated to Go" below for what the two functions may contain).
 
 Times are microseconds at the hardware's peak (a scale constant of 1.0 = peak); counts are
 plain counts. Formulas (per layer L, hidden d, heads H, head dim dh, KV width dkv, FFN dff,
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .hardware import Hardware
+from .catalog import Hardware
 from .model_arch import BYTES_PER_KV_ELEM, BYTES_PER_PARAM, ModelArch
 
 # Name, unit, meaning. The order is the index used by compiled programs.
@@ -67,25 +69,52 @@ N_COEFFICIENTS = 10
 
 def coefficients(arch: ModelArch, hw: Hardware, tp: int) -> np.ndarray:
     """Per-experiment constants of the formulas, in microseconds per unit of work."""
+    return np.array(coefficient_values(
+        arch.layers, arch.hidden, arch.heads, arch.head_dim, arch.kv_heads, arch.ffn, arch.vocab, arch.num_experts,
+        arch.top_k, hw.peak_flops, hw.hbm_bytes_per_s, hw.link_bytes_per_s, tp), dtype=np.float64)
+
+
+# ---- Translated to Go ---------------------------------------------------------------------
+# `coefficient_values` and `component_values` are also the Go model's physics: evolve/go_physics.py
+# parses their source (inspect.getsource) and translates the AST, and the emitted Go must match
+# Python to the microsecond (tests/test_emit_go.py). Their bodies may contain only:
+#   * a docstring, then assignments `name = expr` (one target, each name assigned once);
+#   * a final `return (a, b, ...)` of names: in COMPONENTS order for component_values; in K_*
+#     slot order for coefficient_values, each slot K_FOO_BAR returned as the name `foo_bar`;
+#   * in expressions: the parameters, earlier locals, int/float literals, int/float UPPER_CASE
+#     constants of this module (e.g. BYTES_PER_PARAM), + - * / **, unary minus, and parentheses;
+#     `k[K_*]` (component_values); `a if x < y else b` with one comparison (coefficient_values
+#     only: component_values also runs on numpy arrays).
+# Nothing else: no calls (numpy, max, int, ...), attributes, //, %, loops, ifs or `+=`.
+# A new parameter of coefficient_values needs its Go value in go_physics.COEFFICIENT_ARGUMENTS.
+# Python gets the architecture as ints (exact) and Go as float64: integer intermediates must
+# stay below 2**53 (true for any real model, ~1e14 at most), so both round at the same divisions.
+
+
+def coefficient_values(layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k,
+                       peak_flops, hbm_bytes_per_s, link_bytes_per_s, tp):
+    """The coefficient vector in K_* slot order, from architecture sizes (element counts; head_dim
+    = hidden // heads; num_experts = top_k = 0 for dense models), hardware peaks (FLOP/s, bytes/s)
+    and the TP degree."""
     us = 1e6
-    k = np.zeros(N_COEFFICIENTS)
-    L = arch.layers
-    mlp_flops_per_token = 2 * 3 * arch.hidden * arch.ffn * (arch.top_k if arch.moe else 1)
-    router_flops_per_token = 2 * arch.hidden * arch.num_experts
-    gemm_flops_per_token = L * (2 * arch.attn_params_per_layer + mlp_flops_per_token + router_flops_per_token)
-    k[K_GEMM_US_PER_TOKEN] = gemm_flops_per_token / tp / hw.peak_flops * us
-    k[K_ATTN_US_PER_PAIR] = 4 * arch.heads * arch.head_dim * L / tp / hw.peak_flops * us
-    dense_bytes = (L * arch.dense_params_per_layer + arch.lm_head_params) * BYTES_PER_PARAM
-    k[K_DENSE_WEIGHT_US] = dense_bytes / tp / hw.hbm_bytes_per_s * us
-    k[K_EXPERT_WEIGHT_US] = L * arch.expert_params * BYTES_PER_PARAM / tp / hw.hbm_bytes_per_s * us if arch.moe else 0.0
-    k[K_NUM_EXPERTS] = arch.num_experts
-    k[K_TOPK_FRACTION] = arch.top_k / arch.num_experts if arch.moe else 0.0
-    k[K_KV_US_PER_TOKEN] = 2 * L * arch.kv_dim * BYTES_PER_KV_ELEM / tp / hw.hbm_bytes_per_s * us
-    allreduce_bytes_per_token = 2 * L * (2 * (tp - 1) / tp) * arch.hidden * BYTES_PER_KV_ELEM
-    k[K_ALLREDUCE_US_PER_TOKEN] = allreduce_bytes_per_token / hw.link_bytes_per_s * us
-    k[K_LAYERS] = L
-    k[K_TP] = tp
-    return k
+    kv_dim = kv_heads * head_dim
+    attn_params = hidden * (hidden + 2 * kv_dim) + hidden * hidden  # QKV projection + output projection
+    expert_params = 3 * hidden * ffn  # gate, up, down of one expert (or of the dense MLP)
+    dense_params = (attn_params + hidden * num_experts) if num_experts > 0 else (attn_params + expert_params)
+    mlp_flops_per_token = 2 * 3 * hidden * ffn * (top_k if num_experts > 0 else 1)
+    router_flops_per_token = 2 * hidden * num_experts
+    gemm_flops_per_token = layers * (2 * attn_params + mlp_flops_per_token + router_flops_per_token)
+    dense_bytes = (layers * dense_params + vocab * hidden) * BYTES_PER_PARAM  # attention, router or MLP, lm_head
+
+    gemm_us_per_token = gemm_flops_per_token / tp / peak_flops * us
+    attn_us_per_pair = 4 * heads * head_dim * layers / tp / peak_flops * us
+    dense_weight_us = dense_bytes / tp / hbm_bytes_per_s * us
+    expert_weight_us = layers * expert_params * BYTES_PER_PARAM / tp / hbm_bytes_per_s * us if num_experts > 0 else 0.0
+    topk_fraction = top_k / num_experts if num_experts > 0 else 0.0
+    kv_us_per_token = 2 * layers * kv_dim * BYTES_PER_KV_ELEM / tp / hbm_bytes_per_s * us
+    allreduce_us_per_token = 2 * layers * (2 * (tp - 1) / tp) * hidden * BYTES_PER_KV_ELEM / link_bytes_per_s * us
+    return (gemm_us_per_token, attn_us_per_pair, dense_weight_us, expert_weight_us, num_experts, topk_fraction,
+            kv_us_per_token, allreduce_us_per_token, layers, tp)
 
 
 def component_values(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max, k):

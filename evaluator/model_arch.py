@@ -1,10 +1,14 @@
-"""Transformer architecture of a served model, as the replay data's `model_config` gives it."""
+"""Transformer architecture of a served model, as the replay data's `model_config` gives it.
+
+Parameter and FLOP counts derived from it live in components.coefficient_values (one definition,
+also translated to Go).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-BYTES_PER_PARAM = 2  # BF16 weights
-BYTES_PER_KV_ELEM = 2  # BF16 KV cache
+BYTES_PER_PARAM = 2  # bytes per weight (BF16)
+BYTES_PER_KV_ELEM = 2  # bytes per KV-cache element (BF16)
 
 
 @dataclass(frozen=True)
@@ -27,32 +31,6 @@ class ModelArch:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
-
-    @property
-    def kv_dim(self) -> int:
-        """dkv: width of K (or V) per token per layer."""
-        return self.kv_heads * self.head_dim
-
-    @property
-    def attn_params_per_layer(self) -> int:
-        d = self.hidden
-        return d * (d + 2 * self.kv_dim) + d * d  # QKV projection + output projection
-
-    @property
-    def expert_params(self) -> int:
-        """Parameters of one MLP expert (gate, up, down), or of the dense MLP."""
-        return 3 * self.hidden * self.ffn
-
-    @property
-    def dense_params_per_layer(self) -> int:
-        """Parameters read every step regardless of routing: attention, router, dense MLP."""
-        if self.moe:
-            return self.attn_params_per_layer + self.hidden * self.num_experts
-        return self.attn_params_per_layer + self.expert_params
-
-    @property
-    def lm_head_params(self) -> int:
-        return self.vocab * self.hidden
 
     @classmethod
     def from_model_config(cls, mc: dict) -> "ModelArch":

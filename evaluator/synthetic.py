@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .catalog import catalog
 from .dsl import compile_program, parse_program
 from .experiments import Experiment
 from .model_arch import ModelArch
@@ -43,16 +44,7 @@ def output_token_time(c):
     return c.out_tok_us
 '''
 
-MODELS = {
-    "meta-llama/Llama-2-7b-hf": dict(num_layers=32, hidden_dim=4096, num_heads=32, num_kv_heads=32, intermediate_dim=11008,
-                                     num_local_experts=0, num_experts_per_tok=0, vocab_size=32000),
-    "meta-llama/Llama-2-70b-hf": dict(num_layers=80, hidden_dim=8192, num_heads=64, num_kv_heads=8, intermediate_dim=28672,
-                                      num_local_experts=0, num_experts_per_tok=0, vocab_size=32000),
-    "mistralai/Mixtral-8x7B-v0.1": dict(num_layers=32, hidden_dim=4096, num_heads=32, num_kv_heads=8, intermediate_dim=14336,
-                                        num_local_experts=8, num_experts_per_tok=2, vocab_size=32000),
-    "codellama/CodeLlama-34b-Instruct-hf": dict(num_layers=48, hidden_dim=8192, num_heads=64, num_kv_heads=8, intermediate_dim=22016,
-                                                num_local_experts=0, num_experts_per_tok=0, vocab_size=32000),
-}
+MODELS = {name: m.model_config for name, m in catalog().models.items()}  # model_config by id
 
 # name, model, tp, kv blocks, stages [(seconds, rate)], system prompt, question, output len, groups, timeout s
 SCENARIOS = [

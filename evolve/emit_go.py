@@ -2,72 +2,42 @@
 
 Two translations, both from ASTs, never from strings:
   * the program's functions (step_time, queueing_time, output_token_time, post_decode_time);
-  * the physics itself: `evaluator.components.component_values` is parsed and translated, so
-    the Go components come from the one Python definition (the per-experiment coefficients
-    mirror `coefficients()` in the template; parity tests hold Go and Python equal).
+  * the physics itself (evolve/go_physics.py): `component_values` and `coefficient_values` of
+    evaluator/components.py are parsed and translated, and the hardware presets come from the
+    catalog, so the Go physics has one Python definition (parity tests hold Go and Python equal).
 Semantics of the protected operations match the VM exactly (see docs/design-notes.md).
 jinja2 templates hold the file skeletons (evolve/templates/).
 """
 from __future__ import annotations
 
 import ast
-import inspect
 import math
 import re
-import textwrap
 from dataclasses import dataclass
+from functools import reduce
 from importlib import resources
 
 import jinja2
 
-from evaluator import components as comps_mod
 from evaluator.components import COMPONENT_NAMES
 from evaluator.dsl import Program
+from evaluator.dsl.operators import AND, OPERATORS, Kind, Operator, operands, operator_of
 from evaluator.dsl.program import literal_number
-from evaluator.errors import UserError
+
+from .go_physics import physics_context
+from .go_text import ATOM, BINARY, UNARY, EmitError, camel, go_float, go_value, wrap
 
 INTERFACES = ("v5", "v4")
 
-
-BINARY = {ast.Add: ("+", 40), ast.Sub: ("-", 40), ast.Mult: ("*", 50)}  # Go and Python agree on these
-ATOM, UNARY = 100, 90
-
-
-def wrap(text: str, needed: bool) -> str:
-    return f"({text})" if needed else text
-
-
-class EmitError(UserError, ValueError):
-    """The emitter cannot express a construct in Go: names it (and its line)."""
-
-
-def camel(name: str, upper: bool = True) -> str:
-    parts = [p for p in re.split(r"[_\W]+", name) if p]
-    s = "".join(p[:1].upper() + p[1:] for p in parts) or "X"
-    if s[0].isdigit():
-        s = "N" + s
-    return s if upper else s[:1].lower() + s[1:]
-
-
-def go_float(v: float) -> str:
-    text = repr(float(v))
-    return text if any(ch in text for ch in ".e") else text + ".0"
-
-
-def go_value(v: float) -> str:
-    """A float64 value as a Go expression; -0.0 needs math.Copysign (Go constants have no -0)."""
-    return "math.Copysign(0, -1)" if v == 0 and math.copysign(1.0, v) < 0 else go_float(v)
-
-
 def _literal_only(node: ast.AST) -> bool:
-    """A subtree Go would fold as an exact constant expression (only literals and + - * and
-    unary signs): emitted through a function call so Go rounds each step like Python does."""
+    """A subtree Go would fold as an exact constant expression (only literals and operators whose
+    Go form is a Go operator: + - * and unary signs): emitted through a function call so Go
+    rounds each step like Python does."""
     if isinstance(node, ast.Constant):
         return True
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        return _literal_only(node.operand)
-    if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
-        return _literal_only(node.left) and _literal_only(node.right)
+    if isinstance(node, (ast.BinOp, ast.UnaryOp)):
+        op = operator_of(node)
+        return op is not None and op.go_prec is not None and all(_literal_only(x) for x in operands(node))
     return False
 
 
@@ -82,7 +52,7 @@ def _needs_lit(node: ast.AST) -> bool:
 
 # Helpers the template defines for every model (package-level names to keep locals clear of).
 HELPERS = ("StepTime", "QueueingTime", "OutputTokenTime", "PostDecodeTime", "Div", "Max", "Min", "Log", "Exp",
-           "Select", "Micros", "Lit", "Or", "And")
+           "Select", "Micros", "Lit", "Or", "And", "Coefficients")
 
 
 @dataclass
@@ -94,12 +64,14 @@ class _Names:
 
 
 class _GoExpr:
-    """Translate one validated DSL function body into Go statements."""
+    """Translate one validated DSL function body into Go statements (the forms are the operator
+    table's, `evaluator/dsl/operators.py`)."""
 
     def __init__(self, names: _Names, constants: dict[str, str], function: str):
         self.n, self.constants, self.function = names, constants, function
         self.locals: dict[str, str] = {}
-        self.taken = set(constants.values()) | {names.helper(h) for h in HELPERS}
+        self.helpers = {h: names.helper(h) for h in HELPERS}
+        self.taken = set(constants.values()) | set(self.helpers.values())
         self.literal_call = False  # inside a literal-only subtree: literals go through Lit()
 
     def _local_name(self, name: str) -> str:
@@ -151,29 +123,35 @@ class _GoExpr:
                 return self._expr(node)
             finally:
                 self.literal_call = False
-        text = self._atom(node)
+        text = self._leaf(node)
         if text is not None:
             return text, ATOM
-        if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
-            op, prec = BINARY[type(node.op)]
-            left, lp = self._expr(node.left)
-            right, rp = self._expr(node.right)
-            if isinstance(node.op, ast.Mult):
-                # an explicit conversion rounds the product: Go may not fuse it into an FMA (arm64)
-                return f"float64({wrap(left, lp < prec)} * {wrap(right, rp <= prec)})", ATOM
-            return f"{wrap(left, lp < prec)} {op} {wrap(right, rp <= prec)}", prec
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            inner, p = self._expr(node.operand)
-            return f"-{wrap(inner, p < ATOM)}", UNARY
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
+        op = self._operator(node)
+        if op.exponent:
+            p = literal_number(node.right)
+            if p is None:
+                self.fail(node, "a power with a non-literal exponent")
+            return self._fill(op.go, self.expr(node.left), p=go_float(p)), ATOM
+        if op.kind is Kind.IF_ELSE:
+            return self._fill(op.go, self.cond(node.test), self.expr(node.body), self.expr(node.orelse)), ATOM
+        if op.identity:
             return self._expr(node.operand)
-        self.fail(node, f"the expression {type(node).__name__}")
+        args = [self._expr(x) for x in operands(node)]
+        if op.go_prec is None:  # a call form: its operands are arguments and need no parentheses
+            texts = [text for text, _ in args]
+            return (self._fill(op.go, *texts) if len(texts) == 1 else self._fold(op, texts)), ATOM
+        if len(args) == 1:  # a prefix operator: parentheses unless the operand is atomic
+            texts = [wrap(args[0][0], args[0][1] < ATOM)]
+        else:
+            (left, lp), (right, rp) = args
+            texts = [wrap(left, lp < op.go_prec), wrap(right, rp <= op.go_prec)]
+        # a form inside a call's parentheses, like float64(a * b), is atomic
+        return self._fill(op.go, *texts), ATOM if op.go.endswith(")") else op.go_prec
 
-    def _atom(self, node: ast.AST) -> str | None:
-        """Leaves and calls (never need parentheses); None for operators."""
-        h = self.n.helper
+    def _leaf(self, node: ast.AST) -> str | None:
+        """Literals, f.x, c.x, r.x and locals; None for anything else."""
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return f"{h('Lit')}({go_float(node.value)})" if self.literal_call else go_float(node.value)
+            return f"{self.helpers['Lit']}({go_float(node.value)})" if self.literal_call else go_float(node.value)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             base, attr = node.value.id, node.attr
             if base == "f" and attr in COMPONENT_NAMES:
@@ -187,109 +165,48 @@ class _GoExpr:
             self.fail(node, f"the attribute {base}.{attr}")
         if isinstance(node, ast.Name) and node.id in self.locals:
             return self.locals[node.id]
+        return None
+
+    def _operator(self, node: ast.AST) -> Operator:
+        """The table row of a value node; fails naming anything else."""
+        op = operator_of(node)
+        if isinstance(node, ast.Call) and op is not None:
+            lo, hi = op.arity
+            if node.keywords or not lo <= len(node.args) <= hi:
+                op = None
+        if op is not None and not op.kind.in_condition:
+            return op
         if isinstance(node, ast.BinOp):
-            if isinstance(node.op, ast.Pow):
-                p = literal_number(node.right)
-                if p is None:
-                    self.fail(node, "a power with a non-literal exponent")
-                base = self.expr(node.left)
-                if float(p).is_integer():
-                    return f"math.Pow({base}, {go_float(p)})"
-                return f"math.Pow(math.Abs({base}), {go_float(p)})"
-            if isinstance(node.op, ast.Div):
-                return f"{h('Div')}({self.expr(node.left)}, {self.expr(node.right)})"
-            if type(node.op) in BINARY:
-                return None
             self.fail(node, f"the operator {type(node.op).__name__}")
         if isinstance(node, ast.UnaryOp):
-            if isinstance(node.op, (ast.USub, ast.UAdd)):
-                return None
             self.fail(node, f"the unary operator {type(node.op).__name__} outside a condition")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-            name, args = node.func.id, [self.expr(a) for a in node.args]
-            if name in ("max", "min") and len(args) >= 2:
-                acc = args[0]
-                for a in args[1:]:
-                    acc = f"{h('Max' if name == 'max' else 'Min')}({acc}, {a})"
-                return acc
-            one = {"abs": "math.Abs({})", "sqrt": "math.Sqrt(math.Abs({}))", "log": h("Log") + "({})", "exp": h("Exp") + "({})"}
-            if name in one and len(args) == 1:
-                return one[name].format(args[0])
-            self.fail(node, f"the call {name}()")
-        if isinstance(node, ast.IfExp):
-            return f"{h('Select')}({self.cond(node.test)}, {self.expr(node.body)}, {self.expr(node.orelse)})"
-        if isinstance(node, (ast.BinOp, ast.UnaryOp)):
-            return None
+            self.fail(node, f"the call {node.func.id}()")
         self.fail(node, f"the expression {type(node).__name__}")
 
     def cond(self, node: ast.AST) -> str:
         if isinstance(node, ast.Compare):
-            cmp = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
-            operands = [self.expr(x) for x in [node.left, *node.comparators]]
-            parts = []
-            for i, op in enumerate(node.ops):
-                if type(op) not in cmp:
-                    self.fail(node, f"the comparison {type(op).__name__}")
-                parts.append(f"{operands[i]} {cmp[type(op)]} {operands[i + 1]}")
-            acc = parts[0]
-            for part in parts[1:]:
-                acc = f"{self.n.helper('And')}({acc}, {part})"
-            return acc
-        if isinstance(node, ast.BoolOp):
-            # through helpers, not && / ||: go vet rejects `x != 1 || x != 2` and repeated
-            # operands, which are valid (if odd) programs; the operands have no side effects
-            helper = self.n.helper("And" if isinstance(node.op, ast.And) else "Or")
-            acc = self.cond(node.values[0])
-            for v in node.values[1:]:
-                acc = f"{helper}({acc}, {self.cond(v)})"
-            return acc
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return f"!({self.cond(node.operand)})"
+            values = [self.expr(x) for x in operands(node)]
+            links = []
+            for i, cmp in enumerate(node.ops):
+                op = operator_of(cmp)
+                if op is None:
+                    self.fail(node, f"the comparison {type(cmp).__name__}")
+                links.append(self._fill(op.go, values[i], values[i + 1]))
+            return self._fold(AND, links)
+        op = operator_of(node)
+        if op is not None and op.kind is Kind.BOOL:
+            return self._fold(op, [self.cond(v) for v in node.values])
+        if op is not None and op.kind is Kind.NOT:
+            return self._fill(op.go, self.cond(node.operand))
         self.fail(node, f"the condition {type(node).__name__}")
 
+    def _fill(self, form: str, *args: str, **values: str) -> str:
+        return form.format(*args, **values, **self.helpers)
 
-def coefficient_slots() -> dict[str, int]:
-    return {name: getattr(comps_mod, name) for name in dir(comps_mod) if name.startswith("K_")}
-
-
-def component_formulas_go(struct: str) -> list[str]:
-    """Go statements computing the components from batch totals, translated from the Python
-    definition `component_values` (arithmetic on totals and the coefficient vector k)."""
-    src = textwrap.dedent(inspect.getsource(comps_mod.component_values))
-    fn = ast.parse(src).body[0]
-    k_index = coefficient_slots()
-
-    ops = {**BINARY, ast.Div: ("/", 50)}
-
-    def tr(node: ast.AST) -> tuple[str, int]:
-        if isinstance(node, ast.Name):
-            return camel(node.id, upper=False), ATOM
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return go_float(node.value), ATOM
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "k":
-            return f"m.k[{k_index[node.slice.id]}]", ATOM
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-            return f"math.Pow({tr(node.left)[0]}, {tr(node.right)[0]})", ATOM
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            op, prec = ops[type(node.op)]
-            (left, lp), (right, rp) = tr(node.left), tr(node.right)
-            if isinstance(node.op, ast.Mult):  # rounded product: no FMA fusion (see _GoExpr._expr)
-                return f"float64({wrap(left, lp < prec)} * {wrap(right, rp <= prec)})", ATOM
-            return f"{wrap(left, lp < prec)} {op} {wrap(right, rp <= prec)}", prec
-        raise EmitError(f"component_values: cannot translate {ast.unparse(node)}")
-
-    lines = []
-    for stmt in fn.body:
-        if isinstance(stmt, ast.Assign):
-            target = stmt.targets[0].id
-            lines.append(f"{camel(target, upper=False)} := {tr(stmt.value)[0]}")
-        elif isinstance(stmt, ast.Return):
-            names = [e.id for e in stmt.value.elts]
-            if names != COMPONENT_NAMES:
-                raise EmitError("component_values must return the components in COMPONENTS order")
-            fields = ", ".join(f"{camel(n)}: {camel(n, upper=False)}" for n in names)
-            lines.append(f"return {struct}{{{fields}}}")
-    return lines
+    def _fold(self, op: Operator, texts: list[str]) -> str:
+        """Left fold of a two-operand form: max(a, b, c) -> Max(Max(a, b), c)."""
+        return reduce(lambda acc, text: self._fill(op.go, acc, text), texts)
 
 
 def _templates() -> jinja2.Environment:
@@ -333,9 +250,7 @@ def emit_go(program: Program, name: str = "StepMLEvolved", interface: str = "v5"
     ctx = {
         "name": name, "prefix": names.prefix, "interface": interface, "header": header or {},
         "doc": _comment(program.doc), "constants": [(consts[k], go_value(v), k) for k, v in program.constants.items()],
-        "components": [(camel(n), unit, meaning) for n, unit, meaning in comps_mod.COMPONENTS],
-        "formulas": component_formulas_go(f"{name}Components"), "functions": functions,
-        "K": coefficient_slots(), "n_coefficients": comps_mod.N_COEFFICIENTS,
+        "functions": functions, **physics_context(name),
     }
     return _templates().get_template("latency_model.go.j2").render(**ctx)
 

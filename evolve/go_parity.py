@@ -10,11 +10,10 @@ import random
 
 import numpy as np
 
+from evaluator.catalog import catalog
 from evaluator.components import coefficients, from_trajectory
 from evaluator.dsl import Program, ScalarProgram, compile_program
 from evaluator.hardware import get_hardware
-from evaluator.model_arch import ModelArch
-from evaluator.synthetic import MODELS
 
 # The deployments of the real data: dense MHA TP1, GQA TP4, MoE TP2, GQA TP2; plus one A100.
 DEFAULT_DEPLOYMENTS = [
@@ -66,12 +65,12 @@ def samples(program: Program, n_batches: int = 1000, seed: int = 0, deployments=
     sp = ScalarProgram(compile_program(program))
     consts = np.array(list(program.constants.values()), dtype=float)
     deps, ks = [], []
-    for model, tp, hw in deployments:
-        arch = ModelArch.from_model_config(MODELS[model])
+    for model, tp, hw_name in deployments:
+        arch, hw = catalog().models[model].arch, get_hardware(hw_name)
         deps.append({"layers": arch.layers, "hidden": arch.hidden, "heads": arch.heads, "kv_heads": arch.kv_heads,
                      "ffn": arch.ffn, "experts": arch.num_experts, "top_k": arch.top_k, "vocab": arch.vocab,
-                     "hw": "H100" if hw == "H100" else "A100", "tp": tp})
-        ks.append(coefficients(arch, get_hardware(hw), tp))
+                     "hw": hw.go_name, "tp": tp})
+        ks.append(coefficients(arch, hw, tp))
     steps = []
     for i in range(n_batches):
         d = i % len(deployments)

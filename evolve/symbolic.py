@@ -5,6 +5,7 @@ trees; the result is rendered back to DSL text and goes through the same validat
 output. DEAP never compiles or evaluates anything here: its primitives are names only.
 New ephemeral constants become named constants (k1, k2, ...) that the fit then tunes.
 Randomness comes from the `random` module, which the caller seeds per child.
+The primitives are the operator table's rows that name one (`evaluator/dsl/operators.py`).
 """
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from deap import gp
 
 from evaluator.components import COMPONENT_NAMES
 from evaluator.dsl import REQUEST_FIELDS, Program
+from evaluator.dsl.operators import OPERATORS as DSL_OPERATORS
+from evaluator.dsl.operators import Kind, Operator, operands, operator_of
 from evaluator.dsl.program import literal_number, render_constants
 
 MAX_TREE_HEIGHT = 12
-# exponent -> primitive name; other exponents are not representable for GP (the LLM may use them)
-POWERS = {2.0: "pow2", 3.0: "pow3", 0.5: "pow0_5", 1.5: "pow1_5", -1.0: "powm1", -0.5: "powm0_5", -2.0: "powm2"}
-BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}
-UNARY_CALLS = ("abs", "sqrt", "log", "exp")
+# the exponents GP writes, each its own primitive (pow2, pow0_5, powm1, ...); others are left to the LLM
+POWER_EXPONENTS = (2.0, 3.0, 0.5, 1.5, -1.0, -0.5, -2.0)
 OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term")
 TIME_COMPONENTS = {"gemm_pf", "gemm_dc", "attn_pf", "attn_dc", "weights", "kv_read", "kv_write", "allreduce"}
 MUTABLE_FUNCTIONS = {"step_time": 0.8, "queueing_time": 0.2}  # which function a structural operator edits
@@ -40,14 +41,42 @@ def _new_constant_value() -> float:
     return round(10 ** random.uniform(-1.0, 3.0), 4)
 
 
+def _power_name(op: Operator, p: float) -> str:
+    return op.gp + f"{p:g}".replace("-", "m").replace(".", "_")
+
+
+def _gp_arity(op: Operator) -> int:
+    if op.kind is Kind.COMPARE:
+        return 4  # ifgt(a, b, then, else)
+    if op.exponent:
+        return 1  # the exponent is part of the name
+    return op.arity[0]  # max(a, b, ...) becomes max2(a, b)
+
+
+_POWER = next(op for op in DSL_OPERATORS if op.exponent)  # both ** rows render alike: (x) ** p
+POWERS = {p: _power_name(_POWER, p) for p in POWER_EXPONENTS}  # exponent -> primitive name
+_BY_PRIMITIVE = {op.gp: op for op in DSL_OPERATORS if op.gp and not op.exponent}
+_COMPARISONS = {op.symbol: op for op in DSL_OPERATORS if op.kind is Kind.COMPARE}
+_MIRRORED = {"<": ">", "<=": ">="}  # a < b is b > a: GP has if-primitives for > and >= only
+
+
+def _primitives() -> list[tuple[str, int]]:
+    """(name, arity) of the primitives in the order DEAP must see them, since its random choices
+    depend on it: the binary ones, then the unary ones, then the if-primitives, each in table order."""
+    arities: dict[str, int] = {}
+    for op in DSL_OPERATORS:
+        for name in (POWERS.values() if op.exponent else [op.gp] if op.gp else []):
+            arities.setdefault(name, _gp_arity(op))
+    return sorted(arities.items(), key=lambda item: (2, 1, 4).index(item[1]))
+
+
+PRIMITIVES = _primitives()
+
+
 def primitive_set(constant_names: list[str], function: str = "step_time") -> gp.PrimitiveSet:
     pset = gp.PrimitiveSet(function, 0)
-    for name in ("add", "sub", "mul", "div", "max2", "min2"):
-        pset.addPrimitive(_noop, 2, name=name)
-    for name in ("neg", *UNARY_CALLS, *POWERS.values()):
-        pset.addPrimitive(_noop, 1, name=name)
-    pset.addPrimitive(_noop, 4, name="ifgt")
-    pset.addPrimitive(_noop, 4, name="ifge")
+    for name, arity in PRIMITIVES:
+        pset.addPrimitive(_noop, arity, name=name)
     if function == "step_time":
         for comp in COMPONENT_NAMES:
             pset.addTerminal(f"f.{comp}", name=f"f_{comp}")
@@ -77,50 +106,38 @@ def to_tree(program: Program, pset: gp.PrimitiveSet, function: str = "step_time"
     nodes: list = []
 
     def visit(node: ast.AST) -> None:
+        op = operator_of(node)
         if isinstance(node, ast.Constant):
             nodes.append(gp.Terminal(float(node.value), False, object))
         elif isinstance(node, ast.Attribute):
             nodes.append(pset.mapping[f"{node.value.id}_{node.attr}"])
         elif isinstance(node, ast.Name):
             visit(local_exprs[node.id])
-        elif isinstance(node, ast.BinOp):
-            if isinstance(node.op, ast.Pow):
-                p = literal_number(node.right)
-                if p not in POWERS:
-                    raise NotRepresentable(f"exponent {p:g}")
-                nodes.append(pset.mapping[POWERS[p]])
-                visit(node.left)
-            else:
-                nodes.append(pset.mapping[BINARY[type(node.op)]])
-                visit(node.left)
-                visit(node.right)
-        elif isinstance(node, ast.UnaryOp):
-            if isinstance(node.op, ast.USub):
-                nodes.append(pset.mapping["neg"])
-            visit(node.operand)
-        elif isinstance(node, ast.Call):
-            name = node.func.id
-            if name in UNARY_CALLS:
-                nodes.append(pset.mapping[name])
-                visit(node.args[0])
-            else:  # max/min of n arguments -> left-nested binary primitive
-                for _ in node.args[1:]:
-                    nodes.append(pset.mapping[f"{name}2"])
-                visit(node.args[0])
-                for a in node.args[1:]:
-                    visit(a)
-        elif isinstance(node, ast.IfExp):
-            t = node.test
-            if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Gt, ast.GtE, ast.Lt, ast.LtE))):
+        elif op is None or op.kind.in_condition:
+            raise NotRepresentable(type(node).__name__)
+        elif op.exponent:
+            p = literal_number(node.right)
+            if p not in POWERS:
+                raise NotRepresentable(f"exponent {p:g}")
+            nodes.append(pset.mapping[POWERS[p]])
+            visit(node.left)
+        elif op.kind is Kind.IF_ELSE:
+            test = _if_primitive(node.test)
+            if test is None:
                 raise NotRepresentable("condition other than one <, <=, > or >= comparison")
-            a, b = t.left, t.comparators[0]
-            if isinstance(t.ops[0], (ast.Lt, ast.LtE)):
-                a, b = b, a
-            nodes.append(pset.mapping["ifgt" if isinstance(t.ops[0], (ast.Gt, ast.Lt)) else "ifge"])
+            cmp, a, b = test
+            nodes.append(pset.mapping[cmp.gp])
             for x in (a, b, node.body, node.orelse):
                 visit(x)
-        else:
-            raise NotRepresentable(type(node).__name__)
+        elif op.identity:
+            visit(node.operand)
+        elif op.gp is None:
+            raise NotRepresentable(op.symbol)
+        else:  # max/min of n arguments: n - 1 left-nested binary primitives
+            args = operands(node)
+            nodes.extend([pset.mapping[op.gp]] * max(len(args) - 1, 1))
+            for a in args:
+                visit(a)
 
     for stmt in fn.body:
         if isinstance(stmt, ast.Assign):
@@ -128,6 +145,18 @@ def to_tree(program: Program, pset: gp.PrimitiveSet, function: str = "step_time"
         elif isinstance(stmt, ast.Return):
             visit(stmt.value)
     return gp.PrimitiveTree(nodes)
+
+
+def _if_primitive(test: ast.AST) -> tuple[Operator, ast.AST, ast.AST] | None:
+    """For a test GP can hold (one comparison with an if-primitive, a < b read as b > a):
+    the comparison's row and its two operands; None for any other test."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    symbol, a, b = operator_of(test.ops[0]).symbol, test.left, test.comparators[0]
+    if symbol in _MIRRORED:
+        symbol, a, b = _MIRRORED[symbol], b, a
+    op = _COMPARISONS[symbol]
+    return (op, a, b) if op.gp else None
 
 
 def render_tree(tree: gp.PrimitiveTree, existing: set[str]) -> tuple[str, dict[str, float]]:
@@ -155,20 +184,17 @@ def render_tree(tree: gp.PrimitiveTree, existing: set[str]) -> tuple[str, dict[s
             v = float(node.value)
             return repr(v) if v >= 0 else f"({v!r})"
         args = [walk() for _ in range(node.arity)]
-        n = node.name
-        if n in ("add", "sub", "mul", "div"):
-            return f"({args[0]} {'+-*/'['add sub mul div'.split().index(n)]} {args[1]})"
-        if n in ("max2", "min2"):
-            return f"{n[:3]}({args[0]}, {args[1]})"
-        if n == "neg":
-            return f"(-{args[0]})"
-        if n in UNARY_CALLS:
-            return f"{n}({args[0]})"
-        if n in POWERS.values():
-            p = next(k for k, v in POWERS.items() if v == n)
+        if node.name in POWERS.values():
+            p = next(k for k, v in POWERS.items() if v == node.name)
             return f"({args[0]}) ** {p:g}" if p > 0 else f"({args[0]}) ** ({p:g})"
-        cmp = ">" if n == "ifgt" else ">="
-        return f"({args[2]} if {args[0]} {cmp} {args[1]} else {args[3]})"
+        op = _BY_PRIMITIVE[node.name]
+        if op.kind is Kind.BINARY:
+            return f"({args[0]} {op.symbol} {args[1]})"
+        if op.kind is Kind.UNARY:
+            return f"({op.symbol}{args[0]})"
+        if op.kind is Kind.CALL:
+            return f"{op.symbol}({', '.join(args)})"
+        return f"({args[2]} if {args[0]} {op.symbol} {args[1]} else {args[3]})"  # ifgt(a, b, then, else)
 
     text = walk()
     return _flatten_minmax(ast.unparse(ast.parse(text, mode="eval"))), new

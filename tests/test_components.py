@@ -1,12 +1,25 @@
-"""Analytical components against hand calculations, and scalar == vectorized."""
+"""Analytical components against hand calculations, scalar == vectorized; the catalog; the coefficient
+function and the contract that lets evolve/go_physics.py translate the physics to Go."""
 from __future__ import annotations
+
+from importlib import resources
 
 import numpy as np
 import pytest
 
-from evaluator.components import COMPONENT_INDEX, coefficients, component_values, from_trajectory
+from evaluator import components
+from evaluator.catalog import catalog
+from evaluator.catalog import load as load_catalog
+from evaluator.components import (
+    COMPONENT_INDEX, K_ALLREDUCE_US_PER_TOKEN, K_ATTN_US_PER_PAIR, K_DENSE_WEIGHT_US, K_EXPERT_WEIGHT_US,
+    K_GEMM_US_PER_TOKEN, K_KV_US_PER_TOKEN, K_LAYERS, K_NUM_EXPERTS, K_TOPK_FRACTION, K_TP, coefficient_values,
+    coefficients, component_values, from_trajectory,
+)
 from evaluator.hardware import get_hardware
 from evaluator.model_arch import ModelArch
+from evaluator.synthetic import MODELS
+from evolve.emit_go import EmitError
+from evolve.go_physics import coefficient_function_go, component_formulas_go, hardware_presets
 
 H100 = get_hardware("H100")
 LLAMA7 = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
@@ -116,3 +129,125 @@ def test_hardware_table_has_units_and_rejects_unknown():
     assert get_hardware("h100").memory_bytes == 80e9
     with pytest.raises(KeyError, match="unknown hardware"):
         get_hardware("B300")
+
+
+# ---- the catalog ------------------------------------------------------------------------------
+
+def test_catalog_hardware_equals_the_datasheet_figures_and_keeps_the_aliases():
+    expected = {"H100": (989.5e12, 3.35e12, 900e9, 80e9), "A100-80GB": (312e12, 2.039e12, 600e9, 80e9)}
+    hw = catalog().hardware
+    assert {n: (h.peak_flops, h.hbm_bytes_per_s, h.link_bytes_per_s, h.memory_bytes) for n, h in hw.items()} == expected
+    for alias in ("h100", "H100-SXM", "h100_sxm", "h100-sxm5", "h100-80gb"):
+        assert get_hardware(alias) is hw["H100"]
+    for alias in ("a100", "A100-80GB", "a100_80gb", "a100-sxm4-80gb"):
+        assert get_hardware(alias) is hw["A100-80GB"]
+    assert {h.go_name for h in hw.values()} == {"H100", "A100"}
+
+
+def test_catalog_models_are_the_replay_model_configs():
+    models = catalog().models
+    assert list(models) == ["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf", "mistralai/Mixtral-8x7B-v0.1",
+                            "codellama/CodeLlama-34b-Instruct-hf"]
+    mixtral = models["mistralai/Mixtral-8x7B-v0.1"].model_config
+    assert list(mixtral.items()) == [("num_layers", 32), ("hidden_dim", 4096), ("num_heads", 32), ("num_kv_heads", 8),
+                                     ("intermediate_dim", 14336), ("num_local_experts", 8), ("num_experts_per_tok", 2),
+                                     ("vocab_size", 32000)]
+    assert models["meta-llama/Llama-2-70b-hf"].arch == LLAMA70 and models["mistralai/Mixtral-8x7B-v0.1"].arch == MIXTRAL
+    assert MODELS["codellama/CodeLlama-34b-Instruct-hf"]["intermediate_dim"] == 22016
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace("unit: B/s, source: \"H100 SXM5 datasheet: HBM3", "unit: TB/s, source: \"x"), "unit must be B/s"),
+    (lambda t: t.replace("value: 989.5e+12", "value: 989.5e12"), "not a positive number"),
+    (lambda t: t.replace("go_name: A100", "go_name: H100"), "share the go_name H100"),
+    (lambda t: t.replace("num_kv_heads: 8, intermediate_dim: 28672", "num_kv_heads: 7, intermediate_dim: 28672"),
+     "Llama-2-70b-hf: model_config.num_heads is not a multiple of num_kv_heads"),
+])
+def test_catalog_loader_rejects_bad_entries(tmp_path, edit, message):
+    text = (resources.files("evaluator") / "catalog.yaml").read_text()
+    bad = edit(text)
+    assert bad != text
+    (tmp_path / "c.yaml").write_text(bad)
+    with pytest.raises(ValueError, match=message):
+        load_catalog(tmp_path / "c.yaml")
+
+
+# ---- the coefficient function, and its translation to Go ---------------------------------------
+
+def test_coefficients_of_llama2_70b_tp4_by_hand():
+    k = coefficients(LLAMA70, H100, 4)
+    # per token: 80 layers * (2 * 150,994,944 attention params + 2*3*8192*28672 MLP FLOPs)
+    assert k[K_GEMM_US_PER_TOKEN] == pytest.approx(136_902_082_560 / 4 / 989.5e12 * 1e6, rel=1e-15)
+    assert k[K_GEMM_US_PER_TOKEN] == pytest.approx(34.5887, abs=1e-4)
+    assert k[K_ATTN_US_PER_PAIR] == pytest.approx(4 * 64 * 128 * 80 / 4 / 989.5e12 * 1e6, rel=1e-15)
+    # 80 * (150,994,944 + 3*8192*28672) + 32000*8192 params, 2 bytes each
+    assert k[K_DENSE_WEIGHT_US] == pytest.approx(137_426_370_560 / 4 / 3.35e12 * 1e6, rel=1e-15)
+    assert (k[K_EXPERT_WEIGHT_US], k[K_NUM_EXPERTS], k[K_TOPK_FRACTION]) == (0.0, 0.0, 0.0)
+    assert k[K_KV_US_PER_TOKEN] == pytest.approx(2 * 80 * 1024 * 2 / 4 / 3.35e12 * 1e6, rel=1e-15)
+    assert k[K_ALLREDUCE_US_PER_TOKEN] == pytest.approx(2 * 80 * 1.5 * 8192 * 2 / 900e9 * 1e6, rel=1e-15)
+    assert (k[K_LAYERS], k[K_TP]) == (80.0, 4.0)
+
+
+def test_coefficients_of_mixtral_tp2_by_hand():
+    k = coefficients(MIXTRAL, H100, 2)
+    # per token: 32 * (2 * 41,943,040 attention params + 2*3*4096*14336 * top-2 + 2*4096*8 router)
+    assert k[K_GEMM_US_PER_TOKEN] == pytest.approx(25_235_030_016 / 2 / 989.5e12 * 1e6, rel=1e-15)
+    # read every step: 32 * (41,943,040 + 4096*8 router) + 32000*4096 lm_head, 2 bytes each
+    assert k[K_DENSE_WEIGHT_US] == pytest.approx(2_948_595_712 / 2 / 3.35e12 * 1e6, rel=1e-15)
+    assert k[K_EXPERT_WEIGHT_US] == pytest.approx(32 * 3 * 4096 * 14336 * 2 / 2 / 3.35e12 * 1e6, rel=1e-15)
+    assert (k[K_NUM_EXPERTS], k[K_TOPK_FRACTION]) == (8.0, 0.25)
+    assert k[K_ALLREDUCE_US_PER_TOKEN] == pytest.approx(2 * 32 * 1.0 * 4096 * 2 / 900e9 * 1e6, rel=1e-15)
+
+
+@pytest.mark.parametrize("model", list(catalog().models))
+def test_coefficients_on_float64_arguments_equal_the_exact_integer_ones(model):
+    """Go computes in float64 what Python computes with exact ints: equal bit for bit (the 2**53 rule)."""
+    arch = catalog().models[model].arch
+    for hw in catalog().hardware.values():
+        for tp in (1, 2, 4, 8):
+            args = (arch.layers, arch.hidden, arch.heads, arch.head_dim, arch.kv_heads, arch.ffn, arch.vocab,
+                    arch.num_experts, arch.top_k, hw.peak_flops, hw.hbm_bytes_per_s, hw.link_bytes_per_s, tp)
+            exact = np.array(coefficient_values(*args))
+            assert np.array_equal(exact, coefficients(arch, hw, tp))
+            assert np.array_equal(exact.view(np.uint64), np.array(coefficient_values(*map(float, args))).view(np.uint64))
+
+
+def test_the_go_translator_accepts_both_physics_functions():
+    formulas = component_formulas_go("XComponents")
+    assert formulas[-1].startswith("return XComponents{GemmPf: gemmPf, GemmDc: gemmDc,")
+    assert "experts := float64(m.k[4] * (1.0 - math.Pow(1.0 - m.k[5], tokens)))" in formulas
+    params, code = coefficient_function_go("xSelect")
+    assert [p for p, _ in params][:4] == ["layers", "hidden", "heads", "headDim"]
+    assert ("headDim", "float64(arch.HiddenDim / arch.NumHeads)") in params
+    assert "topkFraction := xSelect(numExperts > 0.0, topK / numExperts, 0.0)" in code
+    assert code[-2:] == ["\ttp,                  // K_TP", "}"]
+    presets = {p["go_name"]: p["fields"] for p in hardware_presets()}
+    assert presets == {"H100": "PeakFlops: 989.5e12, HBMBytesPerS: 3.35e12, LinkBytesPerS: 900e9",
+                       "A100": "PeakFlops: 312e12, HBMBytesPerS: 2.039e12, LinkBytesPerS: 600e9"}
+
+
+def _with_numpy_call(layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k,
+                     peak_flops, hbm_bytes_per_s, link_bytes_per_s, tp):
+    us = np.float64(1e6)
+    return (us, us, us, us, num_experts, us, us, us, layers, tp)
+
+
+def _in_wrong_order(layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k,
+                    peak_flops, hbm_bytes_per_s, link_bytes_per_s, tp):
+    return (layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k, tp)
+
+
+def _conditional_on_arrays(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max, k):
+    tokens = tok_pf if n_dc > 0 else n_dc
+    return (tokens,)
+
+
+@pytest.mark.parametrize("attr,fn,message", [
+    ("coefficient_values", _with_numpy_call, r"line \d+\): cannot translate `np.float64\(1000000.0\)`"),
+    ("coefficient_values", _in_wrong_order, r"a return other than \(gemm_us_per_token, attn_us_per_pair,"),
+    ("component_values", _conditional_on_arrays, r"cannot translate `tok_pf if n_dc > 0 else n_dc`"),
+])
+def test_the_go_translator_names_what_breaks_the_contract(monkeypatch, attr, fn, message):
+    monkeypatch.setattr(components, attr, fn)
+    with pytest.raises(EmitError, match=message):
+        coefficient_function_go("xSelect") if attr == "coefficient_values" else component_formulas_go("X")

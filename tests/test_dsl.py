@@ -3,6 +3,7 @@ and hostile text is rejected without ever being executed."""
 from __future__ import annotations
 
 import builtins
+import math
 import random
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from evaluator.components import COMPONENT_NAMES, N_COMPONENTS
 from evaluator.dsl import ProgramError, ScalarProgram, compile_program, compile_vector, evaluate_vector, load_program, parse_program, step_times
+from evaluator.dsl.operators import OPERATORS, Kind, Operator
 from seeds import seed_paths
 
 SEED_NAMES = {"blackbox", "roofline", "phase_decomposed", "regime_switch", "trained_physics"}
@@ -29,13 +31,12 @@ def test_all_seeds_are_shipped_documented_valid_and_compile():
         assert prog.complexity > 0 and prog.components_used
 
 
-def test_descriptors_count_nodes_components_and_constants():
+def test_complexity_counts_nodes_and_components_used_lists_them():
     prog = parse_program('CONSTANTS = {"a": 1.0, "b": 2.0}\n\ndef step_time(f, c):\n'
                          '    x = c.a * f.gemm_pf\n    return max(x, c.b * f.weights) + 3.0\n')
     # x = c.a * f.gemm_pf -> 3 nodes; max(x, c.b*f.weights) + 3.0 -> + , max, x, *, c.b, f.weights, 3.0 = 7
     assert prog.complexity == 10
     assert prog.components_used == ["gemm_pf", "weights"]
-    assert prog.descriptors()["n_components"] == 2
     assert prog.constant_names == ["a", "b"]
 
 
@@ -147,6 +148,107 @@ def test_other_functions_compile_both_ways():
                          {"c_q": 100.0, "c_t": 0.5, "c_o": 40.0, "r_input_tokens": np.array([600.0, 600.0]),
                           "r_output_tokens": np.array([248.0, 5.0])})
     np.testing.assert_array_equal(vq, [400.0, 100.0])
+
+
+# ---- the operator table: every row works in every back end, with the same protected semantics ----
+
+EDGES = [0.0, -0.0, 1.0, -1.0, 2.5, -4.0, 100.0, -100.0, 1e-300, 1e300, -1e300]
+
+
+def _row_expression(op: Operator) -> str:
+    """A step_time expression using the row's operator on a = f.gemm_pf and b = f.gemm_dc."""
+    a, b = "f.gemm_pf", "f.gemm_dc"
+    if op.exponent:
+        return f"{a} ** {3 if op.exponent == 'integer' else 1.5}"
+    if op.kind is Kind.BINARY:
+        return f"{a} {op.symbol} {b}"
+    if op.kind is Kind.UNARY:
+        return f"{op.symbol}{a}"
+    if op.kind is Kind.CALL:
+        return f"{op.symbol}({', '.join([a, b][:op.arity[0]])})"
+    if op.kind is Kind.COMPARE:
+        return f"1.0 if {a} {op.symbol} {b} else 0.0"
+    if op.kind is Kind.BOOL:
+        return f"1.0 if {a} > 0 {op.symbol} {b} > 0 else 0.0"
+    if op.kind is Kind.NOT:
+        return f"1.0 if not {a} > 0 else 0.0"
+    return f"{a} if {b} > 0 else {b}"
+
+
+def _both_backends(expression: str, a, b) -> tuple[np.ndarray, np.ndarray]:
+    """(VM, numexpr) values of `return <expression>` at the pairs (a[i], b[i])."""
+    prog = parse_program(f"def step_time(f, c):\n    return {expression}\n")
+    comps = np.zeros((N_COMPONENTS, len(a)))
+    comps[COMPONENT_NAMES.index("gemm_pf")], comps[COMPONENT_NAMES.index("gemm_dc")] = a, b
+    sp = ScalarProgram(compile_program(prog))
+    with np.errstate(all="ignore"):
+        vm = np.array([sp.step_time(comps[:, i], np.zeros(0)) for i in range(len(a))])
+        vec = step_times(prog, comps, np.zeros(0))
+    return vm, vec
+
+
+@pytest.mark.parametrize("op", OPERATORS, ids=lambda op: f"{op.kind.name}{op.symbol}{op.exponent or ''}")
+def test_every_operator_validates_and_compiles_everywhere_and_the_backends_agree_at_edges(op):
+    from evolve.emit_go import _GoExpr, _Names
+
+    expression = _row_expression(op)
+    a, b = (np.array(x) for x in zip(*[(x, y) for x in EDGES for y in EDGES]))
+    vm, vec = _both_backends(expression, a, b)
+    np.testing.assert_allclose(vm, vec, rtol=1e-14, atol=0, err_msg=expression)
+    np.testing.assert_array_equal(np.signbit(vm), np.signbit(vec), err_msg=expression)  # -0.0 too
+    fn = parse_program(f"def step_time(f, c):\n    return {expression}\n").functions["step_time"]
+    (go,) = _GoExpr(_Names("m"), {}, "step_time").body(fn)
+    assert go.startswith("return ") and "f.GemmPf" in go
+
+
+@pytest.mark.parametrize("expression,a,b,expected", [
+    ("f.gemm_pf / f.gemm_dc", 3.0, 0.0, 0.0),
+    ("f.gemm_pf / f.gemm_dc", -3.0, -0.0, 0.0),
+    ("f.gemm_pf / f.gemm_dc", 1.0, 4.0, 0.25),
+    ("f.gemm_pf / f.gemm_dc", 1e300, 1e-300, math.inf),
+    ("sqrt(f.gemm_pf)", -4.0, 0.0, 2.0),
+    ("log(f.gemm_pf)", 0.0, 0.0, 0.0),
+    ("log(f.gemm_pf)", -math.e, 0.0, 1.0),
+    ("exp(f.gemm_pf)", 1000.0, 0.0, math.exp(80.0)),
+    ("exp(f.gemm_pf)", -1000.0, 0.0, 0.0),
+    ("f.gemm_pf ** 3", -2.0, 0.0, -8.0),
+    ("f.gemm_pf ** -1", 0.0, 0.0, math.inf),
+    ("f.gemm_pf ** 1.5", -4.0, 0.0, 8.0),
+    ("f.gemm_pf ** -0.5", -4.0, 0.0, 0.5),
+    ("abs(f.gemm_pf)", -3.0, 0.0, 3.0),
+    ("-f.gemm_pf", 2.0, 0.0, -2.0),
+    ("+f.gemm_pf", -2.0, 0.0, -2.0),
+    ("max(f.gemm_pf, f.gemm_dc, -7.0)", -9.0, -8.0, -7.0),
+    ("min(f.gemm_pf, f.gemm_dc)", -1.0, 2.0, -1.0),
+    ("f.gemm_pf * f.gemm_dc", 1e300, 1e300, math.inf),
+    ("1.0 if f.gemm_pf == f.gemm_dc else 0.0", 0.0, -0.0, 1.0),
+    ("1.0 if f.gemm_pf < f.gemm_dc <= 3.0 else 0.0", 1.0, 3.0, 1.0),
+    ("1.0 if f.gemm_pf < f.gemm_dc <= 3.0 else 0.0", 1.0, 4.0, 0.0),
+    ("1.0 if f.gemm_pf != 1.0 or f.gemm_dc > 0 else 0.0", 1.0, 0.0, 0.0),
+    ("1.0 if not f.gemm_pf > 0 and f.gemm_dc >= 0 else 0.0", -1.0, 0.0, 1.0),
+    ("f.gemm_pf if f.gemm_dc > 0 else 5.0", 7.0, 1e-300, 7.0),
+])
+def test_protected_semantics_hold_in_the_vm_and_numexpr(expression, a, b, expected):
+    vm, vec = _both_backends(expression, [a], [b])
+    assert vm[0] == expected and vec[0] == expected, (expression, vm[0], vec[0])
+
+
+def test_gp_primitives_follow_the_order_deap_was_seeded_with():
+    """DEAP's random choices depend on the order of the primitive set: the table must keep it."""
+    from evolve.symbolic import PRIMITIVES, primitive_set
+
+    assert PRIMITIVES == [("add", 2), ("sub", 2), ("mul", 2), ("div", 2), ("max2", 2), ("min2", 2), ("neg", 1), ("abs", 1),
+                          ("sqrt", 1), ("log", 1), ("exp", 1), ("pow2", 1), ("pow3", 1), ("pow0_5", 1), ("pow1_5", 1),
+                          ("powm1", 1), ("powm0_5", 1), ("powm2", 1), ("ifgt", 4), ("ifge", 4)]
+    pset = primitive_set(["a"])
+    assert [p.name for arity in (2, 1, 4) for p in pset.primitives[object] if p.arity == arity] == [n for n, _ in PRIMITIVES]
+
+
+def test_rejections_list_the_table_spellings():
+    for body, listed in [("f.tp // 2", "(only + - * / **)"), ("tanh(f.tp)", "(only max, min, abs, sqrt, log, exp)"),
+                         ("1 if f.tp is 2 else 0", "only < <= > >= == != comparisons")]:
+        with pytest.raises(ProgramError, match=listed.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*").replace("+", r"\+")):
+            parse_program(VALID_HEAD + f"    return {body}\n")
 
 
 # ---- rejections name the line and the rule ----

@@ -1,4 +1,5 @@
-"""The program DSL: parse/validate (program.py), scalar VM (vm.py), numexpr (numexpr_compile.py)."""
+"""The program DSL: the operator table (operators.py), parse/validate (program.py), scalar VM
+(vm.py), numexpr (numexpr_compile.py)."""
 from .numexpr_compile import compile_vector, evaluate_vector, step_times
 from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError, load_program, parse_program
 from .vm import CompiledProgram, ScalarProgram, compile_program

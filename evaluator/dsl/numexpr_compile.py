@@ -1,24 +1,27 @@
 """Vectorized compilation: a validated program becomes a short list of numexpr statements.
 
+The vectorized back end: tests use it as an oracle for the VM (`vm.py`, which the replay
+runs), and it is meant for scoring a population of constant vectors over recorded
+trajectories in one call. Nothing else calls it today.
+
 Each statement assigns one temporary; operands used twice (by max/min, protected division,
 log, if-else) are hoisted into temporaries so nothing is computed twice and expressions
 never blow up. Components arrive as arrays named f_<name>, constants as c_<name> (any
 broadcastable shape: a column of P constant vectors evaluates a population in one call),
-request fields as r_<name>. Semantics match `vm.py` exactly.
+request fields as r_<name>. The forms come from the operator table (`operators.py`), so the
+semantics match `vm.py` exactly.
 """
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import reduce
 
 import numexpr as ne
 import numpy as np
 
-from .program import Program, literal_number
-from .vm import EXP_CLAMP
-
-_BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-_CMP = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+from .operators import AND, Kind, Operator, literal_number, operands, operator_of
+from .program import Program
 
 
 @dataclass(frozen=True)
@@ -54,52 +57,37 @@ class _Builder:
             return f"{node.value.id}_{node.attr}"
         if isinstance(node, ast.Name):
             return f"l_{node.id}"
-        if isinstance(node, ast.BinOp):
-            if isinstance(node.op, ast.Pow):
-                p = literal_number(node.right)
-                base = self.expr(node.left)
-                return f"({base})**({p!r})" if float(p).is_integer() else f"abs({base})**({p!r})"
-            left, right = self.expr(node.left), self.expr(node.right)
-            if isinstance(node.op, ast.Div):
-                den = self.temp(right)
-                return f"where({den} != 0.0, ({left}) / {den}, 0.0)"
-            return f"({left} {_BIN[type(node.op)]} {right})"
-        if isinstance(node, ast.UnaryOp):
-            inner = self.expr(node.operand)
-            return f"(-{inner})" if isinstance(node.op, ast.USub) else inner
-        if isinstance(node, ast.Call):
-            name = node.func.id
-            args = [self.expr(a) for a in node.args]
-            if name == "abs":
-                return f"abs({args[0]})"
-            if name == "sqrt":
-                return f"sqrt(abs({args[0]}))"
-            if name == "log":
-                x = self.temp(f"abs({args[0]})")
-                return f"where({x} > 0.0, log({x}), 0.0)"
-            if name == "exp":
-                x = self.temp(args[0])
-                return f"exp(where({x} < {EXP_CLAMP!r}, {x}, {EXP_CLAMP!r}))"
-            acc = self.temp(args[0])
-            cmp = ">" if name == "max" else "<"
-            for a in args[1:]:
-                b = self.temp(a)
-                acc = self.temp(f"where({b} {cmp} {acc}, {b}, {acc})")
-            return acc
-        if isinstance(node, ast.IfExp):
+        op = operator_of(node)
+        if op is None or op.kind.in_condition:
+            raise TypeError(f"cannot compile {type(node).__name__}")
+        if op.exponent:
+            return op.numexpr.format(self.expr(node.left), p=repr(literal_number(node.right)))
+        if op.kind is Kind.IF_ELSE:
             test = self.temp(self.cond(node.test))
-            return f"where({test}, {self.expr(node.body)}, {self.expr(node.orelse)})"
-        raise TypeError(f"cannot compile {type(node).__name__}")
+            return op.numexpr.format(test, self.expr(node.body), self.expr(node.orelse))
+        args = [self.expr(a) for a in operands(node)]
+        if op.kind is Kind.CALL and len(args) > 1:  # max/min: each step uses its operands twice
+            acc = self.temp(args[0])
+            for a in args[1:]:
+                acc = self.temp(op.numexpr.format(acc, self.temp(a)))
+            return acc
+        hoisted = self.temp(op.hoist.format(*args)) if op.hoist else None
+        return op.numexpr.format(*args, h=hoisted)
 
     def cond(self, node: ast.AST) -> str:
+        """A chain of comparisons, or of and/or, is parenthesized as a whole."""
         if isinstance(node, ast.Compare):
-            operands = [self.expr(x) for x in [node.left, *node.comparators]]
-            parts = [f"({operands[i]} {_CMP[type(op)]} {operands[i + 1]})" for i, op in enumerate(node.ops)]
-            return "(" + " & ".join(parts) + ")"
-        if isinstance(node, ast.BoolOp):
-            joiner = " & " if isinstance(node.op, ast.And) else " | "
-            return "(" + joiner.join(self.cond(v) for v in node.values) + ")"
-        return f"(~{self.cond(node.operand)})"
+            values = [self.expr(x) for x in operands(node)]
+            links = [operator_of(cmp).numexpr.format(values[i], values[i + 1]) for i, cmp in enumerate(node.ops)]
+            return "(" + _chain(AND, links) + ")"
+        op = operator_of(node)
+        if op.kind is Kind.BOOL:
+            return "(" + _chain(op, [self.cond(v) for v in node.values]) + ")"
+        return op.numexpr.format(self.cond(node.operand))
+
+
+def _chain(op: Operator, items: list[str]) -> str:
+    return reduce(lambda acc, item: op.numexpr.format(acc, item), items)
 
 
 def compile_vector(program: Program, function: str = "step_time") -> VectorFunction:

@@ -2,6 +2,7 @@
 
 The text is never imported or executed. A `Program` holds the validated AST of each
 function; the compilers (`vm.py`, `numexpr_compile.py`, the Go emitter) read that AST.
+The operators a program may use, and what they compute, are the table in `operators.py`.
 
 Rules (each rejection names the line and the rule broken):
   * top level: an optional docstring, `CONSTANTS = {"name": number, ...}` and the functions
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..components import COMPONENT_NAMES
 from ..errors import UserError
+from .operators import Kind, float_or_inf, literal_number, operands, operator_of, symbols
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "step_time": ("f", "c"),
@@ -30,7 +32,6 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "post_decode_time": ("c",),
 }
 REQUEST_FIELDS = ("input_tokens", "output_tokens")
-CALLS = {"max": (2, 8), "min": (2, 8), "abs": (1, 1), "sqrt": (1, 1), "log": (1, 1), "exp": (1, 1)}
 MAX_SOURCE_BYTES = 64_000
 MAX_CONSTANTS = 32
 MAX_LOCALS = 32
@@ -38,9 +39,6 @@ MAX_DEPTH = 24
 MAX_NODES = 400
 MAX_ABS_EXPONENT = 4.0
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-
-_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
-_CMPOPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
 
 
 class ProgramError(UserError, ValueError):
@@ -53,22 +51,19 @@ class ProgramError(UserError, ValueError):
 
 
 def expression_size(node: ast.AST) -> int:
-    """Nodes of a validated expression: operators, calls, leaves (f.x, c.x, names, numbers)."""
+    """Nodes of a validated expression: operators, calls, leaves (f.x, c.x, names, numbers).
+    A comparison chain counts each comparison, `a and b and c` each `and`."""
     if isinstance(node, (ast.Constant, ast.Attribute, ast.Name)):
         return 1
-    if isinstance(node, ast.BinOp):
-        return 1 + expression_size(node.left) + expression_size(node.right)
-    if isinstance(node, ast.UnaryOp):
-        return 1 + expression_size(node.operand)
-    if isinstance(node, ast.Call):
-        return 1 + sum(expression_size(a) for a in node.args)
-    if isinstance(node, ast.IfExp):
-        return 1 + expression_size(node.test) + expression_size(node.body) + expression_size(node.orelse)
     if isinstance(node, ast.Compare):
-        return len(node.ops) + expression_size(node.left) + sum(expression_size(x) for x in node.comparators)
-    if isinstance(node, ast.BoolOp):
-        return len(node.values) - 1 + sum(expression_size(v) for v in node.values)
-    raise TypeError(f"not a validated expression node: {type(node).__name__}")
+        applied = len(node.ops)
+    elif isinstance(node, ast.BoolOp):
+        applied = len(node.values) - 1
+    elif isinstance(node, (ast.BinOp, ast.UnaryOp, ast.Call, ast.IfExp)):
+        applied = 1
+    else:
+        raise TypeError(f"not a validated expression node: {type(node).__name__}")
+    return applied + sum(expression_size(x) for x in operands(node))
 
 
 @dataclass
@@ -80,7 +75,7 @@ class Program:
     constants: dict[str, float]
     functions: dict[str, ast.FunctionDef]
     constants_span: tuple[int, int] | None = None  # 1-based line span of the CONSTANTS dict
-    _descriptors: dict = field(default_factory=dict, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def constant_names(self) -> list[str]:
@@ -95,23 +90,19 @@ class Program:
     @property
     def complexity(self) -> int:
         """Expression nodes over all functions; f.x, c.x, r.x and literals count one each."""
-        if "complexity" not in self._descriptors:
-            self._descriptors["complexity"] = sum(
+        if "complexity" not in self._cache:
+            self._cache["complexity"] = sum(
                 expression_size(stmt.value) for fn in self.functions.values()
                 for stmt in fn.body if isinstance(stmt, (ast.Assign, ast.Return)))
-        return self._descriptors["complexity"]
+        return self._cache["complexity"]
 
     @property
     def components_used(self) -> list[str]:
-        if "components" not in self._descriptors:
+        if "components" not in self._cache:
             used = {n.attr for n in self._walk_exprs()
                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "f"}
-            self._descriptors["components"] = [c for c in COMPONENT_NAMES if c in used]
-        return self._descriptors["components"]
-
-    def descriptors(self) -> dict:
-        return {"complexity": self.complexity, "n_components": len(self.components_used),
-                "components": self.components_used, "constants": self.constant_names}
+            self._cache["components"] = [c for c in COMPONENT_NAMES if c in used]
+        return self._cache["components"]
 
     def with_constants(self, values: dict[str, float], header: str | None = None) -> "Program":
         """The same program with new constant values (comments and layout kept elsewhere)."""
@@ -147,22 +138,12 @@ def _after_docstring(lines: list[str], source: str) -> int:
     return 0
 
 
-def literal_number(node: ast.AST) -> float | None:
-    """The value of a numeric literal or a negated one; None for anything else."""
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        inner = literal_number(node.operand)
-        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return _as_float(node.value)
-    return None
+_BINARY, _CALLS = " ".join(symbols(Kind.BINARY)), symbols(Kind.CALL)  # for rejection messages
 
 
-def _as_float(value: int | float) -> float:
-    """float(value), with integers too large for a float as inf (rejected as non-finite)."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf
+def _kind(node: ast.AST) -> Kind | None:
+    op = operator_of(node)
+    return op.kind if op else None
 
 
 class _FunctionChecker:
@@ -194,7 +175,7 @@ class _FunctionChecker:
                 self.fail(stmt, "statement", "assign to exactly one plain name")
             self.expr(stmt.value, 0)
             name = stmt.targets[0].id
-            if not _NAME_RE.match(name) or name in FUNCTIONS or name in CALLS or name in ("f", "c", "r", "CONSTANTS"):
+            if not _NAME_RE.match(name) or name in FUNCTIONS or name in _CALLS or name in ("f", "c", "r", "CONSTANTS"):
                 self.fail(stmt, "name", f"local name {name!r} is not allowed")
             self.locals.add(name)
             if len(self.locals) > MAX_LOCALS:
@@ -208,34 +189,36 @@ class _FunctionChecker:
         if self.nodes > MAX_NODES:
             self.fail(node, "size", f"more than {MAX_NODES} expression nodes in {self.fn.name}")
         if isinstance(node, ast.Constant):
-            if type(node.value) not in (int, float) or not math.isfinite(_as_float(node.value)):
+            if type(node.value) not in (int, float) or not math.isfinite(float_or_inf(node.value)):
                 self.fail(node, "literal", f"only finite numeric literals are allowed, not {node.value!r}"[:120])
         elif isinstance(node, ast.BinOp):
-            if not isinstance(node.op, _BINOPS):
-                self.fail(node, "operator", f"operator {type(node.op).__name__} is not allowed (only + - * / **)")
-            if isinstance(node.op, ast.Pow):
+            op = operator_of(node)
+            if op is None:
+                self.fail(node, "operator", f"operator {type(node.op).__name__} is not allowed (only {_BINARY})")
+            if op.exponent:
                 p = literal_number(node.right)
                 if p is None:
-                    self.fail(node, "exponent", "the exponent of ** must be a numeric literal")
+                    self.fail(node, op.rule, "the exponent of ** must be a numeric literal")
                 if abs(p) > MAX_ABS_EXPONENT:
-                    self.fail(node, "exponent", f"exponent {p:g} exceeds the limit |p| <= {MAX_ABS_EXPONENT:g}")
+                    self.fail(node, op.rule, f"exponent {p:g} exceeds the limit |p| <= {MAX_ABS_EXPONENT:g}")
                 self.expr(node.left, depth + 1)
                 return
             self.expr(node.left, depth + 1)
             self.expr(node.right, depth + 1)
         elif isinstance(node, ast.UnaryOp):
-            if not isinstance(node.op, (ast.USub, ast.UAdd)):
+            if _kind(node) is not Kind.UNARY:  # `not` belongs to conditions
                 self.fail(node, "operator", f"unary {type(node.op).__name__} is only allowed in conditions")
             self.expr(node.operand, depth + 1)
         elif isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in CALLS:
+            op = operator_of(node)
+            if op is None:
                 what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)[:40]
-                self.fail(node, "call", f"call to {what!r} is not allowed (only {', '.join(CALLS)})")
+                self.fail(node, "call", f"call to {what!r} is not allowed (only {', '.join(_CALLS)})")
             if node.keywords:
-                self.fail(node, "call", f"{node.func.id}() takes no keyword arguments")
-            lo, hi = CALLS[node.func.id]
+                self.fail(node, op.rule, f"{op.symbol}() takes no keyword arguments")
+            lo, hi = op.arity
             if not lo <= len(node.args) <= hi or any(isinstance(a, ast.Starred) for a in node.args):
-                self.fail(node, "call", f"{node.func.id}() takes {lo}" + (f" to {hi}" if hi != lo else "") + " arguments")
+                self.fail(node, op.rule, f"{op.symbol}() takes {lo}" + (f" to {hi}" if hi != lo else "") + " arguments")
             for a in node.args:
                 self.expr(a, depth + 1)
         elif isinstance(node, ast.Attribute):
@@ -255,15 +238,13 @@ class _FunctionChecker:
         if depth > MAX_DEPTH:
             self.fail(node, "depth", f"expression nested deeper than {MAX_DEPTH}")
         if isinstance(node, ast.Compare):
-            if not all(isinstance(op, _CMPOPS) for op in node.ops):
-                self.fail(node, "condition", "only < <= > >= == != comparisons are allowed")
-            for v in [node.left, *node.comparators]:
+            if any(_kind(cmp) is not Kind.COMPARE for cmp in node.ops):
+                self.fail(node, "condition", f"only {' '.join(symbols(Kind.COMPARE))} comparisons are allowed")
+            for v in operands(node):
                 self.expr(v, depth + 1)
-        elif isinstance(node, ast.BoolOp):
-            for v in node.values:
+        elif _kind(node) in (Kind.BOOL, Kind.NOT):
+            for v in operands(node):
                 self.condition(v, depth + 1)
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            self.condition(node.operand, depth + 1)
         else:
             self.fail(node, "condition", "the test of `a if cond else b` must be a comparison (and/or/not of comparisons)")
 

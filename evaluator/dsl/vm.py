@@ -2,35 +2,33 @@
 
 The code is produced by our own code generator from the validated AST and is interpreted
 by `run_code`, a numba-compiled loop. One interpreter is compiled once for every program,
-so a new program costs no JIT time and no program text is ever executed. Semantics shared
-with the numexpr and Go back ends:
-  a / b      -> 0 where b == 0
-  x ** p     -> x**p for integer p, |x|**p otherwise (p is a literal, |p| <= 4)
-  sqrt(x)    -> sqrt(|x|);  log(x) -> log(|x|), 0 at x == 0;  exp(x) -> exp(min(x, 80))
+so a new program costs no JIT time and no program text is ever executed. The operators'
+opcodes and semantics (shared with the numexpr and Go back ends) are the table in
+`operators.py`; this module adds the instructions that are not operators (loads, stores,
+return) and `run_code`'s branch for each opcode.
 """
 from __future__ import annotations
 
 import ast
+import enum
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from ..components import COMPONENT_INDEX
-from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError, literal_number
+from .operators import AND, EXP_CLAMP, OPERATORS, Kind, Operator, literal_number, operands, operator_of
+from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
 
-(OP_LIT, OP_COMP, OP_CONST, OP_REQ, OP_LOAD, OP_STORE, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_NEG,
- OP_POWI, OP_POWF, OP_MAX, OP_MIN, OP_ABS, OP_SQRT, OP_LOG, OP_EXP, OP_LT, OP_LE, OP_GT, OP_GE,
- OP_EQ, OP_NE, OP_AND, OP_OR, OP_NOT, OP_SELECT, OP_RET) = range(30)
+# run_code compares against the members of this IntEnum: numba freezes them as constants
+Opcode = enum.unique(enum.IntEnum("Opcode", {
+    "LIT": 0, "COMP": 1, "CONST": 2, "REQ": 3, "LOAD": 4, "STORE": 5, "RET": 29,
+    **{op.vm: op.opcode for op in OPERATORS if op.vm is not None},
+}))
 
-EXP_CLAMP = 80.0
 STACK_SIZE = 64
 LOCALS_SIZE = 40
 FUNCTION_SLOTS = list(FUNCTIONS)  # entry order: step_time, queueing_time, output_token_time, post_decode_time
-
-_BIN = {ast.Add: OP_ADD, ast.Sub: OP_SUB, ast.Mult: OP_MUL, ast.Div: OP_DIV}
-_CMP = {ast.Lt: OP_LT, ast.LtE: OP_LE, ast.Gt: OP_GT, ast.GtE: OP_GE, ast.Eq: OP_EQ, ast.NotEq: OP_NE}
-_CALL1 = {"abs": OP_ABS, "sqrt": OP_SQRT, "log": OP_LOG, "exp": OP_EXP}
 
 
 @dataclass(frozen=True)
@@ -67,72 +65,57 @@ class _Emitter:
                 self.expr(stmt.value, slots)
                 name = stmt.targets[0].id
                 slots.setdefault(name, len(slots))
-                self.emit(OP_STORE, slots[name], pops=1)
+                self.emit(Opcode.STORE, slots[name], pops=1)
             elif isinstance(stmt, ast.Return):
                 self.expr(stmt.value, slots)
-                self.emit(OP_RET, 0, pops=1)
+                self.emit(Opcode.RET, 0, pops=1)
 
     def expr(self, node: ast.AST, slots: dict[str, int]) -> None:
+        op = operator_of(node)
         if isinstance(node, ast.Constant):
-            self.emit(OP_LIT, self.lit(node.value), pushes=1)
+            self.emit(Opcode.LIT, self.lit(node.value), pushes=1)
         elif isinstance(node, ast.Attribute):
             base = node.value.id
             if base == "f":
-                self.emit(OP_COMP, COMPONENT_INDEX[node.attr], pushes=1)
+                self.emit(Opcode.COMP, COMPONENT_INDEX[node.attr], pushes=1)
             elif base == "c":
-                self.emit(OP_CONST, self.consts[node.attr], pushes=1)
+                self.emit(Opcode.CONST, self.consts[node.attr], pushes=1)
             else:
-                self.emit(OP_REQ, REQUEST_FIELDS.index(node.attr), pushes=1)
+                self.emit(Opcode.REQ, REQUEST_FIELDS.index(node.attr), pushes=1)
         elif isinstance(node, ast.Name):
-            self.emit(OP_LOAD, slots[node.id], pushes=1)
-        elif isinstance(node, ast.BinOp):
-            if isinstance(node.op, ast.Pow):
-                p = literal_number(node.right)
-                self.expr(node.left, slots)
-                self.emit(OP_POWI if float(p).is_integer() else OP_POWF, self.lit(p), pops=1, pushes=1)
-            else:
-                self.expr(node.left, slots)
-                self.expr(node.right, slots)
-                self.emit(_BIN[type(node.op)], pops=2, pushes=1)
-        elif isinstance(node, ast.UnaryOp):
-            self.expr(node.operand, slots)
-            if isinstance(node.op, ast.USub):
-                self.emit(OP_NEG, pops=1, pushes=1)
-        elif isinstance(node, ast.Call):
-            name = node.func.id
-            if name in _CALL1:
-                self.expr(node.args[0], slots)
-                self.emit(_CALL1[name], pops=1, pushes=1)
-            else:
-                self.expr(node.args[0], slots)
-                for a in node.args[1:]:
-                    self.expr(a, slots)
-                    self.emit(OP_MAX if name == "max" else OP_MIN, pops=2, pushes=1)
-        elif isinstance(node, ast.IfExp):
+            self.emit(Opcode.LOAD, slots[node.id], pushes=1)
+        elif op is None or op.kind.in_condition:  # the validator admits nothing else
+            raise TypeError(f"cannot compile {type(node).__name__}")
+        elif op.exponent:  # the literal exponent is the instruction's argument
+            self.expr(node.left, slots)
+            self.emit(op.opcode, self.lit(literal_number(node.right)), pops=1, pushes=1)
+        elif op.kind is Kind.IF_ELSE:  # both branches, then the test; the instruction picks one
             self.expr(node.body, slots)
             self.expr(node.orelse, slots)
             self.cond(node.test, slots)
-            self.emit(OP_SELECT, pops=3, pushes=1)
-        else:  # the validator admits nothing else
-            raise TypeError(f"cannot compile {type(node).__name__}")
+            self.emit(op.opcode, pops=3, pushes=1)
+        else:
+            self.fold(op, operands(node), self.expr, slots)
 
     def cond(self, node: ast.AST, slots: dict[str, int]) -> None:
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            for i, op in enumerate(node.ops):
-                self.expr(operands[i], slots)
-                self.expr(operands[i + 1], slots)
-                self.emit(_CMP[type(op)], pops=2, pushes=1)
+        if isinstance(node, ast.Compare):  # a < b < c: (a < b) and (b < c)
+            values = operands(node)
+            for i, cmp in enumerate(node.ops):
+                self.fold(operator_of(cmp), values[i:i + 2], self.expr, slots)
                 if i:
-                    self.emit(OP_AND, pops=2, pushes=1)
-        elif isinstance(node, ast.BoolOp):
-            self.cond(node.values[0], slots)
-            for v in node.values[1:]:
-                self.cond(v, slots)
-                self.emit(OP_AND if isinstance(node.op, ast.And) else OP_OR, pops=2, pushes=1)
-        else:  # Not
-            self.cond(node.operand, slots)
-            self.emit(OP_NOT, pops=1, pushes=1)
+                    self.emit(AND.opcode, pops=2, pushes=1)
+        else:  # and, or, not
+            self.fold(operator_of(node), operands(node), self.cond, slots)
+
+    def fold(self, op: Operator, args: list[ast.AST], visit, slots: dict[str, int]) -> None:
+        """A one-operand instruction after its operand; a two-operand one after each operand past
+        the first, folding left: max(a, b, c) is a, b, MAX, c, MAX."""
+        visit(args[0], slots)
+        if len(args) == 1 and op.opcode is not None:  # unary plus compiles to nothing
+            self.emit(op.opcode, pops=1, pushes=1)
+        for a in args[1:]:
+            visit(a, slots)
+            self.emit(op.opcode, pops=2, pushes=1)
 
 
 def compile_program(program: Program) -> CompiledProgram:
@@ -160,92 +143,92 @@ def run_code(code, lits, pc, comps, consts, req, stack, local):
         op = code[pc, 0]
         arg = code[pc, 1]
         pc += 1
-        if op == OP_COMP:
+        if op == Opcode.COMP:
             stack[sp] = comps[arg]
             sp += 1
-        elif op == OP_CONST:
+        elif op == Opcode.CONST:
             stack[sp] = consts[arg]
             sp += 1
-        elif op == OP_LIT:
+        elif op == Opcode.LIT:
             stack[sp] = lits[arg]
             sp += 1
-        elif op == OP_MUL:
+        elif op == Opcode.MUL:
             sp -= 1
             stack[sp - 1] = stack[sp - 1] * stack[sp]
-        elif op == OP_ADD:
+        elif op == Opcode.ADD:
             sp -= 1
             stack[sp - 1] = stack[sp - 1] + stack[sp]
-        elif op == OP_LOAD:
+        elif op == Opcode.LOAD:
             stack[sp] = local[arg]
             sp += 1
-        elif op == OP_STORE:
+        elif op == Opcode.STORE:
             sp -= 1
             local[arg] = stack[sp]
-        elif op == OP_MAX:
+        elif op == Opcode.MAX:
             sp -= 1
             if stack[sp] > stack[sp - 1]:
                 stack[sp - 1] = stack[sp]
-        elif op == OP_MIN:
+        elif op == Opcode.MIN:
             sp -= 1
             if stack[sp] < stack[sp - 1]:
                 stack[sp - 1] = stack[sp]
-        elif op == OP_SUB:
+        elif op == Opcode.SUB:
             sp -= 1
             stack[sp - 1] = stack[sp - 1] - stack[sp]
-        elif op == OP_DIV:
+        elif op == Opcode.DIV:
             sp -= 1
             b = stack[sp]
             stack[sp - 1] = stack[sp - 1] / b if b != 0.0 else 0.0
-        elif op == OP_NEG:
+        elif op == Opcode.NEG:
             stack[sp - 1] = -stack[sp - 1]
-        elif op == OP_RET:
+        elif op == Opcode.RET:
             return stack[sp - 1]
-        elif op == OP_POWI:
+        elif op == Opcode.POWI:
             stack[sp - 1] = stack[sp - 1] ** lits[arg]
-        elif op == OP_POWF:
+        elif op == Opcode.POWF:
             stack[sp - 1] = abs(stack[sp - 1]) ** lits[arg]
-        elif op == OP_ABS:
+        elif op == Opcode.ABS:
             stack[sp - 1] = abs(stack[sp - 1])
-        elif op == OP_SQRT:
+        elif op == Opcode.SQRT:
             stack[sp - 1] = np.sqrt(abs(stack[sp - 1]))
-        elif op == OP_LOG:
+        elif op == Opcode.LOG:
             x = abs(stack[sp - 1])
             stack[sp - 1] = np.log(x) if x > 0.0 else 0.0
-        elif op == OP_EXP:
+        elif op == Opcode.EXP:
             x = stack[sp - 1]
             stack[sp - 1] = np.exp(x if x < EXP_CLAMP else EXP_CLAMP)
-        elif op == OP_REQ:
+        elif op == Opcode.REQ:
             stack[sp] = req[arg]
             sp += 1
-        elif op == OP_SELECT:
+        elif op == Opcode.SELECT:
             sp -= 2
             if stack[sp + 1] == 0.0:
                 stack[sp - 1] = stack[sp]
-        elif op == OP_LT:
+        elif op == Opcode.LT:
             sp -= 1
             stack[sp - 1] = 1.0 if stack[sp - 1] < stack[sp] else 0.0
-        elif op == OP_LE:
+        elif op == Opcode.LE:
             sp -= 1
             stack[sp - 1] = 1.0 if stack[sp - 1] <= stack[sp] else 0.0
-        elif op == OP_GT:
+        elif op == Opcode.GT:
             sp -= 1
             stack[sp - 1] = 1.0 if stack[sp - 1] > stack[sp] else 0.0
-        elif op == OP_GE:
+        elif op == Opcode.GE:
             sp -= 1
             stack[sp - 1] = 1.0 if stack[sp - 1] >= stack[sp] else 0.0
-        elif op == OP_EQ:
+        elif op == Opcode.EQ:
             sp -= 1
             stack[sp - 1] = 1.0 if stack[sp - 1] == stack[sp] else 0.0
-        elif op == OP_NE:
+        elif op == Opcode.NE:
             sp -= 1
             stack[sp - 1] = 1.0 if stack[sp - 1] != stack[sp] else 0.0
-        elif op == OP_AND:
+        elif op == Opcode.AND:
             sp -= 1
             stack[sp - 1] = 1.0 if (stack[sp - 1] != 0.0 and stack[sp] != 0.0) else 0.0
-        elif op == OP_OR:
+        elif op == Opcode.OR:
             sp -= 1
             stack[sp - 1] = 1.0 if (stack[sp - 1] != 0.0 or stack[sp] != 0.0) else 0.0
-        elif op == OP_NOT:
+        elif op == Opcode.NOT:
             stack[sp - 1] = 1.0 if stack[sp - 1] == 0.0 else 0.0
         else:
             return np.nan

@@ -3,18 +3,23 @@
 Owns: locating an archive (`--archive` or the newest under ./runs), opening it without writing,
 resolving a program reference (an id or `best`), the program rows behind `evolve archive list`
 and `pareto`, a program's detail for `show` (lineage back to a seed, per-split evaluation rows in
-the shape of `evolve.tables.metrics_table`), and the comparison behind `diff`.
-Every failure a user can cause is a `BrowseError` with a one-line message.
+the shape of `evolve.tables.metrics_table`), its file for `show --source`, and the comparison
+behind `diff`; each command's whole query is one function of the archive directory (at the end).
+Every failure a user can cause is a `BrowseError` with a one-line message (or the store's
+`ArchiveError`, for an archive it cannot read).
 """
 from __future__ import annotations
 
 import difflib
 import math
 import sqlite3
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
+from evaluator.fitted_header import FittedHeader
 from evaluator.metrics import MetricRow
 
 from .grid import cell_label, cell_of, pareto_front
@@ -201,21 +206,21 @@ def program_detail(archive: Archive, program: ProgramRecord) -> dict:
     }
 
 
+def fitted_header(archive: Archive, program: ProgramRecord) -> FittedHeader:
+    """Where an archived program comes from, for the `# fitted:` header of its file."""
+    run = archive.run()
+    return FittedHeader(data=run.data_label, seed=run.seed, program_id=program.id, archive=str(archive.dir),
+                        generation=program.generation, operator=operator_label(program),
+                        train_loss=program.train_loss, val_loss=program.val_loss, test_loss=program.test_loss)
+
+
 def program_file_text(archive: Archive, program: ProgramRecord) -> str:
     """The program as a DSL file with its fitted constants and a `# fitted:` header naming where it
     came from: input for `evolve fit`, `eval`, `emit-go` and `run --seeds`."""
     from evaluator.dsl import parse_program
 
-    run = archive.run()
-    header = (f"program #{program.id} of {archive.dir} (generation {program.generation}, {operator_label(program)})\n"
-              f"data={run.data_label} seed={run.seed} train={_fmt(program.train_loss)} "
-              f"val={_fmt(program.val_loss)} test={_fmt(program.test_loss)}")
     prog = parse_program(program.source)
-    return prog.with_constants(program.constants or prog.constants, header=header).source
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4f}"
+    return prog.with_constants(program.constants or prog.constants, header=fitted_header(archive, program).render()).source
 
 
 # ---- two programs (diff) ----
@@ -244,3 +249,57 @@ def diff(archive: Archive, a: ProgramRecord, b: ProgramRecord) -> dict:
         "metrics": {m: _change(getattr(a, m), getattr(b, m)) for m in DIFF_METRICS},
         "validate_experiments": experiments,
     }
+
+
+# ---- one function per command, from the archive directory ----
+
+@dataclass(frozen=True)
+class Listing:
+    """Program rows (`list`, `pareto`) and the archive they come from."""
+
+    archive_dir: Path
+    rows: list[dict]
+
+
+@contextmanager
+def opened(directory: Path | None):
+    archive = open_archive(directory)
+    try:
+        yield archive
+    finally:
+        archive.close()
+
+
+def list_programs(directory: Path | None, *, sort: str = "val", front_only: bool = False, cell: str | None = None,
+                  operator: str | None = None, include_screened: bool = False) -> Listing:
+    """`evolve archive list`: cell is "C,N" (complexity bin, number of components)."""
+    wanted_cell = parse_cell(cell) if cell else None
+    with opened(directory) as archive:
+        _, programs = run_programs(archive)
+        return Listing(archive.dir, select_rows(programs, include_screened=include_screened, front_only=front_only,
+                                                cell=wanted_cell, operator=operator, sort=sort))
+
+
+def front_programs(directory: Path | None) -> Listing:
+    """`evolve archive pareto`."""
+    with opened(directory) as archive:
+        _, programs = run_programs(archive)
+        return Listing(archive.dir, pareto_rows(programs))
+
+
+def show_program(directory: Path | None, ref: str) -> dict:
+    """`evolve archive show`."""
+    with opened(directory) as archive:
+        return program_detail(archive, resolve(archive, ref))
+
+
+def show_source(directory: Path | None, ref: str) -> str:
+    """`evolve archive show --source`."""
+    with opened(directory) as archive:
+        return program_file_text(archive, resolve(archive, ref))
+
+
+def compare_programs(directory: Path | None, a: str, b: str) -> dict:
+    """`evolve archive diff`."""
+    with opened(directory) as archive:
+        return diff(archive, resolve(archive, a), resolve(archive, b))

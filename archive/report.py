@@ -17,6 +17,7 @@ import jinja2
 from markupsafe import Markup, escape
 
 from evaluator.metrics import MetricRow
+from evaluator.numbers import finite, fmt
 
 from .browse import operator_label, run_programs, select_rows, split_rows
 from .grid import COMPLEXITY_BIN, MAX_COMPLEXITY_BIN, best, cell_label, elites, pareto_front, scored
@@ -33,20 +34,7 @@ MUTED = "#9aa4ad"
 RAMP = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 
 
-# ---- numbers and scales ----
-
-def finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def fmt(x, digits: int = 3) -> str:
-    """Compact number for labels and tables (significant digits; thousands as integers); n/a when missing."""
-    if not finite(x):
-        return "n/a"
-    if abs(x) >= 10 ** digits:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
-
+# ---- scales ----
 
 @dataclass
 class Scale:

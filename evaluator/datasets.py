@@ -1,7 +1,9 @@
 """Where experiments come from: a directory given by the user, or the built-in synthetic sample
-(generated once into the cache directory; label says "synthetic")."""
+(generated once into the cache directory; label says "synthetic"). Also what `evolve data`
+reports about them (`DataCheck`) and writes (`write_synthetic_sample`)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -9,9 +11,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import UserError
 from .experiments import Experiment, ExperimentError, LoadOptions, experiment_dirs, load_experiments
 
 SYNTHETIC_SEED = 0
+OUTPUT_LEN_POLICIES = ("profile", "reported")  # see LoadOptions.output_len
+
+
+class DataError(UserError):
+    """No usable experiments where the user pointed (or a bad loading option): one line naming it."""
 
 
 @dataclass
@@ -32,6 +40,59 @@ class LoadedData:
                     h.update(f"{d.name}/{name}:{p.stat().st_size}:".encode())
                     h.update(hashlib.sha256(p.read_bytes()).digest())
         return h.hexdigest()[:16]
+
+    def require_experiments(self) -> "LoadedData":
+        """Itself, if at least one experiment loaded."""
+        if not self.experiments:
+            raise DataError(f"{self.label}: no valid experiments")
+        return self
+
+
+@dataclass(frozen=True)
+class ExperimentSummary:
+    """One row of `evolve data check`."""
+
+    name: str
+    model: str
+    tp: int
+    moe: bool
+    hardware: str
+    n_requests: int
+    n_failed: int
+    output_len: int | str  # the profile's output length, or "reported"
+    observed: dict[str, float]
+    split: dict[str, int]
+    synthetic: bool
+    notes: list[str]
+
+    @classmethod
+    def of(cls, e: Experiment) -> "ExperimentSummary":
+        return cls(name=e.name, model=e.model, tp=e.tp, moe=e.arch.moe, hardware=e.hardware.name,
+                   n_requests=e.n_requests, n_failed=e.n_failed,
+                   output_len=e.output_len_used if e.output_len_used is not None else "reported",
+                   observed=e.observed_means(), split=e.split_sizes(), synthetic=e.synthetic, notes=e.notes)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DataCheck:
+    """What `evolve data check` reports: a summary per good experiment, the error of each bad one."""
+
+    label: str
+    synthetic: bool
+    experiments: list[ExperimentSummary]
+    errors: list[ExperimentError]
+
+    def to_json(self) -> dict:
+        return {"data": self.label, "synthetic": self.synthetic, "experiments": [e.to_json() for e in self.experiments],
+                "errors": [{"name": e.experiment, "error": e.problem} for e in self.errors]}
+
+
+def check_data(data: str | Path | None = None, output_len: str = "profile") -> DataCheck:
+    loaded = load_data(data, output_len=output_len)
+    return DataCheck(loaded.label, loaded.synthetic, [ExperimentSummary.of(e) for e in loaded.experiments], loaded.errors)
 
 
 def cache_dir() -> Path:
@@ -58,14 +119,30 @@ def synthetic_dir() -> Path:
 
 def load_data(data: str | Path | None = None, output_len: str = "profile",
               split: tuple[float, float] = (0.6, 0.2)) -> LoadedData:
-    """Load experiments from `data`, or the synthetic sample when `data` is None."""
-    options = LoadOptions(output_len=output_len, split=split)
+    """Load experiments from `data`, or the synthetic sample when `data` is None. The bad ones are
+    in `errors`; a directory without any experiment is a DataError."""
+    try:
+        options = LoadOptions(output_len=output_len, split=split)
+    except ValueError as e:
+        raise DataError(str(e)) from None
     if data is None:
         directory = synthetic_dir()
         good, bad = load_experiments(directory, options)
         return LoadedData(f"synthetic sample ({directory})", True, directory, good, bad)
     directory = Path(data)
-    good, bad = load_experiments(directory, options)
+    try:
+        good, bad = load_experiments(directory, options)
+    except FileNotFoundError as e:  # no such directory
+        raise DataError(str(e)) from None
     if not good and not bad:
-        raise FileNotFoundError(f"{directory}: no experiment directories found")
+        raise DataError(f"{directory}: no experiment directories found")
     return LoadedData(str(directory), False, directory, good, bad)
+
+
+def write_synthetic_sample(out_dir: Path, seed: int = SYNTHETIC_SEED) -> list[Path]:
+    """The synthetic sample (hidden oracle + noise) written into a new or empty directory."""
+    from .synthetic import write_sample
+
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise DataError(f"{out_dir}: exists and is not an empty directory; the sample goes into a new one (nothing written)")
+    return write_sample(out_dir, seed=seed)

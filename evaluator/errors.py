@@ -1,7 +1,7 @@
 """The one base class of every error a user can cause (bad data, program, archive, path, option).
 
 Its message is one line naming the file, flag or program and the problem. The command line
-catches `UserError` once, at its top (`evolve.cli.main`), prints `error: <message>` and exits 2;
+catches `UserError` once, at its top (`evolve.console.CommandGroup`, the class of every typer app), prints `error: <message>` and exits 2;
 anything else reaching the top is a bug and keeps its traceback.
 """
 from __future__ import annotations

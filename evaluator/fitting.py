@@ -25,12 +25,17 @@ with warnings.catch_warnings():  # pycma warns that matplotlib (plotting only) i
 
 from .dsl import Program, compile_program
 from .engine import Engine, windowed
+from .errors import UserError
 from .experiments import Experiment
 from .metrics import loss
 
 FAILED_LOSS = 1e5  # loss given to constants whose replay fails (NaN or non-positive step time)
 FAILED_REASON = "step_time was non-finite or non-positive for every constant vector tried"
 SCOPES = ("global", "model", "experiment")
+
+
+class FitConfigError(UserError, ValueError):
+    """A fit setting out of its range: one line naming it."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class FitConfig:
 
     def __post_init__(self):
         if self.scope not in SCOPES:
-            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
+            raise FitConfigError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
 
 
 def quick_config(seed: int = 0, experiments: list[Experiment] | None = None) -> FitConfig:

@@ -28,6 +28,7 @@ from .go_physics import physics_context
 from .go_text import ATOM, BINARY, UNARY, EmitError, camel, go_float, go_value, wrap
 
 INTERFACES = ("v5", "v4")
+DEFAULT_NAME = "StepMLEvolved"  # Go identifier prefix: <name>Model, New<name>Model, ...
 
 def _literal_only(node: ast.AST) -> bool:
     """A subtree Go would fold as an exact constant expression (only literals and operators whose
@@ -226,7 +227,7 @@ def _comment(text: str) -> list[str]:
     return lines
 
 
-def emit_go(program: Program, name: str = "StepMLEvolved", interface: str = "v5", header: dict | None = None) -> str:
+def emit_go(program: Program, name: str = DEFAULT_NAME, interface: str = "v5", header: dict | None = None) -> str:
     """Go source (before gofmt) implementing sim.LatencyModel for `program`."""
     if interface not in INTERFACES:
         raise EmitError(f"unknown interface {interface!r} (choose {' or '.join(INTERFACES)})")

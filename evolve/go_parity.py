@@ -59,7 +59,10 @@ def python_step_us(program: ScalarProgram, consts: np.ndarray, k: np.ndarray, re
     return micros(program.step_time(f, consts), 1)
 
 
-def samples(program: Program, n_batches: int = 1000, seed: int = 0, deployments=DEFAULT_DEPLOYMENTS) -> dict:
+DEFAULT_SAMPLES = 1000  # batches in the generated Go test
+
+
+def samples(program: Program, n_batches: int = DEFAULT_SAMPLES, seed: int = 0, deployments=DEFAULT_DEPLOYMENTS) -> dict:
     """Template context for the Go test: deployments, step samples, queueing samples."""
     rng = random.Random(seed)
     sp = ScalarProgram(compile_program(program))

@@ -13,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .outputs import write_atomic
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price table at import
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
+
+DEFAULT_TIMEOUT_S = 60.0  # seconds before a call is abandoned (then retried)
 
 
 @dataclass
@@ -63,7 +66,7 @@ def request_hash(model: str, messages: list[dict], temperature: float, max_token
 
 class LLMClient:
     def __init__(self, model: str, cache_dir: str | Path, base_url: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 2.0, temperature: float = 0.8,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_retries: int = 3, backoff_s: float = 2.0, temperature: float = 0.8,
                  max_tokens: int = 2048, offline: bool = False):
         self.model, self.base_url, self.api_key = model, base_url, api_key
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
@@ -86,12 +89,7 @@ class LLMClient:
     def _store(self, key: str, entry: dict) -> None:
         p = self._cache_path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(entry, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
+        write_atomic(p, json.dumps(entry), fsync=True)
 
     def _replay(self, key: str, hit: dict) -> Reply:
         """A cached request: its recorded attempts (marked cached) and its reply or failure."""

@@ -7,6 +7,8 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from evaluator.numbers import fmt
+
 
 @contextmanager
 def fit_progress(console: Console, every_s: float = 10.0):
@@ -36,12 +38,10 @@ def fit_progress(console: Console, every_s: float = 10.0):
 
 
 def _run_line(info: dict) -> str:
-    def f(x, fmt=".3f"):
-        return "n/a" if x is None else format(x, fmt)
-
     rej = ", ".join(f"{k} {v}" for k, v in sorted(info.get("rejections", {}).items(), key=lambda kv: -kv[1])[:4]) or "none"
     line = (f"gen {info['generation']}  programs {info['programs']} ({info['full']} fully evaluated)  "
-            f"best train {f(info['best_train'])}  best val {f(info['best_val'])}  "
+            f"best train {fmt(info['best_train'], '.3f', keep_inf=True)}  "
+            f"best val {fmt(info['best_val'], '.3f', keep_inf=True)}  "
             f"{info.get('evals_per_s', 0.0):.1f} evals/s  rejected: {rej}")
     if "llm_calls" in info:
         line += f"  LLM {info['llm_calls']} calls, {info['llm_tokens']} tokens, ${info['llm_usd']:.4f}"

@@ -1,4 +1,5 @@
-"""Rendering of metric rows: rich tables for people, NaN-free JSON for scripts."""
+"""Rendering of results: rich tables for people (metric rows, experiments, a search's summary),
+NaN-free JSON for scripts."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +8,9 @@ import math
 
 from rich.table import Table
 
+from evaluator.datasets import ExperimentSummary
 from evaluator.metrics import MetricRow
+from evaluator.numbers import fmt
 
 
 def clean(obj):
@@ -29,10 +32,6 @@ def dumps(obj) -> str:
     return json.dumps(clean(obj), indent=2)
 
 
-def _f(x, fmt: str) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
-
-
 def metrics_table(rows: list[MetricRow], title: str) -> Table:
     t = Table(title=title)
     for col in ("experiment", "n", "E2E obs s", "E2E pred s", "E2E APE%", "TTFT obs s", "TTFT pred s", "TTFT APE%",
@@ -41,8 +40,45 @@ def metrics_table(rows: list[MetricRow], title: str) -> Table:
     for r in rows:
         o, p, a = r.observed, r.predicted, r.ape
         t.add_row(r.name, str(r.n_requests),
-                  _f(o.e2e_mean_s, ".3f"), _f(p.e2e_mean_s, ".3f"), _f(a.e2e, ".1f"),
-                  _f(o.ttft_mean_s, ".4f"), _f(p.ttft_mean_s, ".4f"), _f(a.ttft, ".1f"),
-                  _f(o.itl_mean_ms, ".2f"), _f(p.itl_mean_ms, ".2f"), _f(a.itl, ".1f"),
+                  fmt(o.e2e_mean_s, ".3f"), fmt(p.e2e_mean_s, ".3f"), fmt(a.e2e, ".1f"),
+                  fmt(o.ttft_mean_s, ".4f"), fmt(p.ttft_mean_s, ".4f"), fmt(a.ttft, ".1f"),
+                  fmt(o.itl_mean_ms, ".2f"), fmt(p.itl_mean_ms, ".2f"), fmt(a.itl, ".1f"),
                   f"{r.timeouts.observed}/{r.timeouts.predicted}")
     return t
+
+
+def loss_text(x: float) -> str:
+    """A loss for people; NaN means no experiment could be scored."""
+    return fmt(x, ".3f", missing="n/a (no experiment has a successful request in this split)", keep_inf=True)
+
+
+def experiments_table(rows: list[ExperimentSummary], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("experiment", "model", "TP", "kind", "requests", "failed", "out len", "E2E s", "TTFT s", "train/val/test"):
+        t.add_column(col, justify="left" if col in ("experiment", "model") else "right")
+    for r in rows:
+        s = r.split
+        t.add_row(r.name, r.model.split("/")[-1], str(r.tp), "MoE" if r.moe else "dense", str(r.n_requests),
+                  str(r.n_failed), str(r.output_len), fmt(r.observed["e2e_mean_s"], ".3f"),
+                  fmt(r.observed["ttft_mean_s"], ".4f"), f"{s['train']}/{s['validate']}/{s['test']}")
+    return t
+
+
+def run_summary_tables(summary: dict) -> list:
+    """What `evolve run` prints at its end: the best program, its test errors, the Pareto front."""
+    best = summary.get("best")
+    if not best:
+        return ["no program was fully evaluated"]
+    headline = (f"best program by validation loss: #{best['id']} (generation {best['generation']}, {best['operator']}), "
+                f"val loss {best['val_loss']:.3f}, test loss {best['test_loss']:.3f}, complexity {best['complexity']}")
+    t = Table(title=f"program #{best['id']}: test split, absolute % error of means")
+    for col in ("experiment", "n", "E2E", "TTFT", "ITL"):
+        t.add_column(col, justify="left" if col == "experiment" else "right")
+    for r in best["test"]:
+        t.add_row(r["name"], str(r["n_requests"]), *(fmt(r["ape"][k], ".1f") for k in ("e2e", "ttft", "itl")))
+    f = Table(title="Pareto front (validation loss vs complexity)")
+    for col in ("id", "complexity", "val loss", "operator"):
+        f.add_column(col)
+    for p in summary["front"]:
+        f.add_row(str(p["id"]), str(p["complexity"]), f"{p['val_loss']:.3f}", p["operator"])
+    return [headline, t, f]

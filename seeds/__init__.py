@@ -1,6 +1,13 @@
-"""Seed programs, one file each, in the program DSL. Never imported: read as text."""
+"""Seed programs, one file each, in the program DSL (never imported: read as text), and the
+user's own seeds (`evolve run --seeds`): found, read and validated here."""
 from importlib import resources
 from pathlib import Path
+
+from evaluator.errors import UserError
+
+
+class SeedError(UserError):
+    """A seed path or program that cannot start a search: one line naming the file."""
 
 
 def seed_paths() -> list[Path]:
@@ -14,3 +21,35 @@ def seed_path(name: str) -> Path:
         if p.stem == name or p.name == name:
             return p
     raise KeyError(f"no seed named {name!r} (have: {', '.join(p.stem for p in seed_paths())})")
+
+
+def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:
+    """(name, source) of every seed program under `paths` (files, or directories of *.py files
+    not starting with "_"), each parsed and validated; names are the file stems and must be unique."""
+    from evaluator.dsl import ProgramError, parse_program
+
+    files = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
+            if not found:
+                raise SeedError(f"{path}: no seed programs (*.py) in this directory")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SeedError(f"{path}: no such seed program file or directory")
+    seeds, seen = [], set()
+    for f in files:
+        if f.stem in seen:
+            raise SeedError(f"{f}: a second seed named {f.stem!r}; seed names (file stems) must be unique")
+        seen.add(f.stem)
+        try:
+            source = f.read_text()
+            parse_program(source)
+        except (OSError, UnicodeDecodeError) as e:
+            raise SeedError(f"{f}: cannot read ({e})") from None
+        except ProgramError as e:
+            raise SeedError(f"{f}: {e}") from None
+        seeds.append((f.stem, source))
+    return seeds

@@ -69,3 +69,113 @@ def test_run_refuses_a_file_as_archive_and_out_of_range_settings(tmp_path):
         res = invoke("run", flag, value, "--archive", tmp_path / "never")
         assert res.exit_code == 2 and flag in res.output, (flag, res.output)
     assert not (tmp_path / "never").exists()
+
+
+# ---- every user error: one `error:` line on stderr, exit code 2, through the one handler ----
+
+def only_error_line(res, *texts):
+    """Exit 2, and the error is the one `error:` line and the last line of stderr (notes such as
+    'using the built-in synthetic sample' may come before it); no traceback."""
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], res.stderr
+    assert all(t in errors[0] for t in texts), res.stderr
+    assert "Traceback" not in res.output
+
+
+def alone(res, *texts):
+    """The error line is all of stderr."""
+    only_error_line(res, *texts)
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def _archive(directory, version=None):
+    import sqlite3
+
+    from archive.store import Archive
+
+    Archive(directory, create=True).close()
+    if version is not None:
+        db = sqlite3.connect(directory / Archive.FILE)
+        db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version),))
+        db.commit()
+        db.close()
+
+
+def test_missing_or_empty_data_directory(program, tmp_path):
+    alone(invoke("eval", program, "--data", tmp_path / "nowhere"), f"{tmp_path / 'nowhere'}: no such data directory")
+    alone(invoke("data", "check", "--data", tmp_path / "nowhere"), "no such data directory")
+    alone(invoke("bench", "--data", tmp_path / "nowhere", "--skip-fit"), "no such data directory")
+    (tmp_path / "empty").mkdir()
+    alone(invoke("fit", program, "--data", tmp_path / "empty"), "no experiment directories found")
+
+
+def test_a_program_the_dsl_rejects_names_file_line_and_rule(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def step_time(f, c):\n    return open('x')\n")
+    for cmd in (["eval", bad], ["fit", bad], ["emit-go", bad, "--out", tmp_path / "m.go"]):
+        alone(invoke(*cmd), str(bad), "line 2", "open", "[call]")  # the rule is shown, not eaten as markup
+    alone(invoke("eval", tmp_path / "missing.py"), str(tmp_path / "missing.py"), "cannot read program")
+    alone(invoke("emit-go", tmp_path / "missing.py", "--out", tmp_path / "m.go"), "no such program file")
+
+
+def test_corrupt_and_newer_schema_archives_for_every_reader(tmp_path):
+    corrupt, newer = tmp_path / "corrupt", tmp_path / "newer"
+    corrupt.mkdir()
+    (corrupt / "archive.sqlite").write_bytes(b"not sqlite at all" * 300)
+    newer.mkdir()
+    from archive.store import SCHEMA_VERSION
+    _archive(newer, SCHEMA_VERSION + 1)
+    readers = (["archive", "list"], ["archive", "show", "best"], ["archive", "show", "best", "--source"], ["archive", "pareto"],
+               ["archive", "diff", "1", "2"], ["archive", "report", "--out", tmp_path / "r.html"],
+               ["emit-go", "best", "--out", tmp_path / "m.go"])
+    for cmd in readers:
+        alone(invoke(*cmd, "--archive", corrupt), "not a readable archive")
+        alone(invoke(*cmd, "--archive", newer), "is newer than this stepml-evolve reads")
+    only_error_line(invoke("run", "--generations", 0, "--archive", newer, "--seed-fit-evals", 8),
+                    "is newer than this stepml-evolve reads")
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "m.go").exists()
+
+
+def test_bad_seeds_stop_the_run_before_anything_is_loaded(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for d in ("a", "b"):
+        (tmp_path / d / "same.py").write_text(seed_path("roofline").read_text())
+    run = ["run", "--generations", 0, "--archive", tmp_path / "run"]
+    alone(invoke(*run, "--seeds", tmp_path / "nope.py"), "no such seed program file or directory")
+    alone(invoke(*run, "--seeds", tmp_path / "empty"), "no seed programs (*.py) in this directory")
+    alone(invoke(*run, "--seeds", tmp_path / "a", "--seeds", tmp_path / "b"), "a second seed named 'same'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_output_paths_over_inputs_or_files_are_refused(program, tmp_path):
+    only_error_line(invoke("fit", program, "--out", program), "is an input")
+    alone(invoke("emit-go", program, "--out", program), "is an input")
+    f = tmp_path / "file"
+    f.write_text("x")
+    alone(invoke("run", "--generations", 0, "--archive", f), "is a file; --archive takes a directory")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["eval", "PROGRAM", "--split", "everything"], "--split"),
+    (["fit", "PROGRAM", "--scope", "cluster"], "--scope"),
+    (["emit-go", "PROGRAM", "--interface", "v9"], "--interface"),
+    (["data", "check", "--output-len", "guess"], "--output-len"),
+    (["archive", "list", "--sort", "size"], "--sort"),
+])
+def test_an_unknown_choice_is_a_usage_error_naming_the_option(program, args, flag):
+    res = invoke(*[program if a == "PROGRAM" else a for a in args])
+    assert res.exit_code == 2 and flag in res.stderr and "is not one of" in res.stderr, res.output
+    assert "Traceback" not in res.output
+
+
+def test_main_reports_a_user_error_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "evolve", "eval", str(tmp_path / "missing.py")], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr

@@ -1,0 +1,78 @@
+"""`evolve fit`: a program file's constants fitted on the train split, scored on validate and
+test, and written as fitted program files (one per fit group) with their `# fitted:` header."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluator.datasets import LoadedData
+from evaluator.dsl import load_program
+from evaluator.engine import Engine
+from evaluator.errors import UserError
+from evaluator.fitted_header import FittedHeader
+from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, group_key, quick_config
+from evaluator.metrics import MetricRow, loss
+
+from .console import Log
+from .inputs import load_usable
+from .outputs import check_outputs, per_group_paths, write_atomic
+from .progress import fit_progress
+
+SCORED_SPLITS = ("validate", "test")
+
+
+class FitError(UserError):
+    """A program that no constants make evaluable: nothing is written."""
+
+
+@dataclass
+class FittedPrograms:
+    program: Path
+    data: LoadedData
+    config: FitConfig
+    result: FitResult
+    written: list[Path]
+    rows: dict[str, list[MetricRow]]  # SCORED_SPLITS -> one row per experiment
+
+    @property
+    def losses(self) -> dict[str, float]:
+        return {s: loss(rows) for s, rows in self.rows.items()}
+
+    def to_json(self) -> dict:
+        return {"program": str(self.program), "fitted_programs": [str(p) for p in self.written], "data": self.data.label,
+                "synthetic": self.data.synthetic, "seed": self.config.seed, "scope": self.config.scope,
+                "train_loss": self.result.loss, "constants": self.result.constants, "evaluations": self.result.evaluations,
+                "seconds": self.result.seconds,
+                "splits": {s: {"loss": self.losses[s], "experiments": rows} for s, rows in self.rows.items()}}
+
+
+def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.seed, scope: str = FitConfig.scope,
+                out: Path | None = None, max_evals: int | None = FitConfig.max_evals, quick: bool = False,
+                restarts: int = FitConfig.restarts, workers: int | None = None, output_len: str = "profile",
+                log: Log | None = None) -> FittedPrograms:
+    """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
+    when the scope makes several. Output paths are checked before the fit starts."""
+    log = log or Log()
+    program = load_program(path)
+    loaded = load_usable(data, output_len, log)
+    config = quick_config(seed, loaded.experiments) if quick else FitConfig(seed=seed, scope=scope)
+    config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts)
+    base = out or Path(f"{path.stem}.fitted.py")
+    paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
+    check_outputs(list(paths.values()), inputs=[path])
+    with Engine(loaded.experiments, workers) as engine, fit_progress(log.console) as progress:
+        result = fit(program, loaded.experiments, engine, config, progress=progress)
+        if not result.loss < FAILED_LOSS:
+            raise FitError(f"{path}: {FAILED_REASON}; nothing written")
+        vectors = [result.vector_for(program, e) for e in loaded.experiments]
+        rows = engine.score(program, vectors, SCORED_SPLITS, percentiles=True)
+    written = []
+    for group, constants in result.constants.items():
+        header = FittedHeader(data=loaded.label, seed=seed, scope=scope, group=group, restarts=restarts, quick=quick,
+                              train_loss=result.loss, loss_of_all_groups=len(result.constants) != 1,
+                              evaluations=result.evaluations)
+        target = paths.get(group, base)
+        write_atomic(target, program.with_constants(constants, header=header.render()).source)
+        written.append(target)
+    return FittedPrograms(path, loaded, config, result, written, rows)

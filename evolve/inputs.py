@@ -1,0 +1,20 @@
+"""The experiments a replaying command works on, with a note on each one skipped and on the
+synthetic sample standing in for real data."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from evaluator.datasets import LoadedData, load_data
+
+from .console import Log
+
+
+def load_usable(data: Path | None, output_len: str, log: Log) -> LoadedData:
+    """The good experiments of `data` (the synthetic sample when None); a DataError if there is none."""
+    loaded = load_data(data, output_len=output_len)
+    for e in loaded.errors:
+        log.skipped(str(e))
+    loaded.require_experiments()
+    if loaded.synthetic:
+        log.note(f"using the built-in synthetic sample: {loaded.label} (pass --data DIR for real experiments)")
+    return loaded

@@ -1,0 +1,97 @@
+"""`evolve run`: a search assembled from its settings (data, archive, seeds, LLM, emitters,
+engine) and run to its last generation with live progress; returns the summary it stored."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from archive.store import Archive
+from evaluator.datasets import LoadedData
+from evaluator.engine import Engine
+from seeds import load_seeds
+
+from .console import Log
+from .emitters import build_emitters
+from .llm_client import DEFAULT_TIMEOUT_S
+from .inputs import load_usable
+from .outputs import OutputError, slug
+from .progress import run_progress
+from .search import Search, SearchConfig, SearchError
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """The LLM side of a search: which model, where, and its caps (None: no cap)."""
+
+    model: str
+    base_url: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    offline: bool = False  # replay replies from the cache only
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    max_usd: float | None = None
+
+
+@dataclass
+class RunOutcome:
+    archive_dir: Path
+    summary: dict  # Search.summary(): best program, its test rows, the front
+
+    def to_json(self) -> dict:
+        return {"archive": str(self.archive_dir), **self.summary}
+
+
+def default_archive_dir(loaded: LoadedData, seed: int) -> Path:
+    """runs/<data directory name>-seed<seed> (runs/synthetic-seed<seed> for the sample)."""
+    tag = "synthetic" if loaded.synthetic else slug(Path(loaded.label).name)
+    return Path("runs") / f"{tag}-seed{seed}"
+
+
+def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData):
+    from .llm_client import LLMClient
+    from .llm_operator import Budget, LLMOperator
+
+    client = LLMClient(llm.model, archive_dir / "llm_cache", base_url=llm.base_url, timeout_s=llm.timeout_s, offline=llm.offline)
+    s = loaded.experiments[0].server
+    return LLMOperator(client, Budget(max_calls=llm.max_calls, max_tokens=llm.max_tokens, max_usd=llm.max_usd),
+                       server={"budget_tokens": s.max_num_batched_tokens, "max_seqs": s.max_num_seqs})
+
+
+def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path | None = None, *, resume: bool = False,
+               seeds: list[Path] | None = None, llm: LLMSettings | None = None, workers: int | None = None,
+               log: Log | None = None) -> RunOutcome:
+    """Run (or with resume, continue) the search in `archive_dir` (default: `default_archive_dir`).
+    seeds: program files or directories for generation 0 instead of the shipped seeds/. Without
+    an LLM every child is symbolic, whatever config.llm_ratio says."""
+    log = log or Log()
+    seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded
+    if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
+        raise OutputError(f"{archive_dir}: is a file; --archive takes a directory")
+    loaded = load_usable(data, "profile", log)
+    archive_dir = archive_dir or default_archive_dir(loaded, config.seed)
+    if resume and not (archive_dir / Archive.FILE).exists():
+        log.note(f"{archive_dir}: no archive yet, starting a new run")
+    if llm is None:
+        config = dataclasses.replace(config, llm_ratio=0.0)
+    archive = Archive(archive_dir, create=True)
+    try:
+        operator = _llm_operator(llm, archive_dir, loaded) if llm else None
+        run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None}
+        with Engine(loaded.experiments, workers) as engine:
+            search = Search(archive, loaded, engine, config, build_emitters(operator, config.llm_ratio), resume=resume,
+                            run_config=run_config, seeds=seed_programs)
+            start = archive.last_generation(search.run_id) + 1
+            if start > config.generations:
+                log.note(f"{archive_dir}: already at generation {start - 1}; nothing to run")
+            else:
+                log.note(f"archive: {archive_dir}  (generations {start}..{config.generations})")
+            try:
+                with run_progress(log.console, config.generations, start) as progress:
+                    search.progress = progress
+                    summary = search.run()
+            except SearchError as e:
+                raise SearchError(f"{archive_dir}: {e}") from None
+    finally:
+        archive.close()
+    return RunOutcome(archive_dir, summary)

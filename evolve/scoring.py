@@ -1,0 +1,46 @@
+"""`evolve eval`: a program file replayed closed-loop on every experiment, scored on one split."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from evaluator.datasets import LoadedData
+from evaluator.dsl import load_program
+from evaluator.engine import Engine
+from evaluator.metrics import MetricRow, loss
+
+from .console import Log
+from .inputs import load_usable
+
+
+@dataclass
+class Evaluation:
+    program: Path
+    data: LoadedData
+    split: str
+    rows: list[MetricRow]  # one per experiment; a failed replay's row carries its `error`
+
+    @property
+    def loss(self) -> float:
+        return loss(self.rows)
+
+    @property
+    def failed(self) -> list[MetricRow]:
+        return [r for r in self.rows if r.error]
+
+    def to_json(self) -> dict:
+        return {"program": str(self.program), "data": self.data.label, "synthetic": self.data.synthetic,
+                "split": self.split, "loss": self.loss, "experiments": self.rows}
+
+
+def evaluate_program(path: Path, data: Path | None = None, split: str = "test", workers: int | None = None,
+                     output_len: str = "profile", log: Log | None = None) -> Evaluation:
+    """The program's per-experiment metrics on `split`, with the constants it holds."""
+    program = load_program(path)
+    loaded = load_usable(data, output_len, log or Log())
+    vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
+    with Engine(loaded.experiments, workers) as engine:
+        rows = engine.score(program, vectors, (split,), percentiles=True)[split]
+    return Evaluation(path, loaded, split, rows)

@@ -1,0 +1,55 @@
+"""Option defaults come from the config dataclasses, and `--help` shows them."""
+from __future__ import annotations
+
+import dataclasses
+
+import typer
+from typer.testing import CliRunner
+
+from evaluator.fitting import FitConfig
+from evolve.cli import app
+from evolve.search import SearchConfig
+
+RUN_OPTIONS = {"--generations": "generations", "--seed": "seed", "--children": "children", "--quick-evals": "quick_evals",
+               "--full-fit-evals": "full_fit_evals", "--max-promotions": "max_promotions", "--islands": "islands",
+               "--migration-interval": "migration_interval", "--llm-ratio": "llm_ratio"}
+FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
+
+
+def _help_rows(command: str) -> dict[str, str]:
+    """Each option's row of the help box, its wrapped lines joined."""
+    text = CliRunner().invoke(app, [command, "--help"], terminal_width=200).stdout
+    rows: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        cell = line.strip("│ ").strip()
+        if line.startswith("│ --"):  # an option's first line (wrapped help may also start with "--")
+            current = cell.split()[0]
+            rows[current] = cell
+        elif current and cell:
+            rows[current] += " " + cell
+    return rows
+
+
+def _params(command: str) -> dict[str, object]:
+    click_command = typer.main.get_command(app).commands[command]
+    return {p.opts[0]: p.default for p in click_command.params if p.opts[0].startswith("--")}
+
+
+def test_run_help_shows_the_search_config_defaults():
+    defaults, rows, params = SearchConfig(), _help_rows("run"), _params("run")
+    for flag, field in RUN_OPTIONS.items():
+        value = getattr(defaults, field)
+        assert params[flag] == value, flag
+        assert f"[default: {value}]" in rows[flag], (flag, rows[flag])
+    assert set(RUN_OPTIONS.values()) | {"seed_fit_evals", "promote_margin", "sanity_factor", "full_fit_sigma"} == {
+        f.name for f in dataclasses.fields(SearchConfig)}
+    assert params["--seed-fit-evals"] == defaults.seed_fit_evals
+
+
+def test_fit_help_shows_the_fit_config_defaults():
+    defaults, rows, params = FitConfig(), _help_rows("fit"), _params("fit")
+    for flag, field in FIT_OPTIONS.items():
+        assert params[flag] == getattr(defaults, field), flag
+        assert f"[default: {getattr(defaults, field)}]" in rows[flag], (flag, rows[flag])
+    assert params["--max-evals"] == defaults.max_evals

@@ -16,7 +16,7 @@ import numpy as np
 from .dsl import CompiledProgram, Program, compile_program
 from .experiments import SPLITS, Experiment
 from .metrics import MetricRow, failed_row, loss, split_horizon, split_metrics
-from .replay import replay
+from .replay import DEFAULT_SEMANTICS, SEMANTICS, replay
 
 
 def default_workers() -> int:
@@ -33,8 +33,11 @@ def windowed(exp: Experiment, fraction: float) -> Experiment:
 
 
 class Engine:
-    def __init__(self, experiments: list[Experiment], workers: int | None = None):
-        self.experiments = experiments
+    def __init__(self, experiments: list[Experiment], workers: int | None = None, semantics: str = DEFAULT_SEMANTICS):
+        """semantics: how a step is accounted ("blis" or "vllm"; see replay.SEMANTICS)."""
+        if semantics not in SEMANTICS:
+            raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
+        self.experiments, self.semantics = experiments, semantics
         self.workers = workers or default_workers()
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="replay")
 
@@ -60,7 +63,7 @@ class Engine:
 
         def one(i):
             exp = exps[i]
-            res = replay(exp, compiled, constants[i], horizon=split_horizon(exp, splits))
+            res = replay(exp, compiled, constants[i], horizon=split_horizon(exp, splits), semantics=self.semantics)
             if not res.ok:
                 return {s: failed_row(exp, s, res.failure()) for s in splits}
             return {s: split_metrics(exp, res, s, percentiles) for s in splits}
@@ -76,7 +79,7 @@ class Engine:
         def one(task):
             p, i = task
             exp = experiments[i]
-            res = replay(exp, compiled, population[p], horizon=split_horizon(exp, (split,)))
+            res = replay(exp, compiled, population[p], horizon=split_horizon(exp, (split,)), semantics=self.semantics)
             return split_metrics(exp, res, split) if res.ok else failed_row(exp, split, res.failure())
 
         rows = list(self.pool.map(one, tasks))

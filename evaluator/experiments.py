@@ -14,6 +14,7 @@ handled here, each with a policy in `LoadOptions`:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -77,7 +78,6 @@ class Experiment:
     input_tokens: np.ndarray  # int64, imputed for failed requests
     output_tokens: np.ndarray  # int64, the length the replay generates (policy applied)
     reported_output_tokens: np.ndarray  # int64, as the client recorded it
-    cached_tokens: np.ndarray  # int64, prefix-cache hits (full blocks)
     failed: np.ndarray  # bool, observed client timeout
     abort_after_us: np.ndarray  # int64, client gives up this long after arrival
     e2e_s: np.ndarray  # observed, float64
@@ -89,6 +89,15 @@ class Experiment:
     summary: dict | None = None  # inference-perf's own means, for cross-checks
     synthetic: bool = False
     notes: list[str] = field(default_factory=list)
+    # Shared system prompts: request i starts with the prompt of group prefix_group[i] (-1: none),
+    # prefix_tokens long. Groups were not recorded in the real data: the first request of each
+    # group comes first, then requests take the groups in turn (see `prefix_groups`).
+    prefix_group: np.ndarray | None = None  # int64
+    prefix_tokens: int = 0
+
+    def __post_init__(self):
+        if self.prefix_group is None:
+            self.prefix_group = np.full(len(self.arrival_us), -1, dtype=np.int64)
 
     @property
     def n_requests(self) -> int:
@@ -101,27 +110,35 @@ class Experiment:
     @classmethod
     def from_arrays(cls, name: str, arrival_us, input_tokens, output_tokens, *, arch: ModelArch, tp: int = 1,
                     hardware: str = DEFAULT_HARDWARE, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
-                    kv_blocks: int = 10_000, block_size: int = 16, cached_tokens=None, timeout_s: float = 300.0,
-                    model: str = "in-memory", split=(0.6, 0.2)) -> "Experiment":
-        """An in-memory experiment without ground truth (observations are NaN), for generators and tests."""
+                    kv_blocks: int = 10_000, block_size: int = 16, prefix_group=None, prefix_tokens: int = 0,
+                    timeout_s: float = 300.0, model: str = "in-memory", split=(0.6, 0.2)) -> "Experiment":
+        """An in-memory experiment without ground truth (observations are NaN), for generators and tests.
+        prefix_group[i] >= 0: request i starts with that group's shared prompt of prefix_tokens."""
         arrival = np.asarray(arrival_us, dtype=np.int64)
         n = len(arrival)
         out = np.asarray(output_tokens, dtype=np.int64)
         inputs = np.asarray(input_tokens, dtype=np.int64)
-        cached = np.zeros(n, np.int64) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.int64)
+        groups = np.full(n, -1, np.int64) if prefix_group is None else np.asarray(prefix_group, dtype=np.int64)
         # the loader guarantees these for real data; the replay relies on them
         if (inputs < 1).any() or (out < 1).any():
             raise ValueError(f"{name}: every request needs input_tokens >= 1 and output_tokens >= 1")
-        if (cached < 0).any() or (cached >= inputs).any() or (cached % block_size).any():
-            raise ValueError(f"{name}: cached_tokens must be whole {block_size}-token blocks, shorter than the prompt")
+        if groups.shape != (n,) or (groups < -1).any() or (prefix_tokens < 0) or ((groups >= 0) & (inputs <= prefix_tokens)).any():
+            raise ValueError(f"{name}: prefix_group needs one group (or -1) per request, each grouped prompt longer "
+                             f"than prefix_tokens={prefix_tokens}")
         return cls(
             name=name, model=model, workload="", tp=tp, hardware=get_hardware(hardware), arch=arch,
             server=ServerConfig(max_num_seqs, max_num_batched_tokens, kv_blocks, block_size),
             arrival_us=arrival, input_tokens=inputs, output_tokens=out, reported_output_tokens=out.copy(),
-            cached_tokens=cached,
+            prefix_group=groups, prefix_tokens=int(prefix_tokens) if (groups >= 0).any() else 0,
             failed=np.zeros(n, bool), abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
             e2e_s=np.full(n, np.nan), ttft_s=np.full(n, np.nan), split=_temporal_split(n, split),
         )
+
+    def head(self, n: int) -> "Experiment":
+        """The experiment cut to its first n requests (in arrival order)."""
+        per_request = {f.name: getattr(self, f.name)[:n] for f in dataclasses.fields(self)
+                       if isinstance(getattr(self, f.name), np.ndarray)}
+        return dataclasses.replace(self, **per_request)
 
     def split_mask(self, split: str) -> np.ndarray:
         return self.split == SPLITS.index(split)
@@ -292,14 +309,11 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         if options.output_len == "profile":
             notes.append("profile.json has no output_len: reported output_tokens used")
 
-    cached = np.zeros(n, dtype=np.int64)
     sys_len = int(shared.get("system_prompt_len") or cfg.get("system_prompt_len") or 0)
-    groups = int(shared.get("num_unique_system_prompts") or cfg.get("num_prefix_groups") or 0)
+    groups = int(shared.get("num_unique_system_prompts") or cfg.get("numprefix_groups") or 0)
+    prefix_group = np.full(n, -1, dtype=np.int64)
     if options.prefix_cache and sys_len >= server.block_size:
-        bs = server.block_size
-        cached[:] = (sys_len // bs) * bs
-        cached[:groups] = 0  # cold: the first request of each group fills the cache
-        cached = np.minimum(cached, ((inputs - 1) // bs) * bs)  # vLLM always computes the last token
+        prefix_group = prefix_groups(inputs, sys_len, max(groups, 1))
 
     if options.client_timeout_s is not None:
         timeout_s = options.client_timeout_s
@@ -316,12 +330,20 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         tp=tp, hardware=hardware, arch=arch, server=server,
         arrival_us=np.round(arrival).astype(np.int64),
         input_tokens=inputs, output_tokens=output, reported_output_tokens=reported_out,
-        cached_tokens=cached, failed=failed, abort_after_us=abort_after,
+        failed=failed, abort_after_us=abort_after,
         e2e_s=e2e, ttft_s=ttft, split=_temporal_split(n, options.split),
         source_split=str(meta.get("split") or ""), output_len_used=out_len_used,
         n_imputed_inputs=int(imputed.sum()), summary=_summary_means(path / "summary_lifecycle_metrics.json"),
         synthetic=bool(meta.get("synthetic", False)), notes=notes,
+        prefix_group=prefix_group, prefix_tokens=sys_len if (prefix_group >= 0).any() else 0,
     )
+
+
+def prefix_groups(inputs: np.ndarray, prefix_len: int, groups: int) -> np.ndarray:
+    """Which shared system prompt each request starts with: group i % groups for request i (so
+    the first `groups` requests are each group's first), -1 for a prompt no longer than it."""
+    g = np.arange(len(inputs), dtype=np.int64) % groups
+    return np.where(inputs > prefix_len, g, -1)
 
 
 def experiment_dirs(data_dir: str | Path) -> list[Path]:

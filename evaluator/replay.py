@@ -37,6 +37,16 @@ WAITING_TO_ARRIVE, QUEUED, RUNNING, FINISHED, TIMED_OUT = 0, 1, 2, 3, 4
 OK, BAD_STEP_TIME, STEP_LIMIT, TRAJECTORY_FULL, BAD_QUEUE_TIME = 0, 1, 2, 3, 4
 
 NO_DEADLINE = np.iinfo(np.int64).max
+# Where BLIS's accounting and vLLM's differ (both share the block-level prefix cache above):
+#   first chunk of an admitted request with cached prompt blocks: BLIS costs it with no context
+#     (its ProgressIndex is advanced only after the step), vLLM with the cached tokens as context;
+#   a fully cached prompt: BLIS admits it with no token to compute, vLLM recomputes its last token;
+#   a client deadline inside a step: BLIS finishes a request that step completes (it runs a step
+#     at its start), vLLM's client has gone by the step's end;
+#   a finishing request: BLIS stores its last token's KV (taking a block if its last one is full,
+#     which evicts that block's cached content) before freeing its blocks.
+SEMANTICS = ("blis", "vllm")
+DEFAULT_SEMANTICS = "blis"
 MAX_US = 1e15  # durations are capped here before rounding to int64 microseconds (as the emitted Go does)
 
 _component_values = njit(cache=True, nogil=True)(component_values)
@@ -56,9 +66,127 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
+# ---- the KV cache: blocks with reference counts, a free list in LRU order, prefix hashes ----
+# As in vLLM and BLIS (sim/kv/cache.go): a request holds a list of blocks; blocks it releases go
+# to the tail of the free list in reverse order and keep their content, so a later request (or
+# the same one, readmitted after a preemption) whose prompt starts with that content hits them
+# until a new allocation pops them from the head and overwrites them. Content identity stands in
+# for the block hash: block i of a shared system prompt (group g) is key g * P + i; block i of a
+# request's own prompt is key G * P + roff[r] + i. Only full prompt blocks filled during prefill
+# are keyed (the others hold output tokens no prompt can match).
+
 @njit(cache=True, nogil=True)
-def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_tokens, kv_blocks, block,
-              k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec, diag):
+def _fl_remove(b, nxt, prv, head_tail):
+    p, q = prv[b], nxt[b]
+    if p >= 0:
+        nxt[p] = q
+    else:
+        head_tail[0] = q
+    if q >= 0:
+        prv[q] = p
+    else:
+        head_tail[1] = p
+    nxt[b] = -1
+    prv[b] = -1
+    head_tail[2] -= 1
+
+
+@njit(cache=True, nogil=True)
+def _fl_append(b, nxt, prv, head_tail):
+    t = head_tail[1]
+    prv[b] = t
+    nxt[b] = -1
+    if t >= 0:
+        nxt[t] = b
+    else:
+        head_tail[0] = b
+    head_tail[1] = b
+    head_tail[2] += 1
+
+
+@njit(cache=True, nogil=True)
+def _key_of(r, i, pgroup, prefix_blocks, n_group_keys, roff):
+    g = pgroup[r]
+    if g >= 0 and i < prefix_blocks:
+        return g * prefix_blocks + i
+    return n_group_keys + roff[r] + i
+
+
+@njit(cache=True, nogil=True)
+def _cached_prefix(r, max_blocks, pgroup, prefix_blocks, n_group_keys, roff, keymap):
+    """Blocks at the start of r's prompt whose content is in the cache (stops at the first miss)."""
+    n = 0
+    while n < max_blocks:
+        if keymap[_key_of(r, n, pgroup, prefix_blocks, n_group_keys, roff)] < 0:
+            break
+        n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt):
+    """Free r's blocks (last first, so the prompt's first blocks are evicted last)."""
+    for j in range(nb[r] - 1, -1, -1):
+        b = rblk[roff[r] + j]
+        ref[b] -= 1
+        if ref[b] == 0:
+            _fl_append(b, nxt, prv, head_tail)
+    nb[r] = 0
+    rtok[r] = 0
+    no_prompt[r] = False
+
+
+@njit(cache=True, nogil=True)
+def _allocate(r, tok, in_prefill, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail,
+              pgroup, prefix_blocks, n_group_keys, no_prompt):
+    """Store tok more tokens of r: fill its last block, then take blocks from the free list's head
+    (dropping the content they held). Full prompt blocks written during prefill get their key
+    (none when no_prompt[r]: its blocks start at its first output token)."""
+    spare = nb[r] * block - rtok[r]
+    if spare > 0:
+        fill = min(spare, tok)
+        rtok[r] += fill
+        tok -= fill
+        last = nb[r] - 1
+        if rtok[r] == nb[r] * block and nb[r] * block <= inputs[r] and not no_prompt[r]:
+            kk = _key_of(r, last, pgroup, prefix_blocks, n_group_keys, roff)
+            b = rblk[roff[r] + last]
+            key[b] = kk
+            keymap[kk] = b
+    while tok > 0:
+        b = head_tail[0]
+        _fl_remove(b, nxt, prv, head_tail)
+        if key[b] >= 0:  # its old content is gone (the key goes, whichever block it pointed to, as in BLIS)
+            keymap[key[b]] = -1
+            key[b] = -1
+        ref[b] = 1
+        rblk[roff[r] + nb[r]] = b
+        fill = min(block, tok)
+        nb[r] += 1
+        rtok[r] += fill
+        tok -= fill
+        if fill == block and in_prefill and not no_prompt[r]:
+            kk = _key_of(r, nb[r] - 1, pgroup, prefix_blocks, n_group_keys, roff)
+            key[b] = kk
+            keymap[kk] = b
+
+
+@njit(cache=True, nogil=True)
+def _claim_cached(r, n_cached, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup, prefix_blocks,
+                  n_group_keys):
+    for i in range(n_cached):
+        b = keymap[_key_of(r, i, pgroup, prefix_blocks, n_group_keys, roff)]
+        ref[b] += 1
+        if ref[b] == 1:
+            _fl_remove(b, nxt, prv, head_tail)
+        rblk[roff[r] + nb[r]] = b
+        nb[r] += 1
+    return n_cached * block
+
+
+@njit(cache=True, nogil=True)
+def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_after, max_seqs, budget_tokens,
+              kv_blocks, block, blis, k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec, diag):
     n = arrival.shape[0]
     stack = np.zeros(STACK_SIZE)
     local = np.zeros(LOCALS_SIZE)
@@ -98,13 +226,29 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
     deadline = arrival + abort_after
 
     state = np.zeros(n, np.int8)
-    progress = np.zeros(n, np.int64)  # tokens in the KV cache
+    progress = np.zeros(n, np.int64)  # tokens computed (BLIS's ProgressIndex after the step)
     generated = np.zeros(n, np.int64)
-    held = np.zeros(n, np.int64)  # KV blocks held (shared prefix blocks not counted)
     ttft = np.full(n, -1, np.int64)
     e2e = np.full(n, -1, np.int64)
     acc = np.zeros(n, np.int64)  # E2E accumulated so far
     preempts = np.zeros(n, np.int32)
+
+    # KV cache (see above): per-request block lists at roff[r], the free list, content keys
+    roff = np.zeros(n + 1, np.int64)
+    for r in range(n):
+        roff[r + 1] = roff[r] + _ceil_div(inputs[r] + outputs[r], block) + 1
+    rblk = np.zeros(roff[n], np.int64)
+    nb = np.zeros(n, np.int64)  # blocks held
+    rtok = np.zeros(n, np.int64)  # tokens stored in them
+    no_prompt = np.zeros(n, np.bool_)  # admitted with its whole prompt cached and unclaimed (BLIS): blocks hold outputs
+    n_group_keys = n_groups * prefix_blocks
+    keymap = np.full(n_group_keys + roff[n], -1, np.int64)  # content key -> block holding it
+    key = np.full(kv_blocks, -1, np.int64)  # block -> the content key it holds
+    ref = np.zeros(kv_blocks, np.int64)
+    nxt = np.arange(1, kv_blocks + 1, dtype=np.int64)
+    nxt[kv_blocks - 1] = -1
+    prv = np.arange(-1, kv_blocks - 1, dtype=np.int64)
+    head_tail = np.array([0, kv_blocks - 1, kv_blocks], np.int64)  # free list head, tail, length
 
     qcap = 2 * n + 2  # waiting deque as a ring buffer
     queue = np.zeros(qcap, np.int64)
@@ -113,21 +257,20 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
     running = np.zeros(max_seqs, np.int64)
     n_running = 0
     sched = np.zeros(max_seqs, np.int64)  # tokens given this step, by batch position
-    free = kv_blocks
     pending = min(horizon, n)  # horizon requests not yet finished or timed out
-    nxt = 0
+    nxt_arrival = 0
     min_deadline = NO_DEADLINE  # earliest client deadline among running requests (may be stale-low)
     clock = np.int64(0)
     steps = 0
     n_rec = 0
 
     while pending > 0:
-        while nxt < n and ready[order[nxt]] <= clock:
-            r = order[nxt]
+        while nxt_arrival < n and ready[order[nxt_arrival]] <= clock:
+            r = order[nxt_arrival]
             state[r] = QUEUED
             queue[qtail % qcap] = r
             qtail += 1
-            nxt += 1
+            nxt_arrival += 1
         # client timeouts among running requests (waiting ones are dropped at the head); the
         # batch is scanned only once the earliest running deadline has passed
         if min_deadline <= clock:
@@ -137,8 +280,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 r = running[i]
                 if deadline[r] <= clock:
                     state[r] = TIMED_OUT
-                    free += held[r]
-                    held[r] = 0
+                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
                 else:
@@ -156,8 +298,8 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
         if pending <= 0:
             break
         if n_running == 0 and qhead == qtail:
-            if nxt < n:
-                clock = max(clock, ready[order[nxt]])
+            if nxt_arrival < n:
+                clock = max(clock, ready[order[nxt_arrival]])
                 continue
             break
 
@@ -165,6 +307,7 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
         # requests get their tokens; c is the context already in the KV cache)
         budget = budget_tokens
         preempted = False
+        admitted_empty = False  # a fully cached prompt admitted with no token to compute (BLIS)
         tok_pf = 0.0
         n_pf = 0.0
         pf_pairs = 0.0
@@ -179,13 +322,13 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 tok = min(inputs[r] - progress[r], budget)
             else:
                 tok = 1
-            need = _ceil_div(progress[r] + tok, block) - cached[r] // block - held[r]
             self_preempted = False
-            while need > free:
+            spare = nb[r] * block - rtok[r]
+            need = 0 if tok <= spare else _ceil_div(tok - spare, block)
+            while need > head_tail[2]:
                 victim = running[n_running - 1]
                 n_running -= 1
-                free += held[victim]
-                held[victim] = 0
+                _release(victim, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                 progress[victim] = 0
                 generated[victim] = 0
                 ttft[victim] = -1
@@ -200,9 +343,11 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                     break
             if self_preempted:
                 break
-            if need > 0:
-                free -= need
-                held[r] += need
+            if need == 0 and (rtok[r] + tok < nb[r] * block or nb[r] * block > inputs[r] or no_prompt[r]):
+                rtok[r] += tok  # fits in the last block, which stays partial or holds output tokens (no key)
+            else:
+                _allocate(r, tok, progress[r] < inputs[r], inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt,
+                          prv, head_tail, pgroup, prefix_blocks, n_group_keys, no_prompt)
             sched[i] = tok
             budget -= tok
             c = float(progress[r])
@@ -235,14 +380,26 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                     if r < horizon:
                         pending -= 1
                     continue
-                start = cached[r]
+                # prompt blocks already cached; vLLM always computes the prompt's last token, BLIS need not
+                hit_limit = inputs[r] // block if blis else (inputs[r] - 1) // block
+                hits = _cached_prefix(r, hit_limit, pgroup, prefix_blocks, n_group_keys, roff, keymap)
+                start = hits * block
                 tok = min(inputs[r] - start, budget)
-                need = _ceil_div(start + tok, block) - start // block
-                if need > free:
+                from_free = 0
+                for j in range(hits):
+                    if ref[keymap[_key_of(r, j, pgroup, prefix_blocks, n_group_keys, roff)]] == 0:
+                        from_free += 1
+                if _ceil_div(tok, block) + from_free > head_tail[2]:
                     break
                 qhead += 1
-                free -= need
-                held[r] = need
+                if tok > 0:  # BLIS claims cached blocks only along with new tokens
+                    rtok[r] = _claim_cached(r, hits, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup,
+                                            prefix_blocks, n_group_keys)
+                    _allocate(r, tok, True, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail,
+                              pgroup, prefix_blocks, n_group_keys, no_prompt)
+                else:
+                    admitted_empty = True
+                    no_prompt[r] = True
                 progress[r] = start
                 state[r] = RUNNING
                 running[n_running] = r
@@ -251,7 +408,10 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 budget -= tok
                 if deadline[r] < min_deadline:
                     min_deadline = deadline[r]
-                c = float(start)
+                if tok == 0:
+                    continue
+                # BLIS passes the admitted request with its progress index still 0: no context
+                c = 0.0 if blis else float(start)
                 tok_pf += tok  # a newly admitted request is always in prefill
                 n_pf += 1.0
                 pf_pairs += tok * (c + tok / 2.0)
@@ -261,14 +421,14 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 if record:
                     if n_rec >= traj.shape[0]:
                         return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
-                    _record_slot(traj, n_rec, steps, tok, start, True, r)
+                    _record_slot(traj, n_rec, steps, tok, int(c), True, r)
                     n_rec += 1
 
-        if budget == budget_tokens:
+        if budget == budget_tokens and not admitted_empty:
             # nothing could be scheduled (a head that never fits): wait for the next event
             nxt_event = deadline[queue[qhead % qcap]] if qhead < qtail else clock + 1
-            if nxt < n and ready[order[nxt]] < nxt_event:
-                nxt_event = ready[order[nxt]]
+            if nxt_arrival < n and ready[order[nxt_arrival]] < nxt_event:
+                nxt_event = ready[order[nxt_arrival]]
             clock = max(clock + 1, nxt_event)
             continue
 
@@ -286,27 +446,29 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
             steps_rec[steps, 0] = clock
             steps_rec[steps, 1] = dt
-            steps_rec[steps, 2] = kv_blocks - free
+            steps_rec[steps, 2] = kv_blocks - head_tail[2]
             steps_rec[steps, 3] = n_running
         clock += dt
         steps += 1
         if steps > max_steps:
             return STEP_LIMIT, steps, clock, -1, ttft, e2e, state, preempts
 
-        # 5. advance progress, emit tokens, finish
+        # 5. advance progress, emit tokens, finish; a client that gave up during the step takes
+        # its request away (BLIS runs a step at its start, so a request the step finishes is done)
         m = 0
         for j in range(n_running):
             r = running[j]
             tok = sched[j]
-            if tok > 0:
-                if clock > deadline[r]:  # the client gave up during this step
+            empty_admit = tok == 0 and progress[r] >= inputs[r] and generated[r] == 0
+            if tok > 0 or empty_admit:
+                gave_up = clock > deadline[r]
+                if gave_up and not blis:
                     state[r] = TIMED_OUT
-                    free += held[r]
-                    held[r] = 0
+                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
                     continue
-                if progress[r] < inputs[r]:
+                if progress[r] < inputs[r] or empty_admit:
                     progress[r] += tok
                     if progress[r] >= inputs[r]:
                         generated[r] = 1
@@ -319,8 +481,16 @@ def _simulate(arrival, inputs, outputs, cached, abort_after, max_seqs, budget_to
                 if generated[r] >= outputs[r]:
                     e2e[r] = acc[r] + post_decode
                     state[r] = FINISHED
-                    free += held[r]
-                    held[r] = 0
+                    if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
+                        _allocate(r, 1, False, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv,
+                                  head_tail, pgroup, prefix_blocks, n_group_keys, no_prompt)
+                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
+                    if r < horizon:
+                        pending -= 1
+                    continue
+                if gave_up:
+                    state[r] = TIMED_OUT
+                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
                     continue
@@ -385,12 +555,16 @@ def experiment_coefficients(exp: Experiment) -> np.ndarray:
 
 
 def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | None = None,
-           record: bool = False, max_steps: int = 50_000_000) -> ReplayResult:
+           record: bool = False, max_steps: int = 50_000_000, semantics: str = DEFAULT_SEMANTICS) -> ReplayResult:
     """Replay `exp` closed-loop with `program` at `constants` (array in program order).
 
     horizon: stop once every request at arrival position < horizon finished or timed out
     (requests after it still arrive and compete until then). record: keep the trajectory.
+    semantics: "blis" (as BLIS accounts a step, so fitted constants mean the same in the
+    simulator) or "vllm" (see SEMANTICS).
     """
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
     n = exp.n_requests
     horizon = n if horizon is None else int(min(max(horizon, 0), n))
     consts = np.ascontiguousarray(constants, dtype=np.float64)
@@ -403,9 +577,10 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
         steps_rec = np.zeros((cap, 4), np.int64)
         diag = np.zeros(2)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
-            exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.cached_tokens, exp.abort_after_us,
-            s.max_num_seqs, s.max_num_batched_tokens, s.kv_blocks, s.block_size, experiment_coefficients(exp),
-            program.code, program.literals, program.entries, consts, horizon, max_steps, record, traj, steps_rec, diag)
+            exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.prefix_group, exp.prefix_tokens // s.block_size,
+            int(exp.prefix_group.max(initial=-1)) + 1, exp.abort_after_us, s.max_num_seqs, s.max_num_batched_tokens,
+            s.kv_blocks, s.block_size, semantics == "blis", experiment_coefficients(exp), program.code, program.literals,
+            program.entries, consts, horizon, max_steps, record, traj, steps_rec, diag)
         if status != TRAJECTORY_FULL:
             break
         cap = max(cap * 4, 1 << 20)

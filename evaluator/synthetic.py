@@ -23,11 +23,11 @@ import numpy as np
 
 from .catalog import catalog
 from .dsl import compile_program, parse_program
-from .experiments import Experiment
+from .experiments import Experiment, prefix_groups
 from .model_arch import ModelArch
 from .replay import FINISHED, replay
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: prefix caching by blocks (the replay's KV cache), BLIS step semantics
 ORACLE_SOURCE = '''"""Synthetic oracle."""
 CONSTANTS = {"base_us": 2500.0, "c_compute": 1.7, "c_memory": 1.45, "c_comm": 1.2, "per_req_us": 12.0,
              "queue_us": 1800.0, "queue_per_token_us": 0.5, "out_tok_us": 35.0}
@@ -81,10 +81,9 @@ def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
         arrival, inputs = _requests(rng, stages, sys_len, question)
         n = len(arrival)
         bs = 16
-        cached = np.full(n, (sys_len // bs) * bs, dtype=np.int64)
-        cached[:groups] = 0
         exp = Experiment.from_arrays(name, arrival, inputs, np.full(n, out_len), arch=ModelArch.from_model_config(MODELS[model]),
-                                     tp=tp, kv_blocks=blocks, block_size=bs, cached_tokens=cached, timeout_s=timeout_s, model=model)
+                                     tp=tp, kv_blocks=blocks, block_size=bs, prefix_group=prefix_groups(inputs, sys_len, groups),
+                                     prefix_tokens=sys_len, timeout_s=timeout_s, model=model)
         res = replay(exp, compiled, consts)
         if not res.ok:
             raise RuntimeError(f"synthetic oracle failed on {name}: {res.failure()}")

@@ -55,8 +55,45 @@ def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable
             "generations_timed": len(gens)}
 
 
+# BLIS against the tool on the same experiments: prefix caching, preemption, MoE (the first 3000 requests)
+BLIS_BENCH_CASES = (("20260217-155451-llama-2-7b-tp1-codegen", None), ("20260217-170634-llama-2-7b-tp1-reasoning", None),
+                    ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", 3000))
+
+
+def blis_vs_tool(blis: Path, data: Path, log: Callable[[str], None]) -> dict:
+    """Seconds per replay in BLIS (the trained_physics seed emitted and installed into a scratch copy
+    of `blis`: a built checkout, or the offline snapshot with build.sh) against the tool's replay."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from .blis_compare import compare_with_blis
+    from .blis_install import install_into_blis
+    from .emit_go import find_go_tool
+
+    program = seed_path("trained_physics")
+    with tempfile.TemporaryDirectory(prefix="stepml-bench-blis-") as tmp:
+        checkout = Path(tmp) / "blis"
+        if (blis / "build.sh").is_file() and not (blis / "go.mod").is_file():  # the snapshot: build a copy
+            go = find_go_tool("go")
+            env = {**os.environ, "PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}"} if go else None
+            subprocess.run(["bash", str(blis / "build.sh"), str(checkout)], check=True, capture_output=True, env=env)
+        else:
+            shutil.copytree(blis, checkout, symlinks=True)
+        install_into_blis(str(program), None, checkout, go_test=(), say=log)
+        rows = []
+        for name, requests in BLIS_BENCH_CASES:
+            f = compare_with_blis(load_program(program), data / name, checkout, requests=requests)
+            log(f"blis vs tool, {name}: {f.blis_s:.2f} s vs {f.tool_s:.3f} s; mean E2E {f.e2e_diff_pct:+.3f} %, "
+                f"TTFT {f.ttft_diff_pct:+.3f} %")
+            rows.append({"experiment": name, "requests": requests, "blis_s": round(f.blis_s, 2),
+                         "tool_s": round(f.tool_s, 4), "speedup": round(f.blis_s / f.tool_s, 1),
+                         "e2e_diff_pct": round(f.e2e_diff_pct, 3), "ttft_diff_pct": round(f.ttft_diff_pct, 3)})
+    return {"blis_vs_tool": rows}
+
+
 def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], None] = print,
-              search_generations: int = 4, workers: int | None = None) -> dict:
+              search_generations: int = 4, workers: int | None = None, blis: Path | None = None) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
     prog = load_program(seed_path(BENCH_PROGRAM))
@@ -98,4 +135,10 @@ def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], No
             log(f"offline search, {search_generations} generations with default settings...")
             figures.update(generations_per_hour(loaded, engine, search_generations, log))
             log(f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)")
+    if blis is not None:
+        if loaded.synthetic:
+            log("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")
+            figures["blis_vs_tool"] = None
+        else:
+            figures.update(blis_vs_tool(Path(blis), Path(loaded.directory), log))
     return figures

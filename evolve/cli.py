@@ -12,18 +12,21 @@ import typer
 from evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
 from evaluator.experiments import SPLITS
 from evaluator.fitting import SCOPES, FitConfig
+from evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
 
 from .archive_cli import archive_app
 from .bench import run_bench
+from .blis_install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
+from .blis_trace import DEFAULT_LATENCY_MODEL, DEFAULT_SEED, export_experiment_dir
 from .console import CommandGroup, Log, err, error, out
 from .emission import emit_program
-from .emit_go import DEFAULT_NAME, INTERFACES
+from .emit_go import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from .fitting_job import fit_program
 from .go_parity import DEFAULT_SAMPLES
 from .runs import LLMSettings, run_search
 from .scoring import evaluate_program
 from .search import SearchConfig
-from .tables import dumps, experiments_table, loss_text, metrics_table, run_summary_tables
+from .tables import blis_comparison_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
 
 app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
                   help="Discover step-time programs for LLM-inference simulators.")
@@ -35,10 +38,14 @@ SEARCH, FIT = SearchConfig(), FitConfig()
 Split = Literal[SPLITS]
 Scope = Literal[SCOPES]
 OutputLen = Literal[OUTPUT_LEN_POLICIES]
-Interface = Literal[INTERFACES]
+Semantics = Literal[SEMANTICS]
+GoTarget = Literal[tuple(TARGETS)]
 
 DataOpt = typer.Option(None, "--data", help="Directory of replay experiments (default: the built-in synthetic sample).")
 WorkersOpt = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores).")
+SemanticsOpt = typer.Option(DEFAULT_SEMANTICS, "--semantics",
+                            help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
+                                 "in the simulator) or vllm (see docs/design-notes.md).")
 OutputLenOpt = typer.Option(OUTPUT_LEN_POLICIES[0], "--output-len",
                             help="Output length policy: profile (server output_len) or reported (client token counts).")
 
@@ -71,6 +78,25 @@ def data_synth(
     out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
 
 
+@data_app.command("export")
+def data_export(
+    exp_dir: Path = typer.Option(..., "--blis-trace", help="Experiment directory (replay format) to export as a BLIS trace v2."),
+    prefix: Path = typer.Option(..., "--out", help="Output prefix: writes PREFIX.yaml, PREFIX.csv, PREFIX.model/config.json, PREFIX.cmd."),
+    blis: Optional[Path] = typer.Option(None, "--blis", help="BLIS checkout for --defaults-filepath/--hardware-config "
+                                        "(default: relative paths, to run from a checkout)."),
+    latency_model: str = typer.Option(DEFAULT_LATENCY_MODEL, "--latency-model", help="BLIS --latency-model backend."),
+    seed: int = typer.Option(DEFAULT_SEED, "--seed", min=0, help="BLIS --seed (its random token ids)."),
+    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Only the first N requests (quick checks)."),
+    output_len: OutputLen = OutputLenOpt,
+):
+    """Export one experiment as a BLIS trace v2 and print the `blis replay` command that replays it."""
+    exp = export_experiment_dir(exp_dir, prefix, output_len=output_len, blis_dir=blis, latency_model=latency_model,
+                                seed=seed, requests=requests)
+    for note in [*exp.notes, f"wrote {exp.header}, {exp.data} ({exp.n_requests} requests), {exp.config}, {exp.cmd_file}"]:
+        err.print(note, markup=False, highlight=False, soft_wrap=True)
+    sys.stdout.write(exp.command + "\n")  # plain: one line, never wrapped
+
+
 @app.command("eval")
 def eval_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
@@ -79,9 +105,10 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
+    semantics: Semantics = SemanticsOpt,
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
-    result = evaluate_program(program, data, split, workers, output_len, Log())
+    result = evaluate_program(program, data, split, workers, output_len, Log(), semantics=semantics)
     if as_json:
         print(dumps(result.to_json()))
     else:
@@ -107,10 +134,11 @@ def fit_cmd(
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
+    semantics: Semantics = SemanticsOpt,
 ):
     """Fit PROGRAM's constants with CMA-ES on the train split, then score validate and test."""
     fitted = fit_program(program, data, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
-                         restarts=restarts, workers=workers, output_len=output_len, log=Log())
+                         restarts=restarts, workers=workers, output_len=output_len, log=Log(), semantics=semantics)
     if as_json:
         print(dumps(fitted.to_json()))
         return
@@ -156,12 +184,13 @@ def run_cmd(
     seeds: Optional[list[Path]] = typer.Option(None, "--seeds", help="Seed program files, or directories of them, instead of the "
                                                "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
     workers: Optional[int] = WorkersOpt,
+    semantics: Semantics = SemanticsOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
                           quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
-                          max_promotions=max_promotions, migration_interval=migration_interval)
+                          max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics)
     llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
                                max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
     outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log())
@@ -178,18 +207,57 @@ def run_cmd(
 def emit_go_cmd(
     program: str = typer.Argument("best", help="best, a program id from the archive, or a program file (.py)."),
     archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
-    out_path: Path = typer.Option(Path("stepml_evolved.go"), "--out", help="Go file to write."),
+    out_path: Optional[Path] = typer.Option(None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."),
     test_out: Optional[Path] = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
-    interface: Interface = typer.Option(INTERFACES[0], "--interface",
-                                        help="v5 (5-method LatencyModel) or v4 (PostDecodeFixedOverhead)."),
+    target: GoTarget = typer.Option(DEFAULT_TARGET, "--target", help="The BLIS LatencyModel to implement: "
+                                    + "; ".join(f"{t.name}: {t.fits}" for t in TARGETS.values()) + "."),
     name: str = typer.Option(DEFAULT_NAME, "--name", help="Go identifier prefix: <name>Model, New<name>Model, ..."),
     samples: int = typer.Option(DEFAULT_SAMPLES, "--samples", min=1, help="Sample batches in the generated test."),
+    blis: Optional[Path] = typer.Option(None, "--blis", help="Install into this BLIS checkout: model and test in sim/latency/, "
+                                        "the backend registered, then go build, vet and test there."),
+    backend: Optional[str] = typer.Option(None, "--backend", help=f"With --blis: the backend name (default {DEFAULT_BACKEND})."),
+    go_test: Optional[list[str]] = typer.Option(None, "--go-test", help="With --blis: the packages to test (default ./sim/...; "
+                                                "several: repeat, or space-separated in one value)."),
 ):
-    """Emit a program as Go (package latency) implementing the simulator's LatencyModel."""
-    emit_program(program, archive_dir, out_path, test_out, interface=interface, name=name, samples=samples)
-    out.print(f"wrote {out_path} ({name}Model, interface {interface})")
+    """Emit a program as Go (package latency) implementing BLIS's LatencyModel (or install it with --blis)."""
+    if blis is None and (backend or go_test):
+        raise BlisError("--backend and --go-test go with --blis")
+    if blis is not None and (out_path or test_out):
+        raise BlisError("--out and --test-out do not go with --blis (it writes sim/latency/<backend>.go and its test)")
+    if blis is not None:
+        install_into_blis(program, archive_dir, blis, target, name, backend or DEFAULT_BACKEND, samples, go_test or DEFAULT_GO_TEST)
+        return
+    out_path = out_path or Path("stepml_evolved.go")
+    emit_program(program, archive_dir, out_path, test_out, target=target, name=name, samples=samples)
+    out.print(f"wrote {out_path} ({name}Model, target {target})")
     if test_out:
         out.print(f"wrote {test_out} ({samples} sample batches checked against Python)")
+
+
+@app.command("blis-compare")
+def blis_compare_cmd(
+    program: str = typer.Argument("best", help="best, a program id from the archive, or a program file (.py)."),
+    blis: Path = typer.Option(..., "--blis", help="A built BLIS checkout; the program is installed there as emit-go --blis does."),
+    data: Path = typer.Option(..., "--data", help="Directory of replay experiments (or one experiment directory)."),
+    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
+    experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these experiments (repeatable)."),
+    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Replay only each experiment's first N requests."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
+    from evaluator.experiments import experiment_dirs
+
+    from .blis_compare import compare_program_in_blis
+
+    dirs = [d for d in experiment_dirs(data) if not experiment or d.name in experiment]
+    if not dirs:
+        raise BlisError(f"{data}: no experiment directories{' named ' + ', '.join(experiment) if experiment else ''}")
+    rows = compare_program_in_blis(program, archive_dir, blis, dirs, backend=backend, requests=requests, say=Log().note)
+    if as_json:
+        print(dumps([r.to_json() for r in rows]))
+        return
+    out.print(blis_comparison_table(rows))
 
 
 @app.command("bench")
@@ -199,9 +267,12 @@ def bench_cmd(
     skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the (minutes-long) full fit figure."),
     search_generations: int = typer.Option(4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."),
     workers: Optional[int] = WorkersOpt,
+    blis: Optional[Path] = typer.Option(None, "--blis", help="Also time BLIS (a built checkout, or the offline snapshot "
+                                        "../shared/blis) against the tool's replay on three real experiments."),
 ):
     """Throughput figures: replay, full evaluation, full and quick fits, search generations per hour."""
-    figures = run_bench(data, skip_fit=skip_fit, log=Log().note, search_generations=search_generations, workers=workers)
+    figures = run_bench(data, skip_fit=skip_fit, log=Log().note, search_generations=search_generations, workers=workers,
+                        blis=blis)
     if as_json:
         print(dumps(figures))
     else:

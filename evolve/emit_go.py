@@ -19,6 +19,7 @@ from importlib import resources
 
 import jinja2
 
+from evaluator.catalog import catalog
 from evaluator.components import COMPONENT_NAMES
 from evaluator.dsl import Program
 from evaluator.dsl.operators import AND, OPERATORS, Kind, Operator, operands, operator_of
@@ -27,8 +28,49 @@ from evaluator.dsl.program import literal_number
 from .go_physics import physics_context
 from .go_text import ATOM, BINARY, UNARY, EmitError, camel, go_float, go_value, wrap
 
-INTERFACES = ("v5", "v4")
 DEFAULT_NAME = "StepMLEvolved"  # Go identifier prefix: <name>Model, New<name>Model, ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """A BLIS `sim.LatencyModel` generation the emitted Go is written for."""
+
+    name: str
+    methods: tuple[str, ...]  # sim.LatencyModel's method set, in the interface's order
+    token: str  # the element type of sim.Request.InputTokens, as package sim spells it
+    fits: str  # which BLIS commits it fits
+    from_config: bool  # emit New<name>FromConfig(sim.ModelHardwareConfig), the factory's argument
+
+    @property
+    def go_token(self) -> str:
+        """The token type as code outside package sim spells it (the generated test)."""
+        return self.token if self.token == "int" else f"sim.{self.token}"
+
+    @property
+    def post_decode(self) -> bool:
+        return "PostDecodeFixedOverhead" in self.methods
+
+
+_COMMON = ("StepTime", "QueueingTime", "OutputTokenProcessingTime")
+# The one table of targets (the CLI's --target choices, the README, `--blis`'s interface check).
+TARGETS = {t.name: t for t in (
+    Target("blis-head", (*_COMMON, "PostDecodeFixedOverhead"), "TokenID",
+           "the 4-method interface (since 2026-03-10) with []sim.TokenID tokens (since 2026-06-29), "
+           "e.g. the snapshot commit f90a1e3a of 2026-08-22", from_config=True),
+    Target("blis-2026-03", (*_COMMON, "SchedulingProcessingTime", "PreemptionProcessingTime"), "int",
+           "the 5-method interface with []int tokens, checkouts from 2026-02-24 to 2026-03-05", from_config=False),
+)}
+DEFAULT_TARGET = "blis-head"
+# BLIS's names (hardware_config.json) for the catalog's GPUs, by preset (go_name): the
+# constructor from sim.ModelHardwareConfig takes the NVLink bandwidth, which BLIS's
+# HardwareCalib lacks, from the preset whose catalog name, alias or BLIS name is the GPU's.
+BLIS_GPU_NAMES = {"H100": ("H100",), "A100": ("A100-SXM", "A100-80")}
+
+
+def target(name: str) -> Target:
+    if name not in TARGETS:
+        raise EmitError(f"unknown target {name!r} (known: {', '.join(TARGETS)})")
+    return TARGETS[name]
 
 def _literal_only(node: ast.AST) -> bool:
     """A subtree Go would fold as an exact constant expression (only literals and operators whose
@@ -227,10 +269,19 @@ def _comment(text: str) -> list[str]:
     return lines
 
 
-def emit_go(program: Program, name: str = DEFAULT_NAME, interface: str = "v5", header: dict | None = None) -> str:
-    """Go source (before gofmt) implementing sim.LatencyModel for `program`."""
-    if interface not in INTERFACES:
-        raise EmitError(f"unknown interface {interface!r} (choose {' or '.join(INTERFACES)})")
+def _gpu_names() -> list[dict]:
+    """Per catalog GPU: its preset and every lower-case name BLIS's --hardware may give it."""
+    out = []
+    for hw in catalog().hardware.values():
+        blis = BLIS_GPU_NAMES.get(hw.go_name, ())
+        out.append({"go_name": hw.go_name, "shown": list(dict.fromkeys([hw.name, *blis])),
+                    "names": sorted({hw.name.lower(), *(a.lower() for a in hw.aliases), *(b.lower() for b in blis)})})
+    return out
+
+
+def emit_go(program: Program, name: str = DEFAULT_NAME, target_name: str = DEFAULT_TARGET, header: dict | None = None) -> str:
+    """Go source (before gofmt) implementing sim.LatencyModel of `target_name` for `program`."""
+    tgt = target(target_name)
     if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", name):
         raise EmitError(f"--name must be an exported Go identifier (e.g. StepMLEvolved), not {name!r}")
     names = _Names(prefix=name[:1].lower() + name[1:])
@@ -241,25 +292,28 @@ def emit_go(program: Program, name: str = DEFAULT_NAME, interface: str = "v5", h
             go += "X"
         seen.add(go)
         consts[cname] = names.prefix + go[:1].upper() + go[1:]
-    if interface == "v5" and "post_decode_time" in program.functions:
-        raise EmitError("post_decode_time has no method in the v5 interface: emit with --interface v4 "
-                        "(PostDecodeFixedOverhead)")
+    if not tgt.post_decode and "post_decode_time" in program.functions:
+        with_post = [t.name for t in TARGETS.values() if t.post_decode]
+        raise EmitError(f"post_decode_time has no method in the {tgt.name} interface: emit with --target "
+                        f"{' or '.join(with_post)} (PostDecodeFixedOverhead)")
     functions: dict[str, list[str] | None] = {}
     for fname in ("step_time", "queueing_time", "output_token_time", "post_decode_time"):
         fn = program.functions.get(fname)
         functions[fname] = _GoExpr(names, consts, fname).body(fn) if fn is not None else None
     ctx = {
-        "name": name, "prefix": names.prefix, "interface": interface, "header": header or {},
+        "name": name, "prefix": names.prefix, "target": tgt, "header": header or {},
         "doc": _comment(program.doc), "constants": [(consts[k], go_value(v), k) for k, v in program.constants.items()],
-        "functions": functions, **physics_context(name),
+        "functions": functions, "gpus": _gpu_names(), **physics_context(name),
     }
     return _templates().get_template("latency_model.go.j2").render(**ctx)
 
 
-def emit_go_test(name: str, samples: dict, interface: str = "v5") -> str:
-    """A Go test holding the Go predictions to values computed by Python on sample batches."""
+def emit_go_test(name: str, samples: dict, target_name: str = DEFAULT_TARGET) -> str:
+    """A Go test holding the Go predictions to values computed by Python on sample batches (and,
+    for a target with the ModelHardwareConfig constructor, that constructor to the presets)."""
+    blis_gpu = {g["go_name"]: g["shown"][-1] for g in _gpu_names()}
     return _templates().get_template("latency_model_test.go.j2").render(
-        name=name, prefix=name[:1].lower() + name[1:], interface=interface, **samples)
+        name=name, prefix=name[:1].lower() + name[1:], target=target(target_name), blis_gpu=blis_gpu, **samples)
 
 
 def find_go_tool(tool: str = "gofmt") -> str | None:

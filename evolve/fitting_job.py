@@ -11,6 +11,7 @@ from evaluator.dsl import load_program
 from evaluator.engine import Engine
 from evaluator.errors import UserError
 from evaluator.fitted_header import FittedHeader
+from evaluator.replay import DEFAULT_SEMANTICS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, group_key, quick_config
 from evaluator.metrics import MetricRow, loss
 
@@ -50,7 +51,7 @@ class FittedPrograms:
 def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.seed, scope: str = FitConfig.scope,
                 out: Path | None = None, max_evals: int | None = FitConfig.max_evals, quick: bool = False,
                 restarts: int = FitConfig.restarts, workers: int | None = None, output_len: str = "profile",
-                log: Log | None = None) -> FittedPrograms:
+                log: Log | None = None, semantics: str = DEFAULT_SEMANTICS) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts."""
     log = log or Log()
@@ -61,7 +62,7 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
-    with Engine(loaded.experiments, workers) as engine, fit_progress(log.console) as progress:
+    with Engine(loaded.experiments, workers, semantics=semantics) as engine, fit_progress(log.console) as progress:
         result = fit(program, loaded.experiments, engine, config, progress=progress)
         if not result.loss < FAILED_LOSS:
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")
@@ -70,6 +71,7 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
     written = []
     for group, constants in result.constants.items():
         header = FittedHeader(data=loaded.label, seed=seed, scope=scope, group=group, restarts=restarts, quick=quick,
+                              semantics=semantics,
                               train_loss=result.loss, loss_of_all_groups=len(result.constants) != 1,
                               evaluations=result.evaluations)
         target = paths.get(group, base)

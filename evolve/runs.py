@@ -78,7 +78,7 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
     try:
         operator = _llm_operator(llm, archive_dir, loaded) if llm else None
         run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None}
-        with Engine(loaded.experiments, workers) as engine:
+        with Engine(loaded.experiments, workers, semantics=config.semantics) as engine:
             search = Search(archive, loaded, engine, config, build_emitters(operator, config.llm_ratio), resume=resume,
                             run_config=run_config, seeds=seed_programs)
             start = archive.last_generation(search.run_id) + 1

@@ -10,6 +10,7 @@ from evaluator.datasets import LoadedData
 from evaluator.dsl import load_program
 from evaluator.engine import Engine
 from evaluator.metrics import MetricRow, loss
+from evaluator.replay import DEFAULT_SEMANTICS
 
 from .console import Log
 from .inputs import load_usable
@@ -36,11 +37,12 @@ class Evaluation:
 
 
 def evaluate_program(path: Path, data: Path | None = None, split: str = "test", workers: int | None = None,
-                     output_len: str = "profile", log: Log | None = None) -> Evaluation:
+                     output_len: str = "profile", log: Log | None = None,
+                     semantics: str = DEFAULT_SEMANTICS) -> Evaluation:
     """The program's per-experiment metrics on `split`, with the constants it holds."""
     program = load_program(path)
     loaded = load_usable(data, output_len, log or Log())
     vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
-    with Engine(loaded.experiments, workers) as engine:
+    with Engine(loaded.experiments, workers, semantics=semantics) as engine:
         rows = engine.score(program, vectors, (split,), percentiles=True)[split]
     return Evaluation(path, loaded, split, rows)

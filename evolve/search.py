@@ -39,6 +39,7 @@ from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, fit, fit_experiments, quick_config
 from evaluator.metrics import MetricRow, loss
+from evaluator.replay import DEFAULT_SEMANTICS
 from seeds import seed_paths
 
 from .emitters import ARCHIVED, DUPLICATE, EVALUATION_FAILED, INVALID, AskContext, Emitter, Proposal, SymbolicEmitter
@@ -62,6 +63,7 @@ class SearchConfig:
     seed_fit_evals: int | None = None  # None: the standard fit budget
     islands: int = 1
     migration_interval: int = 25
+    semantics: str = DEFAULT_SEMANTICS  # how the replay accounts a step: "blis" or "vllm"
 
     def identity(self) -> dict:
         """Settings that shape the archive: a resumed run must use the same."""

@@ -82,3 +82,16 @@ def run_summary_tables(summary: dict) -> list:
     for p in summary["front"]:
         f.add_row(str(p["id"]), str(p["complexity"]), f"{p['val_loss']:.3f}", p["operator"])
     return [headline, t, f]
+
+
+def blis_comparison_table(rows) -> Table:
+    """blis-compare: per experiment, requests compared, mean E2E/TTFT in the tool and BLIS, exact shares, seconds."""
+    t = Table(title="the program in BLIS vs in the tool (BLIS semantics), requests that succeeded in reality")
+    for col in ("experiment", "n", "E2E tool ms", "E2E BLIS ms", "diff %", "TTFT tool ms", "TTFT BLIS ms", "diff %",
+                "exact E2E %", "exact TTFT %", "BLIS s", "tool s"):
+        t.add_column(col, justify="left" if col == "experiment" else "right")
+    for f in rows:
+        t.add_row(f.experiment, str(f.n_compared), f"{f.e2e_mean_ms[0]:.3f}", f"{f.e2e_mean_ms[1]:.3f}", f"{f.e2e_diff_pct:+.3f}",
+                  f"{f.ttft_mean_ms[0]:.3f}", f"{f.ttft_mean_ms[1]:.3f}", f"{f.ttft_diff_pct:+.3f}", f"{f.exact_e2e * 100:.1f}",
+                  f"{f.exact_ttft * 100:.1f}", f"{f.blis_s:.1f}", f"{f.tool_s:.3f}")
+    return t

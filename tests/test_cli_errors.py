@@ -162,7 +162,7 @@ def test_output_paths_over_inputs_or_files_are_refused(program, tmp_path):
 @pytest.mark.parametrize("args, flag", [
     (["eval", "PROGRAM", "--split", "everything"], "--split"),
     (["fit", "PROGRAM", "--scope", "cluster"], "--scope"),
-    (["emit-go", "PROGRAM", "--interface", "v9"], "--interface"),
+    (["emit-go", "PROGRAM", "--target", "v9"], "--target"),
     (["data", "check", "--output-len", "guess"], "--output-len"),
     (["archive", "list", "--sort", "size"], "--sort"),
 ])

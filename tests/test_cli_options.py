@@ -12,7 +12,7 @@ from evolve.search import SearchConfig
 
 RUN_OPTIONS = {"--generations": "generations", "--seed": "seed", "--children": "children", "--quick-evals": "quick_evals",
                "--full-fit-evals": "full_fit_evals", "--max-promotions": "max_promotions", "--islands": "islands",
-               "--migration-interval": "migration_interval", "--llm-ratio": "llm_ratio"}
+               "--migration-interval": "migration_interval", "--llm-ratio": "llm_ratio", "--semantics": "semantics"}
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 
 

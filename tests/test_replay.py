@@ -49,9 +49,46 @@ def test_chunked_prefill_spans_steps_under_the_token_budget():
 
 def test_prefix_cache_hits_are_not_recomputed():
     _, cp, c = _program("1000.0")
-    res = replay(_exp([0], [600], [2], cached_tokens=[96]), cp, c, record=True)
+    # request 1 shares request 0's 100-token system prompt: once request 0 has computed it, its 6
+    # full blocks are hits; BLIS costs the first chunk with no context, vLLM with the 96 cached tokens
+    exp = _exp([0, 5000], [600, 600], [2, 2], prefix_group=[0, 0], prefix_tokens=100)
+    for semantics, context in (("blis", 0), ("vllm", 96)):
+        t = replay(exp, cp, c, record=True, semantics=semantics).trajectory
+        first = np.flatnonzero(t.request == 1)[0]
+        assert t.new_tokens[first] == 504 and t.context[first] == context, semantics
+    # a group whose prompt is not computed yet gives no hit
+    t = replay(_exp([0, 0], [600, 600], [2, 2], prefix_group=[0, 1], prefix_tokens=100), cp, c, record=True).trajectory
+    assert list(t.new_tokens[t.step == 0]) == [600, 600]
+
+
+def test_a_preempted_request_hits_its_own_prompt_blocks_until_they_are_reused():
+    _, cp, c = _program("1000.0")
+    # 12 blocks: three 32-token prompts (2 blocks each) grow to 5 blocks: the tail is preempted, and
+    # on readmission its prompt blocks are still in the cache (nobody took them from the free list)
+    exp = _exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16)
+    res = replay(exp, cp, c, record=True, semantics="vllm")
     t = res.trajectory
-    assert t.new_tokens[0] == 504 and t.context[0] == 96
+    assert res.preemptions[2] > 0 and (res.state == FINISHED).all()
+    readmit = [i for i in np.flatnonzero((t.request == 2) & t.is_prefill)][1:]
+    assert readmit and all(t.new_tokens[i] == 16 and t.context[i] == 16 for i in readmit)  # block 0 hit, last token recomputed
+
+
+def test_blis_admits_a_fully_cached_prompt_with_nothing_to_compute():
+    _, cp, c = _program("1000.0")
+    res = replay(_exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True,
+                 semantics="blis")
+    t = res.trajectory
+    assert res.preemptions[2] > 0 and (res.state == FINISHED).all()
+    # the readmitted request's whole prompt is cached: no prefill slot, yet it gets its first token
+    assert ((t.request == 2) & t.is_prefill).sum() == 1
+    assert ((t.request == 2) & ~t.is_prefill).sum() >= 39
+
+
+def test_a_deadline_inside_the_last_step_finishes_in_blis_and_times_out_in_vllm():
+    _, cp, c = _program("1000.0")
+    exp = _exp([0], [10], [3], timeout_s=0.0025)  # the third step ends at 3000 us, after the 2500 us deadline
+    assert replay(exp, cp, c, semantics="blis").state[0] == FINISHED
+    assert replay(exp, cp, c, semantics="vllm").state[0] == TIMED_OUT
 
 
 def test_budget_spent_leaves_later_running_requests_waiting_their_turn():
@@ -76,14 +113,16 @@ def test_seats_limit_the_running_batch():
 def test_preempts_tail_when_kv_full_and_restarts_it():
     _, cp, c = _program("1000.0")
     # 3 requests of 32 prompt + 40 output tokens need 5 blocks each at the end; only 12 blocks exist
-    res = replay(_exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True)
+    res = replay(_exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True,
+                 semantics="vllm")
     assert (res.state == FINISHED).all()
     assert res.preemptions.sum() > 0
     assert res.preemptions[2] > 0 and res.preemptions[0] == 0  # the tail is the victim, the head never
     assert res.trajectory.kv_blocks_used.max() <= 12
-    # a preempted request re-prefills its whole prompt
+    # a preempted request starts over: one prefill per attempt, and all its output tokens again
     t = res.trajectory
-    assert (t.new_tokens[(t.request == 2) & t.is_prefill] == 32).sum() == 1 + res.preemptions[2]
+    assert ((t.request == 2) & t.is_prefill).sum() == 1 + res.preemptions[2]
+    assert ((t.request == 2) & ~t.is_prefill).sum() > 39
 
 
 def test_admission_stops_at_a_head_that_does_not_fit():
@@ -123,9 +162,9 @@ def _random_workload(seed: int, scarce_kv: bool):
     arrival = np.sort(rng.integers(0, 3_000_000, n))
     inputs = rng.integers(1, 3000, n)
     outputs = rng.integers(1, 400, n)
-    cached = np.where(rng.random(n) < 0.5, (np.minimum(inputs - 1, 96) // 16) * 16, 0)
+    groups = np.where((rng.random(n) < 0.5) & (inputs > 100), rng.integers(0, 3, n), -1)
     kv = int(rng.integers(200, 400)) if scarce_kv else 100_000
-    return _exp(arrival, inputs, outputs, cached_tokens=cached, kv_blocks=kv, block_size=16,
+    return _exp(arrival, inputs, outputs, prefix_group=groups, prefix_tokens=100, kv_blocks=kv, block_size=16,
                 max_num_seqs=int(rng.integers(2, 64)), max_num_batched_tokens=int(rng.choice([256, 512, 2048])),
                 timeout_s=float(rng.choice([5.0, 300.0])), arch=LLAMA7)
 
@@ -135,7 +174,8 @@ def test_invariants_hold_on_random_workloads(seed):
     exp = _random_workload(seed, scarce_kv=seed % 2 == 0)
     prog, cp, c = _program("c.base + c.k * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc) + f.weights + f.kv_read",
                            queue="c.q", out_tok="20.0", consts='{"base": 2000.0, "k": 1.5, "q": 300.0}')
-    res = replay(exp, cp, c, record=True)
+    semantics = "blis" if seed % 4 < 2 else "vllm"
+    res = replay(exp, cp, c, record=True, semantics=semantics)
     assert res.ok
     t, s = res.trajectory, exp.server
     # every request finishes or times out, exactly once (a state is final and unique)
@@ -149,14 +189,18 @@ def test_invariants_hold_on_random_workloads(seed):
     assert np.bincount(t.step, minlength=t.n_steps).max() <= s.max_num_seqs
     assert t.running.max() <= s.max_num_seqs
     assert t.kv_blocks_used.max() <= s.kv_blocks
-    # tokens are conserved: the attempt that finished (after the last restart) computed exactly
-    # the uncached prompt and output-1 decode tokens; each restart is one preemption
-    for r in np.flatnonzero(fin):
+    # tokens are conserved (vLLM semantics, where every attempt computes at least the prompt's last
+    # token): the attempt that finished computed the prompt less whole cached blocks and output-1
+    # decode tokens; each restart is one preemption
+    for r in np.flatnonzero(fin) if semantics == "vllm" else []:
         slots = np.flatnonzero(t.request == r)
-        starts = slots[t.is_prefill[slots] & (t.context[slots] == exp.cached_tokens[r])]
-        assert len(starts) == 1 + res.preemptions[r]
+        pf = slots[t.is_prefill[slots]]
+        starts = [i for k, i in enumerate(pf) if k == 0 or t.context[i] != t.context[pf[k - 1]] + t.new_tokens[pf[k - 1]]]
+        # (a request preempted right after a chunk that ended on a block boundary resumes where it was)
+        assert 1 <= len(starts) <= 1 + res.preemptions[r]
         last = slots[slots >= starts[-1]]
-        assert t.new_tokens[last][t.is_prefill[last]].sum() == exp.input_tokens[r] - exp.cached_tokens[r]
+        computed = t.new_tokens[last][t.is_prefill[last]].sum()
+        assert t.context[starts[-1]] % 16 == 0 and t.context[starts[-1]] + computed == exp.input_tokens[r]
         assert (~t.is_prefill[last]).sum() == exp.output_tokens[r] - 1
     # the clock only moves by step durations (and idle gaps to the next ready request)
     assert (np.diff(t.step_start_us) >= t.step_us[:-1]).all()
@@ -174,7 +218,7 @@ def test_preemption_happens_when_kv_is_scarce():
 def test_replay_components_equal_vectorized_trajectory_components(arch, tp, component):
     exp = _random_workload(5, scarce_kv=False)
     exp = Experiment.from_arrays("t", exp.arrival_us, exp.input_tokens, exp.output_tokens, arch=arch, tp=tp,
-                                 cached_tokens=exp.cached_tokens, max_num_seqs=32)
+                                 prefix_group=exp.prefix_group, prefix_tokens=exp.prefix_tokens, max_num_seqs=32)
     # the step time exposes one component: duration = round(3000 + 0.25 * component)
     prog, cp, c = _program(f"3000.0 + 0.25 * f.{component}")
     res = replay(exp, cp, c, record=True)
@@ -184,11 +228,11 @@ def test_replay_components_equal_vectorized_trajectory_components(arch, tp, comp
     np.testing.assert_array_equal(t.step_us, expected)
 
 
-@pytest.mark.parametrize("cached, message", [([16], "cached_tokens"), ([5], "cached_tokens"), ([-16], "cached_tokens")])
-def test_in_memory_experiments_reject_what_the_replay_cannot_schedule(cached, message):
-    """A fully cached prompt (or a partial block) would finish a request without a prefill step."""
-    with pytest.raises(ValueError, match=message):
-        Experiment.from_arrays("t", [0], [16], [4], arch=TINY, cached_tokens=cached)
+@pytest.mark.parametrize("groups, prefix", [([0], 16), ([0], 100), ([-2], 8), ([0, 1], 8)])
+def test_in_memory_experiments_reject_what_the_replay_cannot_schedule(groups, prefix):
+    """A grouped prompt no longer than the shared prefix, or groups that do not match the requests."""
+    with pytest.raises(ValueError, match="prefix_group"):
+        Experiment.from_arrays("t", [0], [16], [4], arch=TINY, prefix_group=groups, prefix_tokens=prefix)
     with pytest.raises(ValueError, match="output_tokens >= 1"):
         Experiment.from_arrays("t", [0], [16], [0], arch=TINY)
 

@@ -294,6 +294,7 @@ def parse_program(source: str) -> Program:
     try:
         with warnings.catch_warnings():  # odd literals in hostile text must not print warnings
             warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)  # e.g. an invalid escape in a string literal
             tree = ast.parse(source, mode="exec")
     except SyntaxError as e:
         raise ProgramError(e.lineno, "syntax", f"syntax error: {e.msg}") from None

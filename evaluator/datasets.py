@@ -64,13 +64,15 @@ class ExperimentSummary:
     split: dict[str, int]
     synthetic: bool
     notes: list[str]
+    measurement: str = "client"  # where TTFT/E2E were measured (and the replay's arrival): client or server
 
     @classmethod
     def of(cls, e: Experiment) -> "ExperimentSummary":
         return cls(name=e.name, model=e.model, tp=e.tp, moe=e.arch.moe, hardware=e.hardware.name,
                    n_requests=e.n_requests, n_failed=e.n_failed,
                    output_len=e.output_len_used if e.output_len_used is not None else "reported",
-                   observed=e.observed_means(), split=e.split_sizes(), synthetic=e.synthetic, notes=e.notes)
+                   observed=e.observed_means(), split=e.split_sizes(), synthetic=e.synthetic, notes=e.notes,
+                   measurement=e.measurement)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -9,7 +9,15 @@ handled here, each with a policy in `LoadOptions`:
     the client gives up at their observed E2E) but excluded from error metrics. Their
     recorded input_tokens is 0, so the input length is imputed from successful requests.
   * prefix caching: full blocks of the shared system prompt are cache hits, except for the
-    first request of each system-prompt group (the group of a request was not recorded).
+    first request of each system-prompt group. The real data did not record a request's group
+    (groups are assigned in turn, `prefix_groups`); data that records them (a non-empty
+    per-request `prefix_group`, e.g. imported from a BLIS trace) is replayed with its own groups,
+    which must share one prefix length (per-request `prefix_length`, else the profile's
+    system_prompt_len): the replay has one shared prefix length per experiment.
+  * measurement point (`requests.json` key `measurement`, default client): "client" when arrival,
+    TTFT and E2E were taken at the client from the send time, "server" when taken at the server
+    from its arrival (an OTel span start). Either way the replay injects a request at its
+    arrival_time_us, the moment its TTFT and E2E are measured from.
   * temporal split by arrival time, default 60/20/20.
 """
 from __future__ import annotations
@@ -27,6 +35,7 @@ from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .model_arch import ModelArch
 
 SPLITS = ("train", "validate", "test")
+MEASUREMENTS = ("client", "server")
 DEFAULT_CLIENT_TIMEOUT_S = 300.0  # inference-perf's request timeout in the real data
 
 
@@ -94,6 +103,8 @@ class Experiment:
     # group comes first, then requests take the groups in turn (see `prefix_groups`).
     prefix_group: np.ndarray | None = None  # int64
     prefix_tokens: int = 0
+    recorded_groups: bool = False  # prefix_group came from the data, not round-robin
+    measurement: str = "client"  # where arrival/TTFT/E2E were measured: client (send time) or server
 
     def __post_init__(self):
         if self.prefix_group is None:
@@ -312,11 +323,32 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     sys_len = int(shared.get("system_prompt_len") or cfg.get("system_prompt_len") or 0)
     groups = int(shared.get("num_unique_system_prompts") or cfg.get("numprefix_groups") or 0)
     prefix_group = np.full(n, -1, dtype=np.int64)
-    if options.prefix_cache and sys_len >= server.block_size:
+    recorded = _recorded_groups(exp, reqs, order, sys_len)
+    if recorded is not None:
+        prefix_group, sys_len = recorded
+        short = (prefix_group >= 0) & (inputs <= sys_len)
+        if short.any():
+            prefix_group = np.where(short, -1, prefix_group)
+            notes.append(f"{int(short.sum())} requests of a recorded prefix group are not longer than its prefix: "
+                         "replayed without it")
+        if not options.prefix_cache:
+            prefix_group = np.full(n, -1, dtype=np.int64)
+    elif options.prefix_cache and sys_len >= server.block_size:
         prefix_group = prefix_groups(inputs, sys_len, max(groups, 1))
+
+    measurement = meta.get("measurement", "client")
+    if measurement not in MEASUREMENTS:
+        raise ExperimentError(exp, f"requests.json: measurement must be one of {', '.join(MEASUREMENTS)}, "
+                                   f"not {measurement!r}"[:200])
+    cfg_timeout = cfg.get("client_timeout_s")
+    if cfg_timeout is not None and (isinstance(cfg_timeout, bool) or not isinstance(cfg_timeout, (int, float))
+                                    or not math.isfinite(cfg_timeout) or cfg_timeout <= 0):
+        raise ExperimentError(exp, f"requests.json: config.client_timeout_s must be a positive number, got {cfg_timeout!r}")
 
     if options.client_timeout_s is not None:
         timeout_s = options.client_timeout_s
+    elif cfg_timeout is not None:
+        timeout_s = float(cfg_timeout)
     elif failed.any():
         timeout_s = float(np.floor(e2e[failed].min()))
     else:
@@ -336,7 +368,38 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         n_imputed_inputs=int(imputed.sum()), summary=_summary_means(path / "summary_lifecycle_metrics.json"),
         synthetic=bool(meta.get("synthetic", False)), notes=notes,
         prefix_group=prefix_group, prefix_tokens=sys_len if (prefix_group >= 0).any() else 0,
+        recorded_groups=recorded is not None, measurement=measurement,
     )
+
+
+def _recorded_groups(exp: str, reqs: list, order: np.ndarray, default_len: int) -> tuple[np.ndarray, int] | None:
+    """The per-request prefix groups the data recorded (arrival order, numbered by first
+    appearance) and their one shared prefix length, or None when no request records a group.
+    Groups of different prefix lengths are refused: the replay has one prefix length."""
+    names = [reqs[int(i)].get("prefix_group") for i in order]
+    if not any(isinstance(g, str) and g for g in names):
+        return None
+    ids: dict[str, int] = {}
+    lengths: dict[int, tuple[str, int]] = {}
+    groups = np.full(len(names), -1, dtype=np.int64)
+    for pos, g in enumerate(names):
+        if g is None or g == "":
+            continue
+        if not isinstance(g, str):
+            raise ExperimentError(exp, f"requests.json: prefix_group must be a string, not {g!r}"[:200])
+        groups[pos] = ids.setdefault(g, len(ids))
+        rec = reqs[int(order[pos])]
+        length = rec.get("prefix_length", default_len)
+        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+            raise ExperimentError(exp, f"requests.json: request {rec.get('index')} has prefix group {g!r} but no "
+                                       f"positive prefix_length (nor a profile system_prompt_len)"[:240])
+        lengths.setdefault(length, (g, int(rec.get("index", pos))))
+    if len(lengths) > 1:
+        (l1, (g1, _)), (l2, (g2, i2)) = list(lengths.items())[:2]
+        raise ExperimentError(exp, f"requests.json: recorded prefix groups have different prefix lengths ({l1} for "
+                                   f"{g1!r}, {l2} for {g2!r} at request {i2}); the replay supports one shared prefix "
+                                   "length per experiment")
+    return groups, next(iter(lengths))
 
 
 def prefix_groups(inputs: np.ndarray, prefix_len: int, groups: int) -> np.ndarray:

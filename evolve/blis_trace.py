@@ -4,7 +4,9 @@ requests the tool fits on (`evolve data export --blis-trace DIR --out PREFIX`).
 Writes PREFIX.yaml (trace header), PREFIX.csv (one row per request, arrival order, request_id =
 index), PREFIX.model/config.json (the architecture as a Hugging Face config for
 `--model-config-folder`) and PREFIX.cmd (the `blis replay` command line, which BLIS answers with
-PREFIX.results.json; `read_blis_results` reads that file back).
+PREFIX.results.json; `read_blis_results` reads that file back), and PREFIX.deployment.yaml (what
+the trace does not record: hardware, max_num_batched_tokens, KV blocks and the model config, so
+`evolve data import --from blis-trace PREFIX.yaml` gives the experiment back).
 
 Format decisions (BLIS snapshot sim/workload/tracev2.go, replay.go, calibrate.go):
   * arrival_time_us = the experiment's arrival_us (µs from the first request) and send_time_us the
@@ -78,6 +80,7 @@ class Export:
     model_dir: Path  # PREFIX.model (holds config.json)
     config: Path  # PREFIX.model/config.json
     cmd_file: Path  # PREFIX.cmd
+    deployment: Path  # PREFIX.deployment.yaml
     results: Path  # PREFIX.results.json, written by `blis replay`
     argv: list[str]  # the blis replay command
     n_requests: int
@@ -95,7 +98,8 @@ def output_paths(prefix: str | Path) -> dict[str, Path]:
     name = p.name
     return {"header": p.with_name(f"{name}.yaml"), "data": p.with_name(f"{name}.csv"),
             "model_dir": p.with_name(f"{name}.model"), "config": p.with_name(f"{name}.model") / "config.json",
-            "cmd_file": p.with_name(f"{name}.cmd"), "results": p.with_name(f"{name}.results.json")}
+            "cmd_file": p.with_name(f"{name}.cmd"), "results": p.with_name(f"{name}.results.json"),
+            "deployment": p.with_name(f"{name}.deployment.yaml")}
 
 
 def check_prefix(prefix: str | Path, inputs: list[Path] = ()) -> dict[str, Path]:
@@ -104,7 +108,7 @@ def check_prefix(prefix: str | Path, inputs: list[Path] = ()) -> dict[str, Path]
     if not Path(prefix).name or Path(prefix).name in (".", ".."):
         raise OutputError(f"{prefix}: give a file prefix (PREFIX.yaml, PREFIX.csv, ... are written), not a directory")
     paths = output_paths(prefix)
-    check_outputs([paths["header"], paths["data"], paths["cmd_file"], paths["results"]], inputs)
+    check_outputs([paths["header"], paths["data"], paths["cmd_file"], paths["results"], paths["deployment"]], inputs)
     model_dir, protected = paths["model_dir"], {Path(p).resolve() for p in inputs}
     if model_dir.exists() and not model_dir.is_dir():
         raise OutputError(f"{model_dir}: exists and is not a directory (it would hold config.json)")
@@ -276,8 +280,11 @@ def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: s
     write_atomic(paths["data"], buf.getvalue())
     write_atomic(paths["header"], yaml.safe_dump(header, sort_keys=False))
     write_atomic(paths["cmd_file"], shlex.join(argv) + "\n")
+    deployment = {"hardware": e.hardware.name, "max_num_batched_tokens": int(e.server.max_num_batched_tokens),
+                  "kv_blocks": int(e.server.kv_blocks), "model_config": f"{model_dir.name}/config.json"}
+    write_atomic(paths["deployment"], yaml.safe_dump(deployment, sort_keys=False))
     return Export(header=paths["header"], data=paths["data"], model_dir=model_dir, config=paths["config"],
-                  cmd_file=paths["cmd_file"], results=paths["results"], argv=argv, n_requests=n,
+                  cmd_file=paths["cmd_file"], deployment=paths["deployment"], results=paths["results"], argv=argv, n_requests=n,
                   max_model_len=max_model_len, horizon_us=horizon, notes=notes)
 
 

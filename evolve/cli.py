@@ -12,6 +12,7 @@ import typer
 from evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
 from evaluator.experiments import SPLITS
 from evaluator.fitting import SCOPES, FitConfig
+from evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
 from evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
 
 from .archive_cli import archive_app
@@ -40,6 +41,7 @@ Scope = Literal[SCOPES]
 OutputLen = Literal[OUTPUT_LEN_POLICIES]
 Semantics = Literal[SEMANTICS]
 GoTarget = Literal[tuple(TARGETS)]
+ImportFormat = Literal[IMPORT_FORMATS]
 
 DataOpt = typer.Option(None, "--data", help="Directory of replay experiments (default: the built-in synthetic sample).")
 WorkersOpt = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores).")
@@ -92,9 +94,36 @@ def data_export(
     """Export one experiment as a BLIS trace v2 and print the `blis replay` command that replays it."""
     exp = export_experiment_dir(exp_dir, prefix, output_len=output_len, blis_dir=blis, latency_model=latency_model,
                                 seed=seed, requests=requests)
-    for note in [*exp.notes, f"wrote {exp.header}, {exp.data} ({exp.n_requests} requests), {exp.config}, {exp.cmd_file}"]:
+    for note in [*exp.notes, f"wrote {exp.header}, {exp.data} ({exp.n_requests} requests), {exp.config}, {exp.cmd_file}, {exp.deployment}"]:
         err.print(note, markup=False, highlight=False, soft_wrap=True)
     sys.stdout.write(exp.command + "\n")  # plain: one line, never wrapped
+
+
+@data_app.command("import")
+def data_import(
+    src: Path = typer.Argument(..., help="The measurements: a BLIS trace header (.yaml), per_request_lifecycle_metrics.json, "
+                                         "or OTLP JSON lines of vLLM spans."),
+    fmt: ImportFormat = typer.Option(..., "--from", help="Format of SRC."),
+    out_dir: Path = typer.Option(..., "--out", help="New experiment directory to write (must not exist or be empty)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Served model (Hugging Face id)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU: H100 or A100-80GB."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Tensor parallelism."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1),
+    kv_blocks: Optional[int] = typer.Option(None, "--kv-blocks", min=1, help="GPU KV-cache blocks."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="KV-cache block size in tokens."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json (architecture)."),
+    trace_data: Optional[Path] = typer.Option(None, "--trace-data", help="BLIS trace CSV (default: SRC's stem + .csv)."),
+):
+    """Import measurements (BLIS trace, inference-perf, vLLM OTel spans) as one experiment."""
+    path, measured = import_experiment(fmt, src, out_dir, trace_data=trace_data, model=model, hardware=hardware, tp=tp,
+                                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                       kv_blocks=kv_blocks, block_size=block_size,
+                                       model_config=str(model_config) if model_config else None)
+    n, failed = len(measured.failed), sum(measured.failed)
+    out.print(f"wrote {path}: {n} requests ({failed} failed), measured at the {measured.measurement} "
+              f"(the replay's arrival is the {'send time' if measured.measurement == 'client' else 'server arrival'})",
+              markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("eval")

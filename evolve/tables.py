@@ -53,13 +53,15 @@ def loss_text(x: float) -> str:
 
 
 def experiments_table(rows: list[ExperimentSummary], title: str) -> Table:
-    t = Table(title=title)
-    for col in ("experiment", "model", "TP", "kind", "requests", "failed", "out len", "E2E s", "TTFT s", "train/val/test"):
+    t = Table(title=title, caption="measured at: client = TTFT/E2E from the client's send time, server = from the "
+                                   "server's arrival (span start); the replay's arrival is that moment")
+    for col in ("experiment", "model", "TP", "kind", "requests", "failed", "out len", "measured at", "E2E s", "TTFT s",
+                "train/val/test"):
         t.add_column(col, justify="left" if col in ("experiment", "model") else "right")
     for r in rows:
         s = r.split
         t.add_row(r.name, r.model.split("/")[-1], str(r.tp), "MoE" if r.moe else "dense", str(r.n_requests),
-                  str(r.n_failed), str(r.output_len), fmt(r.observed["e2e_mean_s"], ".3f"),
+                  str(r.n_failed), str(r.output_len), r.measurement, fmt(r.observed["e2e_mean_s"], ".3f"),
                   fmt(r.observed["ttft_mean_s"], ".4f"), f"{s['train']}/{s['validate']}/{s['test']}")
     return t
 

@@ -1,0 +1,280 @@
+"""What every importer shares: the measured requests, the deployment they ran on, and the one
+writer of the replay layout (requests.json, ground_truth.json, profile.json, exp-config.yaml).
+
+Deployment: what a source does not record comes from flags, else from a YAML file beside the
+source (`<SRC stem>.deployment.yaml`, else `deployment.yaml` in SRC's directory), else from what
+the source itself records (a BLIS trace header's `server` block). Keys (DEPLOYMENT_KEYS): model
+(Hugging Face id), hardware (H100 or A100-80GB), tp, max_num_seqs, max_num_batched_tokens,
+kv_blocks (the GPU KV cache in blocks), block_size, model_config (a Hugging Face config.json,
+relative to the YAML), and optionally max_model_len and client_timeout_s. The architecture comes
+from model_config, else from the built-in catalog by model id (case-insensitive).
+
+Writing: into a temporary directory beside DIR, loaded back with the tool's own loader, then
+renamed to DIR; any problem leaves nothing behind. A non-empty existing DIR is refused.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from ..catalog import catalog
+from ..errors import UserError
+from ..experiments import ExperimentError, LoadOptions, load_experiment
+from ..hardware import get_hardware
+from ..model_arch import ModelArch
+
+
+class DataImportError(UserError):
+    """A source that cannot be imported: str() names the file (and 1-based data row) and the problem."""
+
+
+# deployment key -> (flag, what it is); the order is the order missing fields are listed in
+DEPLOYMENT_KEYS = {
+    "model": ("--model", "the served model's Hugging Face id"),
+    "hardware": ("--hardware", "the GPU (H100 or A100-80GB)"),
+    "tp": ("--tp", "tensor parallelism"),
+    "max_num_seqs": ("--max-num-seqs", "vLLM max_num_seqs"),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", "vLLM max_num_batched_tokens"),
+    "kv_blocks": ("--kv-blocks", "GPU KV-cache blocks (vLLM's num_gpu_blocks)"),
+    "block_size": ("--block-size", "KV-cache block size in tokens"),
+    "model_config": ("--model-config", "a Hugging Face config.json for the architecture"),
+}
+OPTIONAL_KEYS = ("max_model_len", "client_timeout_s")
+INT_KEYS = ("tp", "max_num_seqs", "max_num_batched_tokens", "kv_blocks", "block_size", "max_model_len")
+
+
+@dataclass
+class Measured:
+    """Requests as a source recorded them (any order, any time origin)."""
+
+    source: str  # format name
+    path: Path  # the file the requests came from
+    measurement: str  # client or server
+    arrival_us: list[float] = field(default_factory=list)
+    input_tokens: list[int] = field(default_factory=list)  # the whole prompt (shared prefix included)
+    output_tokens: list[int] = field(default_factory=list)
+    failed: list[bool] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    ttft_s: list[float | None] = field(default_factory=list)
+    prefix_group: list[str] = field(default_factory=list)
+    prefix_length: list[int] = field(default_factory=list)
+    recorded: dict = field(default_factory=dict)  # deployment values the source records
+    client_timeout_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, arrival_us, input_tokens, output_tokens, failed, e2e_s, ttft_s=None, group="", prefix_length=0):
+        self.arrival_us.append(float(arrival_us))
+        self.input_tokens.append(int(input_tokens))
+        self.output_tokens.append(int(output_tokens))
+        self.failed.append(bool(failed))
+        self.e2e_s.append(float(e2e_s))
+        self.ttft_s.append(None if ttft_s is None else float(ttft_s))
+        self.prefix_group.append(group)
+        self.prefix_length.append(int(prefix_length))
+
+
+def deployment_file(src: Path) -> Path | None:
+    for p in (src.with_name(f"{src.stem}.deployment.yaml"), src.parent / "deployment.yaml"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _read_deployment(path: Path) -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise DataImportError(f"{path}: not a readable YAML file ({str(e).splitlines()[0][:160]})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DataImportError(f"{path}: expected a mapping of deployment keys")
+    unknown = sorted(set(raw) - set(DEPLOYMENT_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise DataImportError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join([*DEPLOYMENT_KEYS, *OPTIONAL_KEYS])})")
+    out = dict(raw)
+    if out.get("model_config") is not None:
+        out["model_config"] = str((path.parent / str(out["model_config"])))
+    return out
+
+
+def _check_values(values: dict, where: dict) -> None:
+    for key in INT_KEYS:
+        v = values.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise DataImportError(f"{where[key]}: {key} must be a positive integer, got {v!r}")
+    v = values.get("client_timeout_s")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+        raise DataImportError(f"{where['client_timeout_s']}: client_timeout_s must be a positive number, got {v!r}")
+    for key in ("model", "hardware", "model_config"):
+        if values.get(key) is not None and not isinstance(values[key], str):
+            raise DataImportError(f"{where[key]}: {key} must be a string, got {values[key]!r}")
+
+
+def hf_to_model_config(path: Path) -> dict:
+    """A Hugging Face config.json as the replay format's model_config."""
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataImportError(f"{path}: no such model config (a Hugging Face config.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataImportError(f"{path}: not a readable JSON model config ({str(e).splitlines()[0][:160]})") from None
+    if not isinstance(cfg, dict):
+        raise DataImportError(f"{path}: expected a JSON object (a Hugging Face config.json)")
+    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    keys = {"num_layers": "num_hidden_layers", "hidden_dim": "hidden_size", "num_heads": "num_attention_heads",
+            "intermediate_dim": "intermediate_size"}
+    missing = [hf for hf in keys.values() if hf not in cfg]
+    if missing:
+        raise DataImportError(f"{path}: a Hugging Face config.json needs {', '.join(missing)}")
+    mc = {k: cfg[hf] for k, hf in keys.items()}
+    mc["num_kv_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    mc["num_local_experts"] = int(cfg.get("num_local_experts") or 0)
+    mc["num_experts_per_tok"] = int(cfg.get("num_experts_per_tok") or 0) if mc["num_local_experts"] else 0
+    mc["vocab_size"] = int(cfg.get("vocab_size") or 32000)
+    try:
+        ModelArch.from_model_config(mc)
+    except ValueError as e:
+        raise DataImportError(f"{path}: {e}") from None
+    return {k: mc[k] for k in ("num_layers", "hidden_dim", "num_heads", "num_kv_heads", "intermediate_dim",
+                               "num_local_experts", "num_experts_per_tok", "vocab_size")}
+
+
+def resolve_deployment(src: Path, flags: dict, recorded: dict) -> tuple[dict, dict]:
+    """The deployment (flags > deployment YAML > what the source records) and the model_config;
+    raises one DataImportError listing every field still needed, one line each."""
+    yaml_path = deployment_file(src)
+    from_yaml = _read_deployment(yaml_path) if yaml_path else {}
+    where = {}
+    values = {}
+    for key in [*DEPLOYMENT_KEYS, *OPTIONAL_KEYS]:
+        for origin, source in (("flag", flags), (str(yaml_path), from_yaml), (str(src), recorded)):
+            if source.get(key) is not None:
+                values[key] = source[key]
+                where[key] = f"--{key.replace('_', '-')}" if origin == "flag" else origin
+                break
+    _check_values(values, {k: where.get(k, str(src)) for k in [*DEPLOYMENT_KEYS, *OPTIONAL_KEYS]})
+    if values.get("hardware") is not None:
+        try:
+            values["hardware"] = get_hardware(values["hardware"]).name
+        except KeyError as e:
+            raise DataImportError(f"{where['hardware']}: {e.args[0]}") from None
+    model_config = None
+    if values.get("model_config"):
+        model_config = hf_to_model_config(Path(values["model_config"]))
+    elif values.get("model"):
+        by_id = {name.lower(): m for name, m in catalog().models.items()}
+        m = by_id.get(str(values["model"]).lower())
+        if m is not None:
+            model_config = m.model_config
+            values["model"] = m.name
+    missing = []
+    for key, (flag, what) in DEPLOYMENT_KEYS.items():
+        if key == "model_config":
+            if model_config is None and values.get("model"):
+                missing.append(f"  {flag} FILE (key model_config): {what}; {values['model']} is not built in "
+                               f"(built in: {', '.join(catalog().models)})")
+            continue
+        if values.get(key) is None:
+            missing.append(f"  {flag} (key {key}): {what}")
+    if missing:
+        yaml_name = yaml_path or src.with_name(f"{src.stem}.deployment.yaml")
+        raise DataImportError(f"{src}: {len(missing)} deployment field(s) not recorded by the source; give each as a "
+                              f"flag or a key in {yaml_name}:\n" + "\n".join(missing))
+    return values, model_config
+
+
+def check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataImportError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise DataImportError(f"--out {out}: exists and is not empty; give a new directory")
+    if not out.parent.is_dir():
+        raise DataImportError(f"--out {out}: directory {out.parent} does not exist")
+
+
+def _uniform_output_len(m: Measured) -> int | None:
+    ok = [o for o, f in zip(m.output_tokens, m.failed) if not f]
+    return ok[0] if ok and ok[0] > 0 and all(o == ok[0] for o in ok) else None
+
+
+def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dict) -> Path:
+    """Write the measured requests as one experiment at `out` (atomic: temp dir, checked, renamed)."""
+    out = Path(out)
+    check_out_dir(out)
+    n = len(m.arrival_us)
+    if n == 0:
+        raise DataImportError(f"{m.path}: no requests")
+    if all(m.failed):
+        raise DataImportError(f"{m.path}: no successful request: nothing to compare a replay against")
+    arrival = np.asarray(m.arrival_us, dtype=np.float64)
+    order = np.argsort(arrival, kind="stable")
+    t0 = arrival[order[0]]
+    grouped = sorted({m.prefix_length[i] for i in range(n) if m.prefix_group[i]})
+    if len(grouped) > 1:
+        i = next(i for i in range(n) if m.prefix_group[i] and m.prefix_length[i] != m.prefix_length[
+            next(j for j in range(n) if m.prefix_group[j])])
+        raise DataImportError(f"{m.path}: prefix groups have different prefix lengths ({grouped[0]} and "
+                              f"{grouped[1]}, e.g. group {m.prefix_group[i]!r}); the replay supports one shared "
+                              "prefix length per experiment")
+    requests, truth = [], []
+    for k, i in enumerate(order):
+        i = int(i)
+        rec = {"index": k, "arrival_time_us": int(round(arrival[i] - t0)), "input_tokens": m.input_tokens[i],
+               "output_tokens": m.output_tokens[i], "prefix_group": m.prefix_group[i], "has_error": m.failed[i]}
+        if m.prefix_group[i]:
+            rec["prefix_length"] = m.prefix_length[i]
+        requests.append(rec)
+        t = {"index": k, "has_error": m.failed[i], "e2e_s": m.e2e_s[i]}
+        if not m.failed[i]:
+            t["ttft_s"] = m.ttft_s[i]
+        truth.append(t)
+    model = deployment["model"]
+    config = {"tensor_parallelism": deployment["tp"], "max_num_seqs": deployment["max_num_seqs"],
+              "max_num_batched_tokens": deployment["max_num_batched_tokens"],
+              "kv_blocks_total_gpu": deployment["kv_blocks"], "block_size": deployment["block_size"],
+              "hardware": deployment["hardware"]}
+    timeout = deployment.get("client_timeout_s") or m.client_timeout_s
+    if timeout:
+        config["client_timeout_s"] = float(timeout)
+    meta = {"experiment": out.name, "model_id": model, "model_short": model.split("/")[-1].lower(),
+            "profile": m.source, "split": "", "measurement": m.measurement,
+            "imported_from": {"format": m.source, "path": str(m.path)},
+            "config": config, "model_config": model_config, "requests": requests}
+    shared = {"system_prompt_len": grouped[0] if grouped else 0,
+              "num_unique_system_prompts": len({g for g in m.prefix_group if g})}
+    out_len = _uniform_output_len(m)
+    if out_len is not None:
+        shared["output_len"] = out_len  # every successful request generated this many tokens
+    profile = {"imported_from": m.source, "data": {"shared_prefix": shared}}
+    exp_config = {"model": model, "tensor_parallel_size": deployment["tp"], "max_num_seqs": deployment["max_num_seqs"],
+                  "max_num_batched_tokens": deployment["max_num_batched_tokens"], "block_size": deployment["block_size"],
+                  "num_gpu_blocks_override": deployment["kv_blocks"]}
+    if deployment.get("max_model_len"):
+        exp_config["max_model_len"] = deployment["max_model_len"]
+
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.import-"))
+    try:
+        (tmp / "requests.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (tmp / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+        (tmp / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+        (tmp / "exp-config.yaml").write_text(yaml.safe_dump(exp_config, sort_keys=False))
+        try:
+            load_experiment(tmp, LoadOptions())
+        except ExperimentError as e:
+            raise DataImportError(f"{m.path}: the imported experiment does not load: {e.problem}") from None
+        if out.is_dir():
+            out.rmdir()  # empty (checked above)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -47,6 +47,7 @@ import yaml
 
 from evaluator.errors import UserError
 from evaluator.experiments import Experiment, ExperimentError, LoadOptions, load_experiment
+from evaluator.readers import read_json
 
 from .outputs import OutputError, check_outputs, write_atomic
 
@@ -322,14 +323,7 @@ def read_blis_results(path: str | Path) -> dict[int, tuple[float, float]]:
     """BLIS's --results-path file (a JSON list of SimResult: request_id, ttft_us, e2e_us, ...; one
     entry per request that completed in the simulation) as {request index: (ttft_us, e2e_us)}."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise BlisTraceError(f"{p}: no such BLIS results file") from None
-    except (OSError, UnicodeDecodeError) as ex:
-        raise BlisTraceError(f"{p}: unreadable ({ex})") from None
-    except json.JSONDecodeError as ex:
-        raise BlisTraceError(f"{p}: malformed JSON ({ex.msg} at line {ex.lineno} column {ex.colno})") from None
+    data = read_json(p, BlisTraceError, "BLIS results file")
     if data is None:
         data = []
     if not isinstance(data, list):

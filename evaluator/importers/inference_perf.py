@@ -11,10 +11,10 @@ inference-perf records no prefix groups: the importer writes none.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from ..readers import read_json
 from .common import DataImportError, Measured
 
 
@@ -24,14 +24,7 @@ def _num(v):
 
 def read_inference_perf(src: str | Path) -> Measured:
     src = Path(src)
-    try:
-        data = json.loads(src.read_text())
-    except FileNotFoundError:
-        raise DataImportError(f"{src}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataImportError(f"{src}: unreadable ({e})") from None
-    except json.JSONDecodeError as e:
-        raise DataImportError(f"{src}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    data = read_json(src, DataImportError)
     if not isinstance(data, list):
         raise DataImportError(f"{src}: expected a JSON list of per-request records (per_request_lifecycle_metrics.json)")
     m = Measured(source="inference-perf", path=src, measurement="client")

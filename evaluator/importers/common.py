@@ -30,6 +30,7 @@ from ..errors import UserError
 from ..experiments import ExperimentError, LoadOptions, load_experiment
 from ..hardware import get_hardware
 from ..model_arch import ModelArch
+from ..readers import read_json
 
 
 class DataImportError(UserError):
@@ -121,12 +122,7 @@ def _check_values(values: dict, where: dict) -> None:
 
 def hf_to_model_config(path: Path) -> dict:
     """A Hugging Face config.json as the replay format's model_config."""
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataImportError(f"{path}: no such model config (a Hugging Face config.json)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataImportError(f"{path}: not a readable JSON model config ({str(e).splitlines()[0][:160]})") from None
+    cfg = read_json(path, DataImportError, "model config (a Hugging Face config.json)")
     if not isinstance(cfg, dict):
         raise DataImportError(f"{path}: expected a JSON object (a Hugging Face config.json)")
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg

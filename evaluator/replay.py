@@ -113,14 +113,19 @@ def _key_of(r, i, pgroup, prefix_blocks, n_group_keys, roff):
 
 
 @njit(cache=True, nogil=True)
-def _cached_prefix(r, max_blocks, pgroup, prefix_blocks, n_group_keys, roff, keymap):
-    """Blocks at the start of r's prompt whose content is in the cache (stops at the first miss)."""
+def _cached_prefix(r, max_blocks, pgroup, prefix_blocks, n_group_keys, roff, keymap, ref):
+    """(blocks at the start of r's prompt whose content is in the cache, stopping at the first
+    miss; how many of those sit on the free list, unreferenced, so claiming them uses free blocks)."""
     n = 0
+    on_free_list = 0
     while n < max_blocks:
-        if keymap[_key_of(r, n, pgroup, prefix_blocks, n_group_keys, roff)] < 0:
+        b = keymap[_key_of(r, n, pgroup, prefix_blocks, n_group_keys, roff)]
+        if b < 0:
             break
+        if ref[b] == 0:
+            on_free_list += 1
         n += 1
-    return n
+    return n, on_free_list
 
 
 @njit(cache=True, nogil=True)
@@ -382,13 +387,9 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
                     continue
                 # prompt blocks already cached; vLLM always computes the prompt's last token, BLIS need not
                 hit_limit = inputs[r] // block if blis else (inputs[r] - 1) // block
-                hits = _cached_prefix(r, hit_limit, pgroup, prefix_blocks, n_group_keys, roff, keymap)
+                hits, from_free = _cached_prefix(r, hit_limit, pgroup, prefix_blocks, n_group_keys, roff, keymap, ref)
                 start = hits * block
                 tok = min(inputs[r] - start, budget)
-                from_free = 0
-                for j in range(hits):
-                    if ref[keymap[_key_of(r, j, pgroup, prefix_blocks, n_group_keys, roff)]] == 0:
-                        from_free += 1
                 if _ceil_div(tok, block) + from_free > head_tail[2]:
                     break
                 qhead += 1

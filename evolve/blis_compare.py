@@ -61,9 +61,10 @@ def compare_with_blis(program: Program, exp_dir: Path, blis_checkout: Path, *, l
     binary = blis_checkout / "blis"
     if not binary.is_file():
         raise BlisRunError(f"{binary}: no BLIS binary (build the checkout, e.g. evolve emit-go --blis {blis_checkout})")
+    exp = load_for_export(exp_dir)  # once: the export and the tool's replay read the same experiment
     with tempfile.TemporaryDirectory(prefix="stepml-blis-", dir=workdir) as tmp:
-        export = export_experiment_dir(exp_dir, Path(tmp) / "trace", blis_dir=blis_checkout, latency_model=latency_model,
-                                       requests=requests, binary=str(binary))
+        export = export_experiment_dir(exp_dir, Path(tmp) / "trace", experiment=exp, blis_dir=blis_checkout,
+                                       latency_model=latency_model, requests=requests, binary=str(binary))
         t0 = time.perf_counter()
         proc = subprocess.run(export.argv, capture_output=True, text=True, timeout=timeout_s, cwd=blis_checkout)
         blis_s = time.perf_counter() - t0
@@ -71,7 +72,6 @@ def compare_with_blis(program: Program, exp_dir: Path, blis_checkout: Path, *, l
             last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1][:300]
             raise BlisRunError(f"blis replay on {exp_dir.name} exited {proc.returncode}: {last}")
         blis = read_blis_results(export.results)
-    exp = load_for_export(exp_dir)
     n = exp.n_requests if requests is None else min(requests, exp.n_requests)
     if n < exp.n_requests:
         exp = exp.head(n)

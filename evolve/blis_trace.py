@@ -305,15 +305,16 @@ def load_for_export(exp_dir: str | Path, output_len: str = "profile") -> Experim
         raise ExperimentError(d.name, f"unexpected content ({type(ex).__name__}: {text})") from None
 
 
-def export_experiment_dir(exp_dir: str | Path, prefix: str | Path, *, output_len: str = "profile", **kwargs) -> Export:
-    """`evolve data export`: load the experiment at exp_dir and export it (see export_blis_trace);
-    the experiment's own files are never overwritten."""
+def export_experiment_dir(exp_dir: str | Path, prefix: str | Path, *, output_len: str = "profile",
+                          experiment: Experiment | None = None, **kwargs) -> Export:
+    """`evolve data export`: load the experiment at exp_dir (unless the caller has: `experiment`)
+    and export it (see export_blis_trace); the experiment's own files are never overwritten."""
     d = Path(exp_dir)
     if not d.is_dir():
         raise BlisTraceError(f"--blis-trace {d}: no such experiment directory")
     inputs = [p for p in d.iterdir() if p.is_file()]
     check_prefix(prefix, inputs)  # before the (seconds-long) load
-    e = load_for_export(d, output_len)
+    e = experiment if experiment is not None else load_for_export(d, output_len)
     extras = server_extras(d)
     return export_blis_trace(e, prefix, server_max_model_len=extras.get("max_model_len"),
                              gpu_memory_utilization=extras.get("gpu_memory_utilization"), inputs=inputs, **kwargs)

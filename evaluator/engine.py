@@ -15,8 +15,10 @@ import numpy as np
 
 from .dsl import CompiledProgram, Program, compile_program
 from .experiments import SPLITS, Experiment
-from .metrics import MetricRow, failed_row, loss, split_horizon, split_metrics
+from .metrics import MetricRow, failed_row, split_horizon, split_metrics
+from .objectives import DEFAULT, Objective
 from .replay import DEFAULT_SEMANTICS, SEMANTICS, replay
+from .surrogate import TrajectoryModel, VectorProgram, record
 
 
 def default_workers() -> int:
@@ -72,7 +74,7 @@ class Engine:
         return {s: [r[s] for r in results] for s in splits}
 
     def population_losses(self, compiled: CompiledProgram, population: list[np.ndarray], experiments: list[Experiment],
-                          split: str = "train") -> list[float]:
+                          split: str = "train", objective: Objective = DEFAULT) -> list[float]:
         """Loss on `split` of each constant vector over `experiments`; all replays in one pool."""
         tasks = [(p, i) for p in range(len(population)) for i in range(len(experiments))]
 
@@ -84,4 +86,10 @@ class Engine:
 
         rows = list(self.pool.map(one, tasks))
         n = len(experiments)
-        return [loss(rows[p * n:(p + 1) * n]) for p in range(len(population))]
+        return [objective.of_rows(rows[p * n:(p + 1) * n]) for p in range(len(population))]
+
+    def record(self, compiled: CompiledProgram, vector: VectorProgram, constants: np.ndarray,
+               experiments: list[Experiment], split: str = "train") -> list[tuple[MetricRow, TrajectoryModel | None]]:
+        """Closed-loop replay of each experiment at `constants`, keeping what the trajectory
+        surrogate needs (see surrogate.py)."""
+        return list(self.pool.map(lambda e: record(e, compiled, vector, constants, split, self.semantics), experiments))

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from .numbers import fmt
 from .replay import DEFAULT_SEMANTICS
 
+DEFAULT_METHOD = "trust-region"  # fitting.METHODS[0] (fitting imports the engine; this module stays light)
+
 PREFIX = "# fitted: "
 _ARCHIVED = re.compile(r"program #(\d+) of (.*) \(generation (\d+), (.*)\)")
-_KEYS = ("data", "seed", "scope", "group", "restarts", "semantics", "train_loss_all_groups", "train_loss", "evaluations",
+_KEYS = ("data", "seed", "scope", "group", "restarts", "semantics", "method", "objective", "train_loss_all_groups",
+         "train_loss", "evaluations",
          "train", "val", "test")
 # a key=value field, or the bare `quick` flag; values run to the next field (a data label may hold spaces)
 _FIELD = re.compile(r"(?:^| )(?:(%s)=|(quick)(?= |$))" % "|".join(_KEYS))
@@ -49,6 +52,8 @@ class FittedHeader:
     restarts: int = 0
     quick: bool = False
     semantics: str = DEFAULT_SEMANTICS  # how the replay accounted steps (written only when not the default)
+    method: str = DEFAULT_METHOD  # the fitting method (written only when not the default)
+    objective: str = "rms"  # the loss fitted: rms, worst3, with "+weights" for a weighted one (ditto)
     train_loss: float | None = None
     loss_of_all_groups: bool = False  # train_loss is the fit's loss over every group, not this file's group alone
     evaluations: int | None = None
@@ -73,6 +78,8 @@ class FittedHeader:
         return (f"data={self.data} seed={self.seed} scope={self.scope} group={self.group}"
                 + (f" restarts={self.restarts}" if self.restarts else "") + (" quick" if self.quick else "")
                 + (f" semantics={self.semantics}" if self.semantics != DEFAULT_SEMANTICS else "")
+                + (f" method={self.method}" if self.method != DEFAULT_METHOD else "")
+                + (f" objective={self.objective}" if self.objective != "rms" else "")
                 + f" {'train_loss_all_groups' if self.loss_of_all_groups else 'train_loss'}={_loss(self.train_loss)}"
                 + f" evaluations={self.evaluations}")
 
@@ -98,6 +105,7 @@ class FittedHeader:
             return cls(data=fields["data"], seed=int(fields["seed"]), scope=fields["scope"], group=fields["group"],
                        restarts=int(fields.get("restarts", 0)), quick="quick" in fields,
                        semantics=fields.get("semantics", DEFAULT_SEMANTICS),
+                       method=fields.get("method", DEFAULT_METHOD), objective=fields.get("objective", "rms"),
                        train_loss=float(fields["train_loss_all_groups" if all_groups else "train_loss"]),
                        loss_of_all_groups=all_groups, evaluations=int(fields["evaluations"]))
         except (KeyError, ValueError):

@@ -1,9 +1,20 @@
-"""CMA-ES fitting of a program's constants against closed-loop replay loss (pycma ask/tell).
+"""Fitting a program's constants against the closed-loop replay loss.
 
-Positive constants are searched in log space (a step is a ratio), others linearly with
-their magnitude as scale. Each CMA generation's candidates are replayed together on the
-engine's pool. Deterministic for a seed whatever the worker count: CMA's random numbers come
-from its own seed and every replay is a pure function of (experiment, program, constants).
+Two methods, both deterministic for a seed whatever the worker count (CMA's random numbers come
+from its own seed and every replay is a pure function of (experiment, program, constants)):
+
+  trust-region (default)  record each experiment's trajectory at the current constants, minimize
+      the trajectory surrogate (surrogate.py: the recorded schedule re-timed, milliseconds per
+      CMA-ES population) with CMA-ES inside a box of radius rho around them, and let one
+      closed-loop replay judge the surrogate's optimum: accept it if the true loss fell, grow
+      rho when the surrogate predicted the fall well, shrink it when it did not. One closed-loop
+      replay per iteration, so a fit costs tens of replays instead of hundreds.
+  cmaes  plain CMA-ES on the closed-loop loss (pycma ask/tell), each generation's candidates
+      replayed together on the engine's pool. Used where no surrogate can be recorded (the
+      starting constants fail to replay).
+
+Positive constants are searched in log space (a step is a ratio), others linearly with their
+magnitude as scale; rho and CMA's step size are in these coordinates.
 
 Fit scope: one constant set for all experiments ("global"), one per model ("model"), or one
 per experiment ("experiment"). Quick mode (screening in the search): a subset of experiments
@@ -27,11 +38,13 @@ from .dsl import Program, compile_program
 from .engine import Engine, windowed
 from .errors import UserError
 from .experiments import Experiment
-from .metrics import loss
+from .objectives import DEFAULT, Objective
+from .surrogate import SurrogateSet, VectorProgram, learn_gain, shift_us
 
 FAILED_LOSS = 1e5  # loss given to constants whose replay fails (NaN or non-positive step time)
 FAILED_REASON = "step_time was non-finite or non-positive for every constant vector tried"
 SCOPES = ("global", "model", "experiment")
+METHODS = ("trust-region", "cmaes")  # the first is the default (fitted_header.DEFAULT_METHOD)
 
 
 class FitConfigError(UserError, ValueError):
@@ -50,14 +63,23 @@ class FitConfig:
     window: float | None = None  # score only the first fraction of requests
     experiments: tuple[str, ...] | None = None  # restrict to these experiment names
     restarts: int = 0  # extra CMA-ES runs from the best point so far (fresh step size and seed)
+    method: str = "trust-region"
+    objective: Objective = DEFAULT
+    surrogate_evals: int | None = None  # surrogate evaluations per trust-region iteration (default by size)
+    candidates: int = 3  # closed-loop judged points per trust-region iteration (the surrogate's optimum and neighbours)
 
     def __post_init__(self):
         if self.scope not in SCOPES:
             raise FitConfigError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
+        if self.method not in METHODS:
+            raise FitConfigError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
 
 
-def quick_config(seed: int = 0, experiments: list[Experiment] | None = None) -> FitConfig:
-    """Screening fit: one experiment per model, the first 30% of requests, 40 evaluations."""
+QUICK_EVALS = {"trust-region": 6, "cmaes": 40}  # closed-loop evaluations of a screening fit
+
+
+def quick_config(seed: int = 0, experiments: list[Experiment] | None = None, method: str = METHODS[0]) -> FitConfig:
+    """Screening fit: one experiment per model, the first 30% of requests, a small budget (QUICK_EVALS)."""
     names = None
     if experiments:
         best: dict[str, Experiment] = {}
@@ -67,7 +89,8 @@ def quick_config(seed: int = 0, experiments: list[Experiment] | None = None) -> 
             if cur is None or score > int((~cur.failed).sum()) - 10 * cur.n_failed:
                 best[e.model] = e
         names = tuple(sorted(e.name for e in best.values()))
-    return FitConfig(seed=seed, max_evals=40, sigma0=0.15, popsize=8, tolfun=1e-2, window=0.3, experiments=names)
+    return FitConfig(seed=seed, max_evals=QUICK_EVALS[method], sigma0=0.15, popsize=8, tolfun=1e-2, window=0.3,
+                     experiments=names, method=method, candidates=1)
 
 
 def group_key(exp: Experiment, scope: str) -> str:
@@ -138,60 +161,193 @@ def fit(program: Program, experiments: list[Experiment], engine: Engine, config:
     result = FitResult(config.scope, dict(zip(names, map(float, v0))), {},
                        {g: [e.name for e in es] for g, es in groups.items()}, math.nan, 0, 0, 0.0)
     if not names:  # nothing to fit
-        losses = engine.population_losses(compiled, [v0], exps, config.split)
+        losses = engine.population_losses(compiled, [v0], exps, config.split, config.objective)
         result.constants = {g: {} for g in groups}
         result.loss, result.evaluations, result.seconds = losses[0], 1, time.perf_counter() - t0
         return result
 
-    tf = _Transform(v0)
-    n = len(names)
-    max_evals = config.max_evals or (30 + 6 * n) * (config.popsize or 4 + int(3 * math.log(n)))
+    group_fit = _GroupFit(program, compiled, engine, config, _Transform(v0), result, t0, progress)
     all_rows_loss = []
     for gi, (group, gexps) in enumerate(groups.items()):
-        def losses_of(X, gexps=gexps):
-            return [_safe(v) for v in engine.population_losses(compiled, [tf.from_cma(x) for x in X], gexps, config.split)]
-
-        x0 = tf.to_cma(v0)
-        # the starting point itself is the first candidate: a fit never ends worse than its start
-        best_x, best_loss = x0, losses_of([x0])[0]
-        evals, it = 1, 0
-        result.history.append((result.evaluations + evals, best_loss))
-        for restart in range(1 + config.restarts):  # each restart: a fresh CMA-ES from the best point so far
-            opts = {"seed": (config.seed * 7919 + gi + 104729 * restart) % (2**31 - 2) + 1,
-                    "maxfevals": max(1, max_evals - 1),  # the start point is evaluation 1
-                    "tolfun": config.tolfun, "tolx": 1e-6, "verbose": -9}
-            if config.popsize:
-                opts["popsize"] = config.popsize
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                es = cma.CMAEvolutionStrategy(best_x, config.sigma0, opts)
-            while not es.stop():
-                X = es.ask()
-                losses = losses_of(X)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    es.tell(X, losses)
-                evals += len(X)
-                it += 1
-                i = int(np.argmin(losses))
-                if losses[i] < best_loss:
-                    best_loss, best_x = losses[i], np.array(X[i])
-                result.history.append((result.evaluations + evals, best_loss))
-                if progress:
-                    elapsed = time.perf_counter() - t0
-                    progress(group, it, best_loss, result.evaluations + evals, (result.evaluations + evals) / max(elapsed, 1e-9))
-        result.evaluations += evals
-        result.iterations += it
-        best_v = tf.from_cma(best_x)
-        result.constants[group] = {k: float(v) for k, v in zip(names, best_v)}
+        best_x, best_loss = group_fit.run(gi, group, gexps, group_fit.tf.to_cma(v0))
+        result.constants[group] = {k: float(v) for k, v in zip(names, group_fit.tf.from_cma(best_x))}
         all_rows_loss.append((len(gexps), best_loss))
     if len(groups) == 1:
         result.loss = all_rows_loss[0][1]
     else:  # the loss over all experiments, each replayed with its group's constants
         rows = engine.score(compiled, [result.vector_for(program, e) for e in exps], (config.split,), exps)
-        result.loss = loss(rows[config.split])
+        result.loss = config.objective.of_rows(rows[config.split])
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _quiet_cma(x0, sigma0, opts) -> "cma.CMAEvolutionStrategy":
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cma.CMAEvolutionStrategy(x0, sigma0, opts)
+
+
+def _tell(es, X, losses) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        es.tell(X, losses)
+
+
+class _GroupFit:
+    """Fits one group's constants (in CMA coordinates) with the configured method, counting
+    closed-loop evaluations, iterations and history into the shared result."""
+
+    def __init__(self, program, compiled, engine, config: FitConfig, tf: _Transform, result: FitResult, t0: float,
+                 progress: ProgressFn | None):
+        self.program, self.compiled, self.engine, self.cfg, self.tf = program, compiled, engine, config, tf
+        self.result, self.t0, self.progress = result, t0, progress
+        n = len(program.constants)
+        self.n = n
+        cmaes_budget = (30 + 6 * n) * (config.popsize or 4 + int(3 * math.log(n)))
+        # the trust region's default: a tenth of the closed-loop replays CMA-ES spends by default
+        self.max_evals = config.max_evals or (cmaes_budget if config.method == "cmaes" else max(8, cmaes_budget // 10))
+        self.vector = VectorProgram.of(program) if config.method == "trust-region" else None
+
+    def losses(self, X, gexps) -> list[float]:
+        pop = [self.tf.from_cma(x) for x in X]
+        return [_safe(v) for v in self.engine.population_losses(self.compiled, pop, gexps, self.cfg.split,
+                                                               self.cfg.objective)]
+
+    def note(self, group: str, it: int, evals: int, best_loss: float) -> None:
+        self.result.history.append((self.result.evaluations + evals, best_loss))
+        if self.progress:
+            done = self.result.evaluations + evals
+            self.progress(group, it, best_loss, done, done / max(time.perf_counter() - self.t0, 1e-9))
+
+    def run(self, gi: int, group: str, gexps: list[Experiment], x0: np.ndarray) -> tuple[np.ndarray, float]:
+        evals, it = 1, 0
+        if self.cfg.method == "trust-region":
+            best_loss, models = self.judge(x0, gexps)
+        else:
+            best_loss, models = self.losses([x0], gexps)[0], None
+        best_x = x0
+        self.note(group, 0, evals, best_loss)  # a fit never ends worse than its start
+        if models is None:  # plain CMA-ES: asked for, or no surrogate where the start fails to replay
+            best_x, best_loss, evals, it = self.cmaes(gi, group, gexps, best_x, best_loss, evals, it)
+        else:
+            for restart in range(1 + self.cfg.restarts):  # each restart: a fresh region around the best point
+                best_x, best_loss, models, evals, it = self.trust_region(gi, group, gexps, best_x, best_loss, models,
+                                                                         evals, it, restart)
+        self.result.evaluations += evals
+        self.result.iterations += it
+        return best_x, best_loss
+
+    def cmaes(self, gi, group, gexps, best_x, best_loss, evals, it):
+        for restart in range(1 + self.cfg.restarts):  # each restart: a fresh CMA-ES from the best point so far
+            opts = {"seed": (self.cfg.seed * 7919 + gi + 104729 * restart) % (2**31 - 2) + 1,
+                    "maxfevals": max(1, self.max_evals - 1),  # the start point is evaluation 1
+                    "tolfun": self.cfg.tolfun, "tolx": 1e-6, "verbose": -9}
+            if self.cfg.popsize:
+                opts["popsize"] = self.cfg.popsize
+            es = _quiet_cma(best_x, self.cfg.sigma0, opts)
+            while not es.stop():
+                X = es.ask()
+                losses = self.losses(X, gexps)
+                _tell(es, X, losses)
+                evals += len(X)
+                it += 1
+                i = int(np.argmin(losses))
+                if losses[i] < best_loss:
+                    best_loss, best_x = losses[i], np.array(X[i])
+                self.note(group, it, evals, best_loss)
+        return best_x, best_loss, evals, it
+
+    def judge(self, x, gexps):
+        """Closed-loop loss at x and the trajectory models recorded there (None if any failed)."""
+        recorded = self.engine.record(self.compiled, self.vector, self.tf.from_cma(x), gexps, self.cfg.split)
+        value = _safe(self.cfg.objective.of_rows([row for row, _ in recorded]))
+        models = [m for _, m in recorded]
+        return value, (None if any(m is None for m in models) else models)
+
+    def surrogate_losses(self, X, surrogate: SurrogateSet) -> list[float]:
+        e2e, ttft = surrogate.apes(np.array([self.tf.from_cma(x) for x in X]))
+        return [_safe(v) for v in self.cfg.objective.of_apes([m.name for m in surrogate.models], e2e, ttft)]
+
+    def trust_region(self, gi, group, gexps, x, fx, models, evals, it, restart):
+        """Surrogate optimum in a box around the incumbent, judged by the closed loop (see top);
+        at most max_evals closed-loop evaluations from `evals` on (a restart gets a fresh budget)."""
+        cfg = self.cfg
+        x = np.array(x, dtype=float)
+        budget_end = evals + self.max_evals - (1 if restart == 0 else 0)  # the start point was evaluation 1
+        rho = RHO_START * cfg.sigma0 / 0.5
+        stalled = 0
+        sur_budget = cfg.surrogate_evals or 200 + 40 * self.n
+        while evals < budget_end and rho > RHO_MIN:
+            it += 1
+            lo, hi = x - rho, x + rho
+            opts = {"seed": _seed(cfg.seed + 7 * restart, gi, it), "maxfevals": sur_budget, "tolfun": cfg.tolfun * 0.1,
+                    "tolx": 1e-4 * rho, "verbose": -9, "bounds": [list(lo), list(hi)]}
+            if cfg.popsize:
+                opts["popsize"] = cfg.popsize
+            es = _quiet_cma(x, rho / 2, opts)
+            surrogate = SurrogateSet(models, self.vector)
+            best_y, best_m = x, self.surrogate_losses([x], surrogate)[0]  # = fx up to class rounding
+            m_x = best_m
+            while not es.stop():
+                Y = es.ask()
+                values = self.surrogate_losses(Y, surrogate)
+                _tell(es, Y, values)
+                i = int(np.argmin(values))
+                if values[i] < best_m:
+                    best_y, best_m = np.array(Y[i]), values[i]
+            predicted = m_x - best_m
+            if predicted <= cfg.tolfun * 0.1:  # the surrogate sees nothing to gain here: look closer
+                rho *= SHRINK
+                stalled += 1
+                if stalled >= STALL_ITERATIONS:
+                    break
+                continue
+            fy, models_y = self.judge(best_y, gexps)
+            evals += 1
+            # other points of the surrogate's final search distribution: the closed loop is rugged
+            # at small scales (a batch forms one step earlier or later), so a few neighbours of the
+            # surrogate's optimum are judged too and the best of them is the step taken
+            extra = [np.clip(np.array(y), lo, hi) for y in es.ask(max(0, cfg.candidates - 1))] if cfg.candidates > 1 else []
+            for y in extra:
+                if evals >= budget_end:
+                    break
+                f2, m2 = self.judge(y, gexps)
+                evals += 1
+                if f2 < fy:
+                    best_y, fy, models_y = y, f2, m2
+            if models_y is not None:  # what the closed loop did vs what the surrogate said, for the gains
+                for mx, my in zip(models, models_y):
+                    if mx.n_ok:
+                        shift = shift_us(mx, self.vector, self.tf.from_cma(best_y)[None, :])[0][0]
+                        mx.gain = my.gain = learn_gain(mx, shift, my.recorded_us - mx.recorded_us)
+            ratio = (fx - fy) / predicted
+            step = float(np.max(np.abs(best_y - x)))
+            if fy < fx:
+                stalled = stalled + 1 if fx - fy < cfg.tolfun else 0
+                x, fx, models = best_y, fy, models_y if models_y is not None else models
+            else:
+                stalled += 1
+            if ratio >= 0.75 and step >= 0.5 * rho:
+                rho = min(rho * GROW, RHO_MAX)
+            elif ratio < 0.25:
+                rho = max(min(rho, step), RHO_MIN) * SHRINK
+            self.note(group, it, evals, fx)
+            if stalled >= STALL_ITERATIONS:
+                break
+        return x, fx, models, evals, it
+
+
+# trust-region settings in CMA coordinates (log units for positive constants: 1.0 = a factor e)
+RHO_START = 1.0
+RHO_MIN = 0.01
+RHO_MAX = 1.0
+GROW = 2.0
+SHRINK = 0.5
+STALL_ITERATIONS = 5  # stop after this many iterations without a gain of at least tolfun
+
+
+def _seed(seed: int, group: int, iteration: int) -> int:
+    return (seed * 7919 + group * 104729 + iteration * 1299709) % (2**31 - 2) + 1
 
 
 def _safe(v: float) -> float:

@@ -191,7 +191,8 @@ def _claim_cached(r, n_cached, block, nb, rblk, roff, ref, keymap, nxt, prv, hea
 
 @njit(cache=True, nogil=True)
 def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_after, max_seqs, budget_tokens,
-              kv_blocks, block, blis, k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec, diag):
+              kv_blocks, block, blis, k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec, totals_rec,
+              diag):
     n = arrival.shape[0]
     stack = np.zeros(STACK_SIZE)
     local = np.zeros(LOCALS_SIZE)
@@ -449,6 +450,13 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
             steps_rec[steps, 1] = dt
             steps_rec[steps, 2] = kv_blocks - head_tail[2]
             steps_rec[steps, 3] = n_running
+            totals_rec[steps, 0] = tok_pf
+            totals_rec[steps, 1] = n_pf
+            totals_rec[steps, 2] = pf_pairs
+            totals_rec[steps, 3] = pf_ctx
+            totals_rec[steps, 4] = n_dc
+            totals_rec[steps, 5] = dc_ctx
+            totals_rec[steps, 6] = ctx_max
         clock += dt
         steps += 1
         if steps > max_steps:
@@ -514,6 +522,7 @@ class Trajectory:
     step_us: np.ndarray
     kv_blocks_used: np.ndarray  # after the step's allocations
     running: np.ndarray  # requests in the running batch during the step
+    totals: np.ndarray  # (steps, 7): the batch totals component_values takes (tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max)
 
     @property
     def n_steps(self) -> int:
@@ -572,16 +581,18 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
     if consts.shape != (len(program.constant_names),):
         raise ValueError(f"expected {len(program.constant_names)} constants, got shape {consts.shape}")
     s = exp.server
-    cap = 1
+    # trajectory buffers sized for every output token plus a prefill chunk per request (grown on overflow)
+    cap = int(exp.output_tokens.sum()) + 4 * n + 1024 if record else 1
     while True:
         traj = np.zeros((cap, 5), np.int64)
         steps_rec = np.zeros((cap, 4), np.int64)
+        totals_rec = np.zeros((cap, 7))
         diag = np.zeros(2)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
             exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.prefix_group, exp.prefix_tokens // s.block_size,
             int(exp.prefix_group.max(initial=-1)) + 1, exp.abort_after_us, s.max_num_seqs, s.max_num_batched_tokens,
             s.kv_blocks, s.block_size, semantics == "blis", experiment_coefficients(exp), program.code, program.literals,
-            program.entries, consts, horizon, max_steps, record, traj, steps_rec, diag)
+            program.entries, consts, horizon, max_steps, record, traj, steps_rec, totals_rec, diag)
         if status != TRAJECTORY_FULL:
             break
         cap = max(cap * 4, 1 << 20)
@@ -590,6 +601,7 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
         t = traj[:n_rec]
         trajectory = Trajectory(step=t[:, 0], new_tokens=t[:, 1], context=t[:, 2], is_prefill=t[:, 3].astype(bool),
                                 request=t[:, 4], step_start_us=steps_rec[:steps, 0], step_us=steps_rec[:steps, 1],
-                                kv_blocks_used=steps_rec[:steps, 2], running=steps_rec[:steps, 3])
+                                kv_blocks_used=steps_rec[:steps, 2], running=steps_rec[:steps, 3],
+                                totals=totals_rec[:steps])
     which = {1: "queueing_time", 2: "output_token_time", 3: "post_decode_time"}.get(int(diag[1]), "step_time")
     return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory, float(diag[0]), which)

@@ -12,9 +12,10 @@ import numpy as np
 from evaluator.datasets import load_data
 from evaluator.dsl import compile_program, load_program
 from evaluator.engine import Engine
-from evaluator.fitting import FitConfig, fit, quick_config
+from evaluator.errors import UserError
+from evaluator.fitting import METHODS, FitConfig, fit, quick_config
 from evaluator.replay import replay
-from seeds import seed_path
+from seeds import seed_path, seed_paths
 
 BENCH_PROGRAM = "roofline"
 
@@ -45,7 +46,7 @@ def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable
 
     with tempfile.TemporaryDirectory(prefix="stepml-bench-") as tmp:
         archive = Archive(tmp, create=True)
-        search = Search(archive, loaded, engine, SearchConfig(generations=generations, seed=0, seed_fit_evals=60),
+        search = Search(archive, loaded, engine, SearchConfig(generations=generations, seed=0, seed_fit_evals=10),
                         progress=lambda info: log(f"  bench search: generation {info['generation']} done") if "message" not in info else None)
         search.run()
         gens = [g for g in archive.generations(search.run_id) if g.generation >= 1]
@@ -92,8 +93,28 @@ def blis_vs_tool(blis: Path, data: Path, log: Callable[[str], None]) -> dict:
     return {"blis_vs_tool": rows}
 
 
+def seed_fits(exps, engine: Engine, seeds: list[str], methods: list[str], log: Callable[[str], None]) -> list[dict]:
+    """A full global fit (seed 0, default budget) of each seed program with each method: seconds,
+    closed-loop replays of all training windows, and the training loss reached."""
+    known = [p.stem for p in seed_paths()]
+    unknown = [n for n in seeds if n not in known]
+    if unknown:
+        raise UserError(f"--fit-seed: no seed named {', '.join(unknown)} (have: {', '.join(known)})")
+    rows = []
+    for name in seeds:
+        prog = load_program(seed_path(name))
+        for method in methods:
+            log(f"full global fit of {name} ({method})...")
+            r = fit(prog, exps, engine, FitConfig(seed=0, method=method))
+            rows.append({"seed": name, "method": method, "fit_s": round(r.seconds, 1), "replays": r.evaluations,
+                         "train_loss": round(r.loss, 3)})
+            log(f"  {name} {method}: {r.seconds:.1f} s, {r.evaluations} replays, train loss {r.loss:.3f}")
+    return rows
+
+
 def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], None] = print,
-              search_generations: int = 4, workers: int | None = None, blis: Path | None = None) -> dict:
+              search_generations: int = 4, workers: int | None = None, blis: Path | None = None,
+              fit_seeds: list[str] | None = None, fit_methods: list[str] | None = None) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
     prog = load_program(seed_path(BENCH_PROGRAM))
@@ -102,7 +123,7 @@ def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], No
     replay(exps[0], compiled, consts)  # compile/load the numba code outside the timings
     figures: dict = {"data": loaded.label, "synthetic": loaded.synthetic, "cores": os.cpu_count(),
                      "program": f"seeds/{BENCH_PROGRAM}.py",
-                     "fit_s": None, "generations_per_hour": None}  # null when skipped, still listed
+                     "fit_s": None, "fits": None, "generations_per_hour": None}  # null when skipped, still listed
 
     largest = max(exps, key=lambda e: e.n_requests)
     n_max = largest.n_requests
@@ -122,15 +143,12 @@ def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], No
         q = fit(prog, exps, engine, quick_config(0, exps))
         figures["quick_fit_s"] = round(time.perf_counter() - t0, 2)
         figures["quick_fit_evals"] = q.evaluations
-        log(f"quick fit: {figures['quick_fit_s']} s ({q.evaluations} evaluations)")
+        log(f"quick fit ({BENCH_PROGRAM}): {figures['quick_fit_s']} s ({q.evaluations} replays of the screening windows)")
         if not skip_fit:
-            log("full global fit of the roofline seed (minutes)...")
-            t0 = time.perf_counter()
-            r = fit(prog, exps, engine, FitConfig(seed=0))
-            figures["fit_s"] = round(time.perf_counter() - t0, 1)
-            figures["fit_evals"] = r.evaluations
-            figures["fit_train_loss"] = round(r.loss, 3)
-            log(f"full fit: {figures['fit_s']} s ({r.evaluations} evaluations, train loss {r.loss:.3f})")
+            figures["fits"] = seed_fits(exps, engine, fit_seeds or [p.stem for p in seed_paths()],
+                                        fit_methods or list(METHODS), log)
+            first = figures["fits"][0]
+            figures["fit_s"], figures["fit_evals"], figures["fit_train_loss"] = first["fit_s"], first["replays"], first["train_loss"]
         if search_generations > 0:
             log(f"offline search, {search_generations} generations with default settings...")
             figures.update(generations_per_hour(loaded, engine, search_generations, log))

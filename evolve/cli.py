@@ -11,7 +11,8 @@ import typer
 
 from evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
 from evaluator.experiments import SPLITS
-from evaluator.fitting import SCOPES, FitConfig
+from evaluator.fitting import METHODS, SCOPES, FitConfig, FitConfigError
+from evaluator.objectives import OBJECTIVES
 from evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
 from evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
 
@@ -40,6 +41,8 @@ Split = Literal[SPLITS]
 Scope = Literal[SCOPES]
 OutputLen = Literal[OUTPUT_LEN_POLICIES]
 Semantics = Literal[SEMANTICS]
+Method = Literal[METHODS]
+ObjectiveName = Literal[OBJECTIVES]
 GoTarget = Literal[tuple(TARGETS)]
 ImportFormat = Literal[IMPORT_FORMATS]
 
@@ -48,6 +51,13 @@ WorkersOpt = typer.Option(None, "--workers", min=1, help="Parallel replay thread
 SemanticsOpt = typer.Option(DEFAULT_SEMANTICS, "--semantics",
                             help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
                                  "in the simulator) or vllm (see docs/design-notes.md).")
+ObjectiveOpt = typer.Option("rms", "--objective",
+                            help="The loss: rms (RMS APE of mean E2E + RMS APE of mean TTFT over experiments) or worst3 "
+                                 "(mean of the three worst experiments' APE of mean E2E).")
+WeightsOpt = typer.Option(None, "--weights", help="YAML file of experiment-name pattern -> weight (first match wins, "
+                          "others weigh 1), e.g. '\"*mixtral*\": 2'.")
+MethodOpt = typer.Option(FitConfig.method, "--method", help="trust-region (trajectory surrogate judged by the closed loop; "
+                         "tens of replays) or cmaes (CMA-ES on the closed loop; hundreds).")
 OutputLenOpt = typer.Option(OUTPUT_LEN_POLICIES[0], "--output-len",
                             help="Output length policy: profile (server output_len) or reported (client token counts).")
 
@@ -135,14 +145,17 @@ def eval_cmd(
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
     semantics: Semantics = SemanticsOpt,
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
-    result = evaluate_program(program, data, split, workers, output_len, Log(), semantics=semantics)
+    result = evaluate_program(program, data, split, workers, output_len, Log(), semantics=semantics, objective=objective,
+                              weights=weights)
     if as_json:
         print(dumps(result.to_json()))
     else:
         out.print(metrics_table(result.rows, f"{program} on {result.data.label}, {split} split"))
-        out.print(f"loss ({split}): {loss_text(result.loss)}  (RMS APE mean E2E + RMS APE mean TTFT, %)")
+        out.print(f"loss ({split}): {loss_text(result.loss)}  ({result.objective.describe()})")
     for r in result.failed:
         error(f"{program} on {r.name}: {r.error}")
     if result.failed:
@@ -156,18 +169,24 @@ def fit_cmd(
     seed: int = typer.Option(FIT.seed, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."),
     scope: Scope = typer.Option(FIT.scope, "--scope", help="One constant set (global), one per model, or one per experiment."),
     out_path: Optional[Path] = typer.Option(None, "--out", help="Fitted program file (default: <program>.fitted.py here)."),
-    max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1, help="CMA-ES evaluation budget per group."),
+    max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1,
+                                            help="Closed-loop evaluations per group (default by method and size; "
+                                                 "cmaes rounds up to whole generations)."),
     quick: bool = typer.Option(False, "--quick", help="Screening fit: subset of experiments, short window, small budget."),
     restarts: int = typer.Option(FIT.restarts, "--restarts", min=0,
-                                 help="Extra CMA-ES runs from the best point so far (each with the full budget)."),
+                                 help="Extra CMA-ES runs from the best point so far (--method cmaes; each with the full budget)."),
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
     semantics: Semantics = SemanticsOpt,
+    method: Method = MethodOpt,
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
 ):
-    """Fit PROGRAM's constants with CMA-ES on the train split, then score validate and test."""
+    """Fit PROGRAM's constants on the train split, then score validate and test."""
     fitted = fit_program(program, data, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
-                         restarts=restarts, workers=workers, output_len=output_len, log=Log(), semantics=semantics)
+                         restarts=restarts, workers=workers, output_len=output_len, log=Log(), semantics=semantics,
+                         method=method, objective=objective, weights=weights)
     if as_json:
         print(dumps(fitted.to_json()))
         return
@@ -175,7 +194,7 @@ def fit_cmd(
         out.print(metrics_table(rows, f"fitted {program.name} ({scope} scope), {split} split"))
         out.print(f"loss ({split}): {loss_text(fitted.losses[split])}")
     r = fitted.result
-    out.print(f"train loss {r.loss:.3f} after {r.evaluations} evaluations in {r.seconds:.1f} s; "
+    out.print(f"train loss {r.loss:.3f} after {r.evaluations} closed-loop evaluations ({fitted.config.method}) in {r.seconds:.1f} s; "
               f"fitted program: {', '.join(map(str, fitted.written))}")
 
 
@@ -200,10 +219,17 @@ def run_cmd(
                                       help="Seconds before an LLM call is abandoned (then retried)."),
     llm_offline: bool = typer.Option(False, "--llm-offline", help="Replay LLM replies from the cache only; never call out."),
     children: int = typer.Option(SEARCH.children, "--children", min=1, help="Children per generation."),
-    quick_evals: int = typer.Option(SEARCH.quick_evals, "--quick-evals", min=1,
-                                    help="Screening-fit budget per child (CMA-ES evaluations)."),
-    full_fit_evals: int = typer.Option(SEARCH.full_fit_evals, "--full-fit-evals", min=1,
-                                       help="Full-fit budget for promoted children."),
+    quick_evals: Optional[int] = typer.Option(SEARCH.quick_evals, "--quick-evals", min=1,
+                                              help="Screening-fit budget per child (closed-loop evaluations; default by "
+                                                   "--fit-method: 6 trust-region, 40 cmaes)."),
+    full_fit_evals: Optional[int] = typer.Option(SEARCH.full_fit_evals, "--full-fit-evals", min=1,
+                                                 help="Full-fit budget for promoted children (default by --fit-method)."),
+    fit_method: Method = typer.Option(SEARCH.fit_method, "--fit-method", help="How constants are fitted (see evolve fit --method)."),
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
+    patience: Optional[int] = typer.Option(SEARCH.patience, "--patience", min=1,
+                                           help="Stop once the best validation loss has not improved by more than 0.5% "
+                                                "for this many generations."),
     seed_fit_evals: Optional[int] = typer.Option(SEARCH.seed_fit_evals, "--seed-fit-evals", min=1,
                                                  help="Fit budget for the seeds (default: the standard fit)."),
     max_promotions: int = typer.Option(SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."),
@@ -219,10 +245,12 @@ def run_cmd(
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
                           quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
-                          max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics)
+                          max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics,
+                          fit_method=fit_method, objective=objective, patience=patience)
     llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
                                max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
-    outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log())
+    outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log(),
+                         weights=weights)
     if as_json:
         print(dumps(outcome.to_json()))
         return
@@ -293,20 +321,30 @@ def blis_compare_cmd(
 def bench_cmd(
     data: Optional[Path] = typer.Option(None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."),
     as_json: bool = typer.Option(False, "--json"),
-    skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the (minutes-long) full fit figure."),
+    skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the full fits of the seeds (minutes to an hour)."),
+    fit_seed: Optional[list[str]] = typer.Option(None, "--fit-seed", help="Seed programs to fit (repeatable; default all of seeds/)."),
+    fit_method: Optional[list[str]] = typer.Option(None, "--fit-method",
+                                                   help=f"Fitting methods to time (repeatable: {', '.join(METHODS)}; default all)."),
     search_generations: int = typer.Option(4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."),
     workers: Optional[int] = WorkersOpt,
     blis: Optional[Path] = typer.Option(None, "--blis", help="Also time BLIS (a built checkout, or the offline snapshot "
                                         "../shared/blis) against the tool's replay on three real experiments."),
 ):
-    """Throughput figures: replay, full evaluation, full and quick fits, search generations per hour."""
+    """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
+    unknown = sorted(set(fit_method or ()) - set(METHODS))
+    if unknown:
+        raise FitConfigError(f"--fit-method: {', '.join(unknown)} is not one of {', '.join(METHODS)}")
     figures = run_bench(data, skip_fit=skip_fit, log=Log().note, search_generations=search_generations, workers=workers,
-                        blis=blis)
+                        blis=blis, fit_seeds=fit_seed, fit_methods=fit_method)
     if as_json:
         print(dumps(figures))
     else:
         for k, v in figures.items():
-            out.print(f"{k:24s} {v}")
+            if k != "fits":
+                out.print(f"{k:24s} {v}")
+        for row in figures.get("fits") or []:
+            out.print(f"fit {row['seed']:18s} {row['method']:13s} {row['fit_s']:8.1f} s {row['replays']:6d} replays  "
+                      f"train loss {row['train_loss']}")
 
 
 def main() -> None:

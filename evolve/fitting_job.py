@@ -13,7 +13,8 @@ from evaluator.errors import UserError
 from evaluator.fitted_header import FittedHeader
 from evaluator.replay import DEFAULT_SEMANTICS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, group_key, quick_config
-from evaluator.metrics import MetricRow, loss
+from evaluator.metrics import MetricRow
+from evaluator.objectives import load_objective
 
 from .console import Log
 from .inputs import load_usable
@@ -38,11 +39,12 @@ class FittedPrograms:
 
     @property
     def losses(self) -> dict[str, float]:
-        return {s: loss(rows) for s, rows in self.rows.items()}
+        return {s: self.config.objective.of_rows(rows) for s, rows in self.rows.items()}
 
     def to_json(self) -> dict:
         return {"program": str(self.program), "fitted_programs": [str(p) for p in self.written], "data": self.data.label,
                 "synthetic": self.data.synthetic, "seed": self.config.seed, "scope": self.config.scope,
+                "method": self.config.method, **self.config.objective.settings(),
                 "train_loss": self.result.loss, "constants": self.result.constants, "evaluations": self.result.evaluations,
                 "seconds": self.result.seconds,
                 "splits": {s: {"loss": self.losses[s], "experiments": rows} for s, rows in self.rows.items()}}
@@ -51,14 +53,17 @@ class FittedPrograms:
 def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.seed, scope: str = FitConfig.scope,
                 out: Path | None = None, max_evals: int | None = FitConfig.max_evals, quick: bool = False,
                 restarts: int = FitConfig.restarts, workers: int | None = None, output_len: str = "profile",
-                log: Log | None = None, semantics: str = DEFAULT_SEMANTICS) -> FittedPrograms:
+                log: Log | None = None, semantics: str = DEFAULT_SEMANTICS, method: str = FitConfig.method,
+                objective: str = "rms", weights: Path | None = None) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts."""
     log = log or Log()
     program = load_program(path)
     loaded = load_usable(data, output_len, log)
+    goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
     config = quick_config(seed, loaded.experiments) if quick else FitConfig(seed=seed, scope=scope)
-    config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts)
+    config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts,
+                                 method=method, objective=goal)
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
@@ -71,7 +76,7 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
     written = []
     for group, constants in result.constants.items():
         header = FittedHeader(data=loaded.label, seed=seed, scope=scope, group=group, restarts=restarts, quick=quick,
-                              semantics=semantics,
+                              semantics=semantics, method=method, objective=goal.name + ("+weights" if goal.weights else ""),
                               train_loss=result.loss, loss_of_all_groups=len(result.constants) != 1,
                               evaluations=result.evaluations)
         target = paths.get(group, base)

@@ -9,6 +9,7 @@ from pathlib import Path
 from archive.store import Archive
 from evaluator.datasets import LoadedData
 from evaluator.engine import Engine
+from evaluator.objectives import load_objective
 from seeds import load_seeds
 
 from .console import Log
@@ -60,15 +61,19 @@ def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData):
 
 def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path | None = None, *, resume: bool = False,
                seeds: list[Path] | None = None, llm: LLMSettings | None = None, workers: int | None = None,
-               log: Log | None = None) -> RunOutcome:
+               log: Log | None = None, weights: Path | None = None) -> RunOutcome:
     """Run (or with resume, continue) the search in `archive_dir` (default: `default_archive_dir`).
     seeds: program files or directories for generation 0 instead of the shipped seeds/. Without
-    an LLM every child is symbolic, whatever config.llm_ratio says."""
+    an LLM every child is symbolic, whatever config.llm_ratio says. weights: a YAML weights file
+    for the objective (read into config.weights, so the run stores the weights, not the path)."""
     log = log or Log()
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded
     if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
         raise OutputError(f"{archive_dir}: is a file; --archive takes a directory")
     loaded = load_usable(data, "profile", log)
+    if weights is not None:
+        goal = load_objective(config.objective, weights, [e.name for e in loaded.experiments])
+        config = dataclasses.replace(config, weights=goal.weights)
     archive_dir = archive_dir or default_archive_dir(loaded, config.seed)
     if resume and not (archive_dir / Archive.FILE).exists():
         log.note(f"{archive_dir}: no archive yet, starting a new run")

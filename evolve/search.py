@@ -37,8 +37,9 @@ from evaluator.dsl import Program, ProgramError, compile_program, parse_program
 from evaluator.engine import Engine
 from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
-from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, fit, fit_experiments, quick_config
-from evaluator.metrics import MetricRow, loss
+from evaluator.fitting import FAILED_LOSS, FAILED_REASON, METHODS, FitConfig, fit, fit_experiments, quick_config
+from evaluator.metrics import MetricRow
+from evaluator.objectives import Objective
 from evaluator.replay import DEFAULT_SEMANTICS
 from seeds import seed_paths
 
@@ -52,24 +53,38 @@ PASSED_DUPLICATE_FILTER = ("evaluation",)  # rejection rules applied after the d
 class SearchConfig:
     generations: int = 500
     seed: int = 7
-    children: int = 6  # per generation
+    children: int = 8  # per generation
     llm_ratio: float = 0.5  # share of children asked of the LLM (when one is configured)
-    max_promotions: int = 1  # full fits per generation at most (they dominate a generation's time)
+    max_promotions: int = 2  # full fits per generation at most (they dominate a generation's time)
     promote_margin: float = 0.05  # promote when the quick loss is within 5% of the reference it must beat
     sanity_factor: float = 3.0  # never promote a quick loss above 3x the best screening loss
-    quick_evals: int = 40  # screening fit budget per child
-    full_fit_evals: int = 96
+    quick_evals: int | None = None  # screening fit budget per child (closed-loop evaluations; None: the method's default)
+    full_fit_evals: int | None = 12  # closed-loop evaluations of a promoted child's fit (None: the method's default)
     full_fit_sigma: float = 0.2
     seed_fit_evals: int | None = None  # None: the standard fit budget
     islands: int = 1
     migration_interval: int = 25
     semantics: str = DEFAULT_SEMANTICS  # how the replay accounts a step: "blis" or "vllm"
+    fit_method: str = METHODS[0]
+    objective: str = "rms"
+    weights: tuple[tuple[str, float], ...] = ()  # (experiment-name pattern, weight); see evaluator/objectives.py
+    patience: int | None = None  # stop after this many generations without a 0.5% gain in best validation loss
 
     def identity(self) -> dict:
-        """Settings that shape the archive: a resumed run must use the same."""
+        """Settings that shape the archive: a resumed run must use the same (as stored: JSON)."""
         d = dataclasses.asdict(self)
-        d.pop("generations")
-        return d
+        for k in NOT_IDENTITY:
+            d.pop(k)
+        return json.loads(json.dumps(d))
+
+    def goal(self) -> Objective:
+        return Objective(self.objective, self.weights)
+
+
+NOT_IDENTITY = ("generations", "patience")  # a resumed run may change these
+# settings added after runs were first stored: an archive without them ran with these values
+LEGACY_SETTINGS = {"fit_method": "cmaes", "objective": "rms", "weights": []}
+PATIENCE_GAIN = 0.005  # --patience counts generations since the best validation loss last fell by more than 0.5%
 
 
 class SearchError(UserError, RuntimeError):
@@ -132,7 +147,9 @@ class Search:
         self.emitters: list[Emitter] = emitters or [SymbolicEmitter()]
         self.progress = progress or (lambda info: None)
         self.exps = data.experiments
-        self.quick = dataclasses.replace(quick_config(0, self.exps), max_evals=config.quick_evals)
+        self.goal = config.goal()
+        self.quick = dataclasses.replace(quick_config(0, self.exps, config.fit_method), objective=self.goal,
+                                         max_evals=config.quick_evals or quick_config(0, None, config.fit_method).max_evals)
         self.screen_exps = fit_experiments(self.exps, self.quick)
         run = archive.run()
         # custom seeds are part of a run's identity (by content); the shipped ones are recorded as None
@@ -148,6 +165,8 @@ class Search:
             if run.data_fingerprint != data.fingerprint():
                 raise SearchError(f"{archive.dir}: the run used other data ({run.data_label}); cannot resume on {data.label}")
             saved = {k: run.config.get(k) for k in identity}
+            if saved.get("search") is not None:
+                saved["search"] = {**LEGACY_SETTINGS, **saved["search"]}
             if saved != identity:
                 raise SearchError(f"{archive.dir}: the run used other search settings ({_differences(saved, identity)}); "
                                   "resume with the settings it started with")
@@ -169,14 +188,16 @@ class Search:
     # ---- evaluation cascade ----
     def _full_evaluation(self, program: Program, start: dict[str, float], seed: int, max_evals: int | None,
                          sigma: float) -> FullFit:
-        res = fit(program, self.exps, self.engine, FitConfig(seed=seed, max_evals=max_evals, sigma0=sigma), start=start)
+        res = fit(program, self.exps, self.engine, FitConfig(seed=seed, max_evals=max_evals, sigma0=sigma,
+                                                              method=self.cfg.fit_method, objective=self.goal), start=start)
         self.evaluations += res.evaluations
         consts = res.constants["all"]
         vec = np.array([consts[k] for k in program.constants], dtype=float)
         rows = self.engine.score(program, [vec] * len(self.exps), SPLITS, percentiles=True)
-        screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps)[0]
+        screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps, objective=self.goal)[0]
         self.evaluations += 2
-        return FullFit(consts, loss(rows["train"]), loss(rows["validate"]), loss(rows["test"]), screen,
+        of = self.goal.of_rows
+        return FullFit(consts, of(rows["train"]), of(rows["validate"]), of(rows["test"]), screen,
                        [r for s in SPLITS for r in rows[s]])
 
     def _program(self, program: Program, constants: dict, proposal: Proposal, island: int, stage: str,
@@ -344,6 +365,8 @@ class Search:
     def run(self) -> dict:
         start = self.archive.last_generation(self.run_id) + 1
         for g in range(start, self.cfg.generations + 1):
+            if self.out_of_patience():
+                break
             t0 = time.perf_counter()
             if g == 0:
                 self._generation_zero()
@@ -358,11 +381,25 @@ class Search:
         self.archive.set_summary(self.run_id, summary)
         return summary
 
+    def out_of_patience(self) -> bool:
+        """--patience: whether the best validation loss has not fallen by more than PATIENCE_GAIN
+        (relative) in the last `patience` completed generations (read from the archive, so a
+        resumed run stops where an uninterrupted one would)."""
+        if not self.cfg.patience:
+            return False
+        gens = self.archive.generations(self.run_id)
+        best_val, since = math.inf, 0
+        for gen in gens:
+            if gen.best_val is not None and gen.best_val < best_val * (1 - PATIENCE_GAIN):
+                best_val, since = gen.best_val, gen.generation
+        return bool(gens) and gens[-1].generation - since >= self.cfg.patience
+
     def summary(self) -> dict:
         top = best(self.programs)
         front = pareto_front(self.programs)
         out = {"generations": self.archive.last_generation(self.run_id), "programs": len(self.programs),
                "fully_evaluated": sum(p.full for p in self.programs), "rejections": dict(self.rejection_counts),
+               "stopped_by_patience": self.out_of_patience() and self.archive.last_generation(self.run_id) < self.cfg.generations,
                "front": [{"id": p.id, "complexity": p.complexity, "val_loss": p.val_loss, "operator": p.operator} for p in front]}
         if top is not None:
             rows = self.archive.metric_rows(top.id, "test")

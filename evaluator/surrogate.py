@@ -1,0 +1,330 @@
+"""Trajectory surrogate: a replay's recorded schedule, re-timed for other constants by a dot product.
+
+For a fixed schedule (which request gets how many tokens in which step) a request's latencies
+are sums over the steps of its own lifetime:
+  TTFT[r] = queueing_time[r] + (the rest of the step in flight when r became ready)
+            + the steps from then to its first token + output_token_time
+  E2E[r]  = TTFT[r] + its later steps' durations + output_token_time each + post_decode_time
+(idle gaps inside a lifetime stay as recorded, and the step in flight counts with the share of
+it that was left). Summed over the measured requests, the mean TTFT and mean E2E of a split are
+fixed per-step weights times the step durations, plus the delays: linear in the step times.
+Step times come from the numexpr back end over (population x steps) arrays, so a whole CMA-ES
+population is scored per experiment in one call, milliseconds against a replay's ~0.1-0.5 s.
+
+Why per lifetime and not one timeline: re-timing the whole recorded schedule (start of a step
+= max(end of the previous, readiness of what it admits)) accumulates every change over tens of
+thousands of back-to-back steps, while the real engine absorbs a slower step by batching more;
+on the real data that version moved the error 30-1000x more than the closed loop did for a 1%
+change of a constant. Per lifetime, a change moves the means as much as the steps each request
+lives through.
+
+The surrogate equals the closed-loop means at the constants it was recorded with (tested) and
+is only a local model away from them (batching, preemption and time-outs are frozen);
+`fitting.py` uses it inside a trust region and lets the closed-loop replay judge every step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .components import COMPONENT_NAMES, component_values
+from .dsl import Program
+from .dsl.numexpr_compile import VectorFunction, compile_vector, evaluate_vector
+from .dsl.vm import CompiledProgram
+from .experiments import Experiment
+from .metrics import MetricRow, failed_row, split_horizon, split_metrics
+from .replay import DEFAULT_SEMANTICS, FINISHED, MAX_US, experiment_coefficients, replay
+
+
+
+@dataclass(frozen=True)
+class VectorProgram:
+    """A program's functions as numexpr statements (None where the program omits one)."""
+
+    step_time: VectorFunction
+    queueing_time: VectorFunction | None
+    output_token_time: VectorFunction | None
+    post_decode_time: VectorFunction | None
+    constant_names: tuple[str, ...]
+    queue_reads_request: bool  # queueing_time depends on the request (else one value per vector)
+
+    @classmethod
+    def of(cls, program: Program) -> "VectorProgram":
+        def maybe(name):
+            return compile_vector(program, name) if name in program.functions else None
+        queue = maybe("queueing_time")
+        reads = queue is not None and any("r_" in e for e in [queue.result, *(x for _, x in queue.statements)])
+        return cls(compile_vector(program, "step_time"), queue, maybe("output_token_time"),
+                   maybe("post_decode_time"), tuple(program.constants), reads)
+
+    def constant_inputs(self, population: np.ndarray) -> dict[str, np.ndarray]:
+        """c_<name> as (P, 1) columns, so they broadcast against per-step or per-request rows."""
+        return {f"c_{n}": population[:, j, None] for j, n in enumerate(self.constant_names)}
+
+
+def _us(x: np.ndarray) -> np.ndarray:
+    """Durations as the replay rounds them (integer us, capped); NaN stays NaN."""
+    return np.round(np.minimum(x, MAX_US))
+
+
+@dataclass
+class TrajectoryModel:
+    """One experiment's recorded replay on one split, reduced to the weights its means need.
+
+    mean(c) = recorded mean + gain * (linear(c) - linear(recorded constants)) / n_ok, where linear(c) =
+    step_us(c) . weight + sum of queueing_time over `queued` + count * output_token_time (+
+    finished * post_decode_time for E2E)."""
+
+    name: str
+    n_ok: int  # requests of the split that succeeded in reality (the ones measured)
+    observed_us: np.ndarray  # (2,) measured mean E2E, TTFT
+    recorded_us: np.ndarray  # (2,) the closed loop's predicted means at the recorded constants
+    components: dict[str, np.ndarray]  # f_<name> -> (G,) per step class (see `_classes`)
+    weight: np.ndarray  # (2, G): E2E and TTFT weight of each class's step duration
+    queued: tuple[np.ndarray, np.ndarray]  # request indices whose queueing_time enters E2E, TTFT
+    out_tok_count: np.ndarray  # (2,) output_token_time terms in the summed E2E, TTFT
+    n_finished: int  # post_decode_time terms in the summed E2E
+    input_tokens: np.ndarray  # (n,) the request fields queueing_time may read
+    output_tokens: np.ndarray
+    linear0: np.ndarray  # (2,) linear() at the recorded constants
+    gain: np.ndarray = field(default_factory=lambda: np.ones(2))  # see learn_gain
+
+
+def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, constants: np.ndarray,
+           split: str = "train", semantics: str = DEFAULT_SEMANTICS) -> tuple[MetricRow, TrajectoryModel | None]:
+    """Closed-loop replay of `exp` on `split` with the trajectory kept: its metric row (what
+    the closed loop judges) and the model to re-time it (None if the replay failed)."""
+    res = replay(exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics)
+    if not res.ok:
+        return failed_row(exp, split, res.failure()), None
+    row = split_metrics(exp, res, split)
+    t = res.trajectory
+    n_steps = t.n_steps
+    comps = np.array(component_values(*t.totals.T, experiment_coefficients(exp)), dtype=np.float64)
+    ok = exp.split_mask(split) & ~exp.failed
+    n_ok = int(ok.sum())
+    model = TrajectoryModel(
+        name=exp.name, n_ok=n_ok, observed_us=np.array([row.observed.e2e_mean_s, row.observed.ttft_mean_s]) * 1e6,
+        recorded_us=np.array([row.predicted.e2e_mean_s, row.predicted.ttft_mean_s]) * 1e6,
+        components={f"f_{n}": comps[i] for i, n in enumerate(COMPONENT_NAMES)}, weight=np.zeros((2, n_steps)),
+        queued=(np.zeros(0, np.int64), np.zeros(0, np.int64)), out_tok_count=np.zeros(2), n_finished=0,
+        input_tokens=exp.input_tokens.astype(np.float64), output_tokens=exp.output_tokens.astype(np.float64),
+        linear0=np.zeros(2))
+    if n_ok == 0:
+        return row, model
+
+    start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
+    end = start + dt
+    ready, out_tok = _recorded_delays(vector, constants, model, exp.arrival_us)
+    limit = exp.abort_after_us
+    finished = ok & (res.state == FINISHED)
+    # TTFT moves with the steps only for requests that got their first token before the client's
+    # limit (the others count at the limit, fixed); E2E only for finished requests
+    timed = ok & (res.ttft_us >= 0) & (res.ttft_us <= limit)
+    first = np.full(exp.n_requests, -1, np.int64)
+    first[timed] = np.searchsorted(end, exp.arrival_us[timed] + res.ttft_us[timed] - out_tok)
+    # the step in flight when each request became ready (-1: none, the engine was idle) and the
+    # share of it left
+    in_flight = np.searchsorted(start, ready, side="right") - 1
+    in_flight = np.where((in_flight >= 0) & (end[np.maximum(in_flight, 0)] > ready), in_flight, -1)
+    left = np.where(in_flight >= 0, (end[np.maximum(in_flight, 0)] - ready) / dt[np.maximum(in_flight, 0)], 0.0)
+    # pre-first-token weight: 1 on steps in_flight+1 .. first (difference array), `left` on in_flight
+    after = np.where(in_flight >= 0, in_flight + 1, np.searchsorted(start, ready, side="left"))
+
+    def lifetime_weight(mask):
+        w = np.bincount(after[mask], minlength=n_steps + 1)[:n_steps + 1].astype(np.float64)
+        w -= np.bincount(first[mask] + 1, minlength=n_steps + 1)[:n_steps + 1]
+        w = np.cumsum(w)[:n_steps]
+        fl = mask & (in_flight >= 0)
+        return w + np.bincount(in_flight[fl], weights=left[fl], minlength=n_steps)
+
+    decoding = finished[t.request] & (t.step > first[t.request])  # finished requests' steps after the first token
+    decode_steps = np.bincount(t.step[decoding], minlength=n_steps).astype(np.float64)
+    fin_timed = finished & timed
+    model.components, model.weight = _classes(comps, np.stack([lifetime_weight(fin_timed) + decode_steps,
+                                                               lifetime_weight(timed)]))
+    model.queued = (np.flatnonzero(fin_timed), np.flatnonzero(timed))
+    model.out_tok_count = np.array([fin_timed.sum() + decoding.sum(), timed.sum()], dtype=np.float64)
+    model.n_finished = int(finished.sum())
+    model.linear0 = linear(model, vector, constants[None, :], step_us(model, vector, constants[None, :])[0])[0]
+    return row, model
+
+
+CLASS_WIDTH = 1.05  # steps whose component values agree within 5% share one class
+
+
+def _classes(comps: np.ndarray, weight: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Steps grouped into classes of near-equal components, for each weight row separately:
+    each class is its steps' weighted mean components with their summed weight. Exact for any
+    program affine in the components (sum of w * f(comp) = W * f(weighted mean)); for others
+    (max, if-else) an approximation within the class width. 50-150x fewer rows on the real data."""
+    key = np.round(np.log1p(np.abs(comps)) / np.log(CLASS_WIDTH)).astype(np.int64) * np.sign(comps).astype(np.int64)
+    # one 64-bit hash per step instead of a unique over columns (10x faster; a collision merely
+    # merges two classes)
+    mix = np.random.default_rng(0).integers(1, 2**62, size=len(key), dtype=np.int64) | 1
+    with np.errstate(over="ignore"):
+        h = (key * mix[:, None]).sum(axis=0)
+    _, cls = np.unique(h, return_inverse=True)
+    cls = cls.ravel()
+    n_cls = int(cls.max()) + 1 if len(cls) else 0
+    cols, weights = [], []
+    for i, w in enumerate(weight):
+        total = np.bincount(cls, weights=w, minlength=n_cls)
+        keep = total > 0
+        mean = np.array([np.bincount(cls, weights=w * c, minlength=n_cls)[keep] for c in comps]) / total[keep]
+        cols.append(mean)
+        row = np.zeros((len(weight), keep.sum()))
+        row[i] = total[keep]
+        weights.append(row)
+    reps = np.concatenate(cols, axis=1)
+    return {f"f_{n}": reps[j] for j, n in enumerate(COMPONENT_NAMES)}, np.concatenate(weights, axis=1)
+
+
+def _recorded_delays(vector: VectorProgram, constants: np.ndarray, model: TrajectoryModel,
+                     arrival_us: np.ndarray) -> tuple[np.ndarray, float]:
+    """Ready times (n,) and output_token_time at the recorded constants, rounded as the replay does."""
+    consts = vector.constant_inputs(constants[None, :])
+    ready = arrival_us.astype(np.float64)
+    if vector.queueing_time is not None:
+        q = evaluate_vector(vector.queueing_time, {**consts, "r_input_tokens": model.input_tokens,
+                                                   "r_output_tokens": model.output_tokens})
+        ready = ready + np.maximum(0.0, _us(np.broadcast_to(q, (1, len(arrival_us)))[0]))
+    return ready, float(_scalar_delay(vector.output_token_time, consts, 1)[0])
+
+
+def delay_part(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray,
+               shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """(P, 2): the summed E2E and TTFT terms from queueing_time, output_token_time, post_decode_time.
+    `shared`: those three per vector when they do not depend on the request (see shared_delays)."""
+    consts = vector.constant_inputs(population)
+    p = len(population)
+    q, out_tok, post = shared if shared is not None else shared_delays(vector, population)
+    sums = np.zeros((p, 2))
+    if vector.queue_reads_request:
+        q = evaluate_vector(vector.queueing_time, {**consts, "r_input_tokens": model.input_tokens,
+                                                   "r_output_tokens": model.output_tokens})
+        q = np.maximum(0.0, _us(np.broadcast_to(q, (p, len(model.input_tokens)))))
+        for row in range(2):
+            sums[:, row] = q[:, model.queued[row]].sum(axis=1)
+    else:
+        sums += q[:, None] * np.array([len(model.queued[0]), len(model.queued[1])])
+    sums[:, 0] += model.out_tok_count[0] * out_tok + model.n_finished * post
+    sums[:, 1] += model.out_tok_count[1] * out_tok
+    return sums
+
+
+def shared_delays(vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(P,) each: queueing_time (when it reads no request field; else zeros), output_token_time,
+    post_decode_time, rounded as the replay rounds them."""
+    consts = vector.constant_inputs(population)
+    p = len(population)
+    q = np.zeros(p)
+    if vector.queueing_time is not None and not vector.queue_reads_request:
+        q = _scalar_delay(vector.queueing_time, consts, p)
+    return q, _scalar_delay(vector.output_token_time, consts, p), _scalar_delay(vector.post_decode_time, consts, p)
+
+
+def _scalar_delay(vf: VectorFunction | None, consts: dict, p: int) -> np.ndarray:
+    if vf is None:
+        return np.zeros(p)
+    return np.maximum(0.0, _us(np.broadcast_to(evaluate_vector(vf, consts), (p, 1))[:, 0]))
+
+
+def linear(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray, dt: np.ndarray) -> np.ndarray:
+    """(P, 2): the parts of the summed E2E and TTFT that move with the constants."""
+    return (dt @ model.weight.T) + delay_part(model, vector, population)
+
+
+def step_us(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P, G) step durations of each class (not rounded: a class stands for many steps), and
+    (P,) whether every one is valid."""
+    x = np.broadcast_to(evaluate_vector(vector.step_time, {**model.components, **vector.constant_inputs(population)}),
+                        (len(population), model.weight.shape[1]))
+    valid = np.all(np.isfinite(x) & (x > 0), axis=1)
+    return np.maximum(1.0, np.minimum(np.where(np.isfinite(x), x, 1.0), MAX_US)), valid
+
+
+def shift_us(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P, 2) change of the mean E2E and TTFT (us) from the recorded constants, before the gain,
+    and (P,) whether the replay could run (finite, positive step times; finite delays)."""
+    dt, valid = step_us(model, vector, population)
+    lin = linear(model, vector, population, dt)
+    valid &= np.all(np.isfinite(lin), axis=1)
+    return (lin - model.linear0) / max(model.n_ok, 1), valid
+
+
+def retime(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted APE of mean E2E and mean TTFT, each (P,), for a population (P, K) of constant
+    vectors on the recorded schedule; inf where the replay would fail (non-finite or non-positive
+    step time or delay); NaN for both when the split measures no request."""
+    p = len(population)
+    if model.n_ok == 0:
+        return np.full(p, np.nan), np.full(p, np.nan)
+    shift, valid = shift_us(model, vector, population)
+    means = model.recorded_us + model.gain * shift
+    ape = np.abs(means - model.observed_us) / model.observed_us * 100.0
+    ape[~valid] = np.inf
+    return ape[:, 0], ape[:, 1]
+
+
+GAIN_RANGE = (0.5, 50.0)
+
+
+def learn_gain(model: TrajectoryModel, shift: np.ndarray, moved_us: np.ndarray) -> np.ndarray:
+    """Gain of each mean after the closed loop moved it by `moved_us` where the surrogate (gain 1)
+    predicted `shift`. A busy engine queues more when its steps get slower, so the closed loop
+    moves the means more than the frozen schedule does: 1.1-2x for E2E on the real data, and
+    for the TTFT of a workload near saturation 5-20x (its queue grows with the load). The gain
+    is the latest ratio of the two, kept in GAIN_RANGE; a shift too small to measure (below 0.1%
+    of the mean) or of the other sign leaves the gain as it was."""
+    gain = model.gain.copy()
+    for i in range(2):
+        if abs(shift[i]) > 1e-3 * abs(model.recorded_us[i]) and moved_us[i] * shift[i] > 0:
+            gain[i] = float(np.clip(moved_us[i] / shift[i], *GAIN_RANGE))
+    return gain
+
+
+class SurrogateSet:
+    """The models of several experiments scored together: one numexpr pass over all their step
+    classes per population (the per-call overhead of numexpr dominates one experiment's few
+    thousand classes), then per-experiment sums by segment."""
+
+    def __init__(self, models: list[TrajectoryModel], vector: VectorProgram):
+        self.models, self.vector = models, vector
+        self.live = [i for i, m in enumerate(models) if m.n_ok]
+        parts = [models[i] for i in self.live]
+        self.components = {k: np.concatenate([m.components[k] for m in parts]) for k in parts[0].components} if parts else {}
+        # classes of the j-th live model are columns bounds[j] of the concatenation
+        sizes = np.array([m.weight.shape[1] for m in parts], dtype=np.int64)
+        ends = np.cumsum(sizes)
+        self.bounds = np.stack([ends - sizes, ends], axis=1) if parts else np.zeros((0, 2), np.int64)
+        self.weight = np.concatenate([m.weight for m in parts], axis=1) if parts else np.zeros((2, 0))
+        self.nonempty = np.flatnonzero(sizes > 0) if parts else np.zeros(0, np.int64)
+
+    def apes(self, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P, E) predicted APE of mean E2E and of mean TTFT for every model (NaN where a model
+        measures no request; inf for vectors whose replay would fail)."""
+        p, e = len(population), len(self.models)
+        e2e, ttft = np.full((p, e), np.nan), np.full((p, e), np.nan)
+        if not self.live:
+            return e2e, ttft
+        x = np.broadcast_to(evaluate_vector(self.vector.step_time, {**self.components,
+                                                                    **self.vector.constant_inputs(population)}),
+                            (p, self.weight.shape[1]))
+        valid = np.all(np.isfinite(x) & (x > 0), axis=1)
+        dt = np.maximum(1.0, np.minimum(np.where(np.isfinite(x), x, 1.0), MAX_US))
+        sums = np.zeros((p, len(self.live), 2))
+        if len(self.nonempty):  # per-model segment sums (a model may have no weighted class at all)
+            for row, w in enumerate(self.weight):
+                sums[:, self.nonempty, row] = np.add.reduceat(dt * w, self.bounds[self.nonempty, 0], axis=1)
+        shared = shared_delays(self.vector, population)
+        for j, i in enumerate(self.live):
+            m = self.models[i]
+            lin = sums[:, j] + delay_part(m, self.vector, population, shared)
+            ok = valid & np.all(np.isfinite(lin), axis=1)
+            means = m.recorded_us + m.gain * (lin - m.linear0) / m.n_ok
+            ape = np.abs(means - m.observed_us) / m.observed_us * 100.0
+            ape[~ok] = np.inf
+            e2e[:, i], ttft[:, i] = ape[:, 0], ape[:, 1]
+        return e2e, ttft

@@ -61,7 +61,7 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
     program = load_program(path)
     loaded = load_usable(data, output_len, log)
     goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
-    config = quick_config(seed, loaded.experiments) if quick else FitConfig(seed=seed, scope=scope)
+    config = quick_config(seed, loaded.experiments, method) if quick else FitConfig(seed=seed, scope=scope)
     config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts,
                                  method=method, objective=goal)
     base = out or Path(f"{path.stem}.fitted.py")

@@ -89,6 +89,8 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
             start = archive.last_generation(search.run_id) + 1
             if start > config.generations:
                 log.note(f"{archive_dir}: already at generation {start - 1}; nothing to run")
+            elif search.out_of_patience():
+                log.note(f"{archive_dir}: stopped by --patience {config.patience} at generation {start - 1}; nothing to run")
             else:
                 log.note(f"archive: {archive_dir}  (generations {start}..{config.generations})")
             try:

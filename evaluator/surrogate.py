@@ -37,7 +37,6 @@ from .metrics import MetricRow, failed_row, split_horizon, split_metrics
 from .replay import DEFAULT_SEMANTICS, FINISHED, MAX_US, experiment_coefficients, replay
 
 
-
 @dataclass(frozen=True)
 class VectorProgram:
     """A program's functions as numexpr statements (None where the program omits one)."""
@@ -147,7 +146,7 @@ def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, co
     model.queued = (np.flatnonzero(fin_timed), np.flatnonzero(timed))
     model.out_tok_count = np.array([fin_timed.sum() + decoding.sum(), timed.sum()], dtype=np.float64)
     model.n_finished = int(finished.sum())
-    model.linear0 = linear(model, vector, constants[None, :], step_us(model, vector, constants[None, :])[0])[0]
+    model.linear0 = linear(model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0])[0]
     return row, model
 
 
@@ -187,10 +186,15 @@ def _recorded_delays(vector: VectorProgram, constants: np.ndarray, model: Trajec
     consts = vector.constant_inputs(constants[None, :])
     ready = arrival_us.astype(np.float64)
     if vector.queueing_time is not None:
-        q = evaluate_vector(vector.queueing_time, {**consts, "r_input_tokens": model.input_tokens,
-                                                   "r_output_tokens": model.output_tokens})
-        ready = ready + np.maximum(0.0, _us(np.broadcast_to(q, (1, len(arrival_us)))[0]))
+        ready = ready + _request_queue_us(vector, consts, model, 1)[0]
     return ready, float(_scalar_delay(vector.output_token_time, consts, 1)[0])
+
+
+def _request_queue_us(vector: VectorProgram, consts: dict, model: TrajectoryModel, p: int) -> np.ndarray:
+    """(P, n) queueing_time of every request, rounded as the replay rounds it."""
+    q = evaluate_vector(vector.queueing_time, {**consts, "r_input_tokens": model.input_tokens,
+                                               "r_output_tokens": model.output_tokens})
+    return np.maximum(0.0, _us(np.broadcast_to(q, (p, len(model.input_tokens)))))
 
 
 def delay_part(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray,
@@ -202,9 +206,7 @@ def delay_part(model: TrajectoryModel, vector: VectorProgram, population: np.nda
     q, out_tok, post = shared if shared is not None else shared_delays(vector, population)
     sums = np.zeros((p, 2))
     if vector.queue_reads_request:
-        q = evaluate_vector(vector.queueing_time, {**consts, "r_input_tokens": model.input_tokens,
-                                                   "r_output_tokens": model.output_tokens})
-        q = np.maximum(0.0, _us(np.broadcast_to(q, (p, len(model.input_tokens)))))
+        q = _request_queue_us(vector, consts, model, p)
         for row in range(2):
             sums[:, row] = q[:, model.queued[row]].sum(axis=1)
     else:
@@ -236,11 +238,12 @@ def linear(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray
     return (dt @ model.weight.T) + delay_part(model, vector, population)
 
 
-def step_us(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(P, G) step durations of each class (not rounded: a class stands for many steps), and
-    (P,) whether every one is valid."""
-    x = np.broadcast_to(evaluate_vector(vector.step_time, {**model.components, **vector.constant_inputs(population)}),
-                        (len(population), model.weight.shape[1]))
+def step_us(components: dict[str, np.ndarray], vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P, G) step durations of each class of `components` (not rounded: a class stands for many
+    steps), and (P,) whether every one is valid (finite and positive, as the replay requires)."""
+    width = len(next(iter(components.values())))
+    x = np.broadcast_to(evaluate_vector(vector.step_time, {**components, **vector.constant_inputs(population)}),
+                        (len(population), width))
     valid = np.all(np.isfinite(x) & (x > 0), axis=1)
     return np.maximum(1.0, np.minimum(np.where(np.isfinite(x), x, 1.0), MAX_US)), valid
 
@@ -248,7 +251,7 @@ def step_us(model: TrajectoryModel, vector: VectorProgram, population: np.ndarra
 def shift_us(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(P, 2) change of the mean E2E and TTFT (us) from the recorded constants, before the gain,
     and (P,) whether the replay could run (finite, positive step times; finite delays)."""
-    dt, valid = step_us(model, vector, population)
+    dt, valid = step_us(model.components, vector, population)
     lin = linear(model, vector, population, dt)
     valid &= np.all(np.isfinite(lin), axis=1)
     return (lin - model.linear0) / max(model.n_ok, 1), valid
@@ -258,14 +261,8 @@ def retime(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray
     """Predicted APE of mean E2E and mean TTFT, each (P,), for a population (P, K) of constant
     vectors on the recorded schedule; inf where the replay would fail (non-finite or non-positive
     step time or delay); NaN for both when the split measures no request."""
-    p = len(population)
-    if model.n_ok == 0:
-        return np.full(p, np.nan), np.full(p, np.nan)
-    shift, valid = shift_us(model, vector, population)
-    means = model.recorded_us + model.gain * shift
-    ape = np.abs(means - model.observed_us) / model.observed_us * 100.0
-    ape[~valid] = np.inf
-    return ape[:, 0], ape[:, 1]
+    e2e, ttft = SurrogateSet([model], vector).apes(population)
+    return e2e[:, 0], ttft[:, 0]
 
 
 GAIN_RANGE = (0.5, 50.0)
@@ -309,11 +306,7 @@ class SurrogateSet:
         e2e, ttft = np.full((p, e), np.nan), np.full((p, e), np.nan)
         if not self.live:
             return e2e, ttft
-        x = np.broadcast_to(evaluate_vector(self.vector.step_time, {**self.components,
-                                                                    **self.vector.constant_inputs(population)}),
-                            (p, self.weight.shape[1]))
-        valid = np.all(np.isfinite(x) & (x > 0), axis=1)
-        dt = np.maximum(1.0, np.minimum(np.where(np.isfinite(x), x, 1.0), MAX_US))
+        dt, valid = step_us(self.components, self.vector, population)
         sums = np.zeros((p, len(self.live), 2))
         if len(self.nonempty):  # per-model segment sums (a model may have no weighted class at all)
             for row, w in enumerate(self.weight):

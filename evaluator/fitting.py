@@ -62,7 +62,7 @@ class FitConfig:
     split: str = "train"
     window: float | None = None  # score only the first fraction of requests
     experiments: tuple[str, ...] | None = None  # restrict to these experiment names
-    restarts: int = 0  # extra CMA-ES runs from the best point so far (fresh step size and seed)
+    restarts: int = 0  # extra runs from the best point so far (a fresh trust region, or a fresh CMA-ES)
     method: str = "trust-region"
     objective: Objective = DEFAULT
     surrogate_evals: int | None = None  # surrogate evaluations per trust-region iteration (default by size)

@@ -11,7 +11,7 @@ import typer
 
 from evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
 from evaluator.experiments import SPLITS
-from evaluator.fitting import METHODS, SCOPES, FitConfig, FitConfigError
+from evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
 from evaluator.objectives import OBJECTIVES
 from evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
 from evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
@@ -174,7 +174,7 @@ def fit_cmd(
                                                  "cmaes rounds up to whole generations)."),
     quick: bool = typer.Option(False, "--quick", help="Screening fit: subset of experiments, short window, small budget."),
     restarts: int = typer.Option(FIT.restarts, "--restarts", min=0,
-                                 help="Extra CMA-ES runs from the best point so far (--method cmaes; each with the full budget)."),
+                                 help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget)."),
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
@@ -221,7 +221,7 @@ def run_cmd(
     children: int = typer.Option(SEARCH.children, "--children", min=1, help="Children per generation."),
     quick_evals: Optional[int] = typer.Option(SEARCH.quick_evals, "--quick-evals", min=1,
                                               help="Screening-fit budget per child (closed-loop evaluations; default by "
-                                                   "--fit-method: 6 trust-region, 40 cmaes)."),
+                                                   "--fit-method: " + ", ".join(f"{n} {m}" for m, n in QUICK_EVALS.items()) + ")."),
     full_fit_evals: Optional[int] = typer.Option(SEARCH.full_fit_evals, "--full-fit-evals", min=1,
                                                  help="Full-fit budget for promoted children (default by --fit-method)."),
     fit_method: Method = typer.Option(SEARCH.fit_method, "--fit-method", help="How constants are fitted (see evolve fit --method)."),

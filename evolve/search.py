@@ -148,8 +148,8 @@ class Search:
         self.progress = progress or (lambda info: None)
         self.exps = data.experiments
         self.goal = config.goal()
-        self.quick = dataclasses.replace(quick_config(0, self.exps, config.fit_method), objective=self.goal,
-                                         max_evals=config.quick_evals or quick_config(0, None, config.fit_method).max_evals)
+        quick = quick_config(0, self.exps, config.fit_method)
+        self.quick = dataclasses.replace(quick, objective=self.goal, max_evals=config.quick_evals or quick.max_evals)
         self.screen_exps = fit_experiments(self.exps, self.quick)
         run = archive.run()
         # custom seeds are part of a run's identity (by content); the shipped ones are recorded as None

@@ -53,7 +53,7 @@ class MetricRow:
     """One experiment on one split: observed vs predicted means, their APE, timeouts.
 
     This is the record `evolve eval --json` prints (`to_json`) and the archive stores (one row of
-    its evaluations table); `loss` and every table and plot read it."""
+    its evaluations table); the objectives (objectives.py) and every table and plot read it."""
 
     name: str
     split: str
@@ -138,14 +138,3 @@ def rms(values) -> float:
     if len(v) == 0:
         return math.nan
     return float(np.sqrt(np.mean(v * v)))
-
-
-def loss(rows: list[MetricRow]) -> float:
-    """RMS over experiments of APE(mean E2E) + RMS of APE(mean TTFT), in percent.
-
-    Experiments with no successful request in the split carry no information and are skipped.
-    """
-    rows = [r for r in rows if r.n_requests > 0]
-    if not rows:
-        return math.nan
-    return rms(r.ape.e2e for r in rows) + rms(r.ape.ttft for r in rows)

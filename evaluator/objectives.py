@@ -1,7 +1,7 @@
 """What a fit minimizes and a search ranks by: a loss over per-experiment errors of the means.
 
   rms     RMS over experiments of APE(mean E2E) + RMS of APE(mean TTFT), in percent (the loss
-          every figure of this project uses; `metrics.loss`);
+          every figure of this project uses);
   worst3  mean of the three largest per-experiment APE(mean E2E) (the research protocol's
           "no experiment left behind" criterion; fewer experiments: the mean of those there).
 
@@ -59,7 +59,7 @@ class Objective:
         w = np.array([self.weight(n) for n in names], dtype=float)
         if self.name == "worst3":
             return np.array([_worst(row * w, 3) for row in e2e])
-        if not self.weights:  # exactly metrics.loss
+        if not self.weights:  # the plain RMS, as every figure before objectives existed
             return np.array([rms(a) + rms(b) for a, b in zip(e2e, ttft)])
         return np.array([_weighted_rms(a, w) + _weighted_rms(b, w) for a, b in zip(e2e, ttft)])
 

@@ -3,9 +3,12 @@ it); tests that need it skip with a clear reason where it is absent."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
+
+from archive.store import Archive
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(os.environ.get("STEPML_REAL_DATA", ROOT.parent / "shared" / "data" / "replay"))
@@ -84,3 +87,32 @@ def blis_checkout(blis_build, tmp_path) -> Path:
     dest = tmp_path / "blis"
     shutil.copytree(blis_build, dest, symlinks=True)
     return dest
+
+
+# ---- helpers shared by test modules ----
+
+def only_error_line(res, *texts):
+    """Exit 2, and the error is the one `error:` line and the last line of stderr (notes such as
+    'using the built-in synthetic sample' may come before it); no traceback."""
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], res.stderr
+    assert all(t in errors[0] for t in texts), res.stderr
+    assert "Traceback" not in res.output
+
+
+def snapshot(archive_dir) -> dict:
+    """Everything in the archive except wall-clock times."""
+    db = sqlite3.connect(archive_dir / Archive.FILE)
+    q = {
+        "programs": "SELECT id, generation, source_hash, source, constants, parents, operator, operator_detail, island, complexity,"
+                    " n_components, components, quick_loss, screen_loss, train_loss, val_loss, test_loss, stage FROM programs ORDER BY id",
+        "evaluations": "SELECT * FROM evaluations ORDER BY program_id, experiment, split",
+        "rejections": "SELECT id, generation, operator, parents, rule, reason, source FROM rejections ORDER BY id",
+        "generations": "SELECT generation, n_children, n_rejected, n_promoted, best_train, best_val, evaluations FROM generations ORDER BY generation",
+        "llm_calls": "SELECT id, generation, model, request_hash, outcome, program_id FROM llm_calls ORDER BY id",
+    }
+    out = {k: db.execute(v).fetchall() for k, v in q.items()}
+    db.close()
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from conftest import only_error_line
 from evolve.cli import app
 from seeds import seed_path
 
@@ -72,17 +73,6 @@ def test_run_refuses_a_file_as_archive_and_out_of_range_settings(tmp_path):
 
 
 # ---- every user error: one `error:` line on stderr, exit code 2, through the one handler ----
-
-def only_error_line(res, *texts):
-    """Exit 2, and the error is the one `error:` line and the last line of stderr (notes such as
-    'using the built-in synthetic sample' may come before it); no traceback."""
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    assert len(errors) == 1 and lines[-1] == errors[0], res.stderr
-    assert all(t in errors[0] for t in texts), res.stderr
-    assert "Traceback" not in res.output
-
 
 def alone(res, *texts):
     """The error line is all of stderr."""

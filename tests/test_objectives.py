@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import only_error_line
 from archive.store import Archive
 from evaluator.dsl import compile_program, load_program
 from evaluator.engine import Engine
@@ -243,16 +244,6 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def one_error_line(res, *texts):
-    """Exit 2; the one `error:` line is the last line of stderr and says `texts`; no traceback."""
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    assert len(errors) == 1 and lines[-1] == errors[0], res.stderr
-    assert all(t in errors[0] for t in texts), res.stderr
-    assert "Traceback" not in res.output
-
-
 @pytest.fixture
 def weights_file(tmp_path):
     f = tmp_path / "weights.yaml"
@@ -332,9 +323,9 @@ def test_a_bad_weights_file_stops_every_command_with_one_line(tmp_path, content,
     if content is not None:
         f.write_text(content)
     program = seed_path("roofline")
-    one_error_line(invoke("eval", program, "--weights", f), str(f), says)
-    one_error_line(invoke("fit", program, "--weights", f, "--out", tmp_path / "o.py"), str(f), says)
-    one_error_line(invoke("run", "--generations", 0, "--archive", tmp_path / "run", "--weights", f,
+    only_error_line(invoke("eval", program, "--weights", f), str(f), says)
+    only_error_line(invoke("fit", program, "--weights", f, "--out", tmp_path / "o.py"), str(f), says)
+    only_error_line(invoke("run", "--generations", 0, "--archive", tmp_path / "run", "--weights", f,
                           "--seed-fit-evals", 3), str(f), says)
     assert not (tmp_path / "o.py").exists() and not (tmp_path / "run").exists()
 
@@ -387,7 +378,7 @@ def test_run_stores_objective_and_weights_and_resume_must_match(tmp_path, weight
                         (["--objective", "worst3"], "weights: run"),
                         (["--weights", weights_file], "objective: run worst3, now rms")):
         res = invoke("run", "--generations", 1, "--archive", d, "--resume", *extra, *RUN)
-        one_error_line(res, str(d), "other search settings", says)
+        only_error_line(res, str(d), "other search settings", says)
     assert stored_search(d) == search
     a = Archive(d)
     try:

@@ -10,6 +10,7 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
+from conftest import snapshot
 from archive.records import GenerationRecord
 from archive.store import Archive
 from evaluator.engine import Engine
@@ -30,24 +31,14 @@ def run(archive, *extra, generations=GENERATIONS, ok=True):
     return res
 
 
-def snapshot(archive_dir) -> dict:
-    """What a run wrote, without wall-clock times."""
-    db = sqlite3.connect(archive_dir / Archive.FILE)
-    q = {
-        "programs": "SELECT id, generation, source, constants, parents, operator, quick_loss, train_loss, val_loss, stage"
-                    " FROM programs ORDER BY id",
-        "rejections": "SELECT id, generation, rule, source FROM rejections ORDER BY id",
-        "generations": "SELECT generation, n_children, n_rejected, n_promoted, best_train, best_val, evaluations"
-                       " FROM generations ORDER BY generation",
-    }
-    out = {k: db.execute(v).fetchall() for k, v in q.items()}
-    db.close()
-    return out
-
-
 def upto(snap: dict, generation: int) -> dict:
-    """The part of a snapshot written by generations 0..generation."""
-    return {k: [r for r in rows if r[0 if k == "generations" else 1] <= generation] for k, rows in snap.items()}
+    """The part of a snapshot written by generations 0..generation (evaluations: those of the
+    programs those generations wrote)."""
+    part = {k: [r for r in rows if r[0 if k == "generations" else 1] <= generation]
+            for k, rows in snap.items() if k != "evaluations"}
+    kept = {p[0] for p in part["programs"]}
+    part["evaluations"] = [r for r in snap["evaluations"] if r[0] in kept]
+    return part
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from conftest import snapshot
 from archive.store import Archive
 from evolve.cli import app
 
@@ -22,22 +23,6 @@ def run(archive, generations, *extra, seed=3):
                                    *SMALL, *extra])
     assert res.exit_code == 0, res.output
     return res
-
-
-def snapshot(archive_dir) -> dict:
-    """Everything in the archive except wall-clock times."""
-    db = sqlite3.connect(archive_dir / Archive.FILE)
-    q = {
-        "programs": "SELECT id, generation, source_hash, source, constants, parents, operator, operator_detail, island, complexity,"
-                    " n_components, components, quick_loss, screen_loss, train_loss, val_loss, test_loss, stage FROM programs ORDER BY id",
-        "evaluations": "SELECT * FROM evaluations ORDER BY program_id, experiment, split",
-        "rejections": "SELECT id, generation, operator, parents, rule, reason, source FROM rejections ORDER BY id",
-        "generations": "SELECT generation, n_children, n_rejected, n_promoted, best_train, best_val, evaluations FROM generations ORDER BY generation",
-        "llm_calls": "SELECT id, generation, model, request_hash, outcome, program_id FROM llm_calls ORDER BY id",
-    }
-    out = {k: db.execute(v).fetchall() for k, v in q.items()}
-    db.close()
-    return out
 
 
 @pytest.fixture(scope="module")

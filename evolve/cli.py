@@ -57,7 +57,7 @@ ObjectiveOpt = typer.Option("rms", "--objective",
 WeightsOpt = typer.Option(None, "--weights", help="YAML file of experiment-name pattern -> weight (first match wins, "
                           "others weigh 1), e.g. '\"*mixtral*\": 2'.")
 MethodOpt = typer.Option(FitConfig.method, "--method", help="trust-region (trajectory surrogate judged by the closed loop; "
-                         "tens of replays) or cmaes (CMA-ES on the closed loop; hundreds).")
+                         "about a tenth of the replays) or cmaes (CMA-ES on the closed loop).")
 OutputLenOpt = typer.Option(OUTPUT_LEN_POLICIES[0], "--output-len",
                             help="Output length policy: profile (server output_len) or reported (client token counts).")
 

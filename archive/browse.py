@@ -2,9 +2,11 @@
 
 Owns: locating an archive (`--archive` or the newest under ./runs), opening it without writing,
 resolving a program reference (an id or `best`), the program rows behind `evolve archive list`
-and `pareto`, a program's detail for `show` (lineage back to a seed, per-split evaluation rows in
-the shape of `evolve.tables.metrics_table`), its file for `show --source`, and the comparison
-behind `diff`; each command's whole query is one function of the archive directory (at the end).
+and `pareto` (with their CV scores), a program's detail for `show` (lineage back to a seed,
+per-split evaluation rows in the shape of `evolve.tables.metrics_table`, CV scores and held-out
+rows), its file for `show --source`, the comparison behind `diff`, and the deployment rules
+`best` and `simplest` of `emit-go` (`choose`); each command's whole query is one function of the
+archive directory (at the end).
 Every failure a user can cause is a `BrowseError` with a one-line message (or the store's
 `ArchiveError`, for an archive it cannot read).
 """
@@ -21,13 +23,17 @@ from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
 from evaluator.fitted_header import FittedHeader
 from evaluator.metrics import MetricRow
+from evaluator.numbers import fmt
 
-from .grid import cell_label, cell_of, pareto_front
+from .grid import cell_label, cell_of, pareto_front, scored
 from .grid import best as best_program
-from .records import ProgramRecord, RunRecord
+from .records import CVScoreRecord, ProgramRecord, RunRecord
 from .store import Archive
 
-SORT_KEYS = ("id", "generation", "train", "val", "complexity")
+SORT_KEYS = ("id", "generation", "train", "val", "complexity", "cv")
+CV_PREFERENCE = ("lomo", "lowo")  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
+RULES = ("best", "simplest")  # emit-go's deployment rules (`choose`)
+DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss
 RUNS_DIR = Path("runs")
 
 
@@ -96,14 +102,51 @@ def operator_label(p: ProgramRecord) -> str:
     return f"seed:{p.operator_detail}" if p.operator == "seed" and p.operator_detail else p.operator
 
 
-def program_row(p: ProgramRecord, front_ids: set[int] = frozenset()) -> dict:
+# ---- CV scores ----
+
+CVScores = dict[int, dict[str, CVScoreRecord]]  # program id -> protocol -> score
+
+
+def protocol_order(protocols) -> list[str]:
+    """Protocols in order of preference: lomo, lowo, then any other by name."""
+    rank = {p: i for i, p in enumerate(CV_PREFERENCE)}
+    return sorted(set(protocols), key=lambda p: (rank.get(p, len(rank)), p))
+
+
+def cv_by_program(archive: Archive, run_id: int) -> CVScores:
+    out: CVScores = {}
+    for s in archive.cv_scores(run_id=run_id):
+        out.setdefault(s.program_id, {})[s.protocol] = s
+    return out
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str | None:
+    """The protocol whose CV loss ranks programs: the first of CV_PREFERENCE (then any other by
+    name) that some program (of `program_ids`, if given) has a finite score of; None if none has."""
+    have = {proto for pid, scores in cv.items() if program_ids is None or pid in program_ids
+            for proto, s in scores.items() if _finite(s.loss)}
+    order = protocol_order(have)
+    return order[0] if order else None
+
+
+def cv_json(scores: dict[str, CVScoreRecord] | None) -> dict:
+    """A program's `cv` entry: protocol -> {loss, e2e, ttft, itl: {mean, median, max}, seed, max_evals, ...}."""
+    scores = scores or {}
+    return {proto: scores[proto].to_json() for proto in protocol_order(scores)}
+
+
+def program_row(p: ProgramRecord, front_ids: set[int] = frozenset(), cv: dict[str, CVScoreRecord] | None = None) -> dict:
     """One program in the documented `list --json` shape (plus whether it is on the front)."""
     return {
         "id": p.id, "generation": p.generation, "operator": operator_label(p), "operator_detail": p.operator_detail,
         "parents": list(p.parents), "train_loss": p.train_loss, "val_loss": p.val_loss, "test_loss": p.test_loss,
         "quick_loss": p.quick_loss, "complexity": p.complexity, "n_components": p.n_components,
         "components": list(p.components), "stage": p.stage, "cell": list(cell_of(p.complexity, p.n_components)),
-        "front": p.id in front_ids,
+        "cv": cv_json(cv), "front": p.id in front_ids,
     }
 
 
@@ -127,7 +170,22 @@ def _by_loss(key: str):
     return sort_key
 
 
-def _sort_key(sort: str):
+def _by_cv(protocol: str | None):
+    """Lowest `protocol` CV loss first (ties to the simpler program); programs without a finite
+    score of it after, by validation loss as `--sort val` orders them."""
+    by_val = _by_loss("val_loss")
+
+    def sort_key(r: dict):
+        loss = ((r["cv"].get(protocol) or {}).get("loss")) if protocol else None
+        if _finite(loss):
+            return (0, loss, r["complexity"], r["id"])
+        return (1, *by_val(r))
+    return sort_key
+
+
+def _sort_key(sort: str, protocol: str | None = None):
+    if sort == "cv":
+        return _by_cv(protocol)
     if sort == "id":
         return lambda r: r["id"]
     if sort == "generation":
@@ -138,10 +196,13 @@ def _sort_key(sort: str):
 
 
 def select_rows(programs: list[ProgramRecord], *, include_screened: bool = False, front_only: bool = False,
-                cell: tuple[int, int] | None = None, operator: str | None = None, sort: str = "val") -> list[dict]:
-    """The rows of `evolve archive list`: filtered, then sorted (ties by id)."""
+                cell: tuple[int, int] | None = None, operator: str | None = None, sort: str = "val",
+                cv: CVScores | None = None) -> list[dict]:
+    """The rows of `evolve archive list`: filtered, then sorted (ties by id). `cv`: the run's CV
+    scores (each row's `cv`; `sort="cv"` ranks by the preferred protocol's CV loss)."""
     if sort not in SORT_KEYS:
         raise BrowseError(f"--sort must be one of {', '.join(SORT_KEYS)}, not {sort!r}")
+    cv = cv or {}
     front_ids = {p.id for p in pareto_front(programs)}
     rows = []
     for p in programs:
@@ -153,15 +214,15 @@ def select_rows(programs: list[ProgramRecord], *, include_screened: bool = False
             continue
         if operator and operator.lower() not in operator_label(p).lower():
             continue
-        rows.append(program_row(p, front_ids))
-    return sorted(rows, key=_sort_key(sort))
+        rows.append(program_row(p, front_ids, cv.get(p.id)))
+    return sorted(rows, key=_sort_key(sort, preferred_protocol(cv, {p.id for p in programs})))
 
 
-def pareto_rows(programs: list[ProgramRecord]) -> list[dict]:
+def pareto_rows(programs: list[ProgramRecord], cv: CVScores | None = None) -> list[dict]:
     """The front (validation loss vs complexity), by increasing complexity."""
     front = pareto_front(programs)
     ids = {p.id for p in front}
-    return [program_row(p, ids) for p in front]
+    return [program_row(p, ids, (cv or {}).get(p.id)) for p in front]
 
 
 # ---- one program (show) ----
@@ -193,16 +254,29 @@ def lineage(archive: Archive, program: ProgramRecord) -> list[dict]:
     return steps
 
 
+def cv_rows(archive: Archive, program_id: int) -> dict[str, list[tuple[str, MetricRow]]]:
+    """The held-out experiments of each of a program's CV scores: protocol -> [(fold, row)], by fold."""
+    out: dict[str, list[tuple[str, MetricRow]]] = {}
+    for e in archive.cv_evaluations(program_id):
+        out.setdefault(e.protocol, []).append((e.fold, e.metric_row()))
+    return {proto: out[proto] for proto in protocol_order(out)}
+
+
 def program_detail(archive: Archive, program: ProgramRecord) -> dict:
     """Everything `evolve archive show` prints."""
     _, programs = run_programs(archive)
     front_ids = {p.id for p in pareto_front(programs)}
     cell = cell_of(program.complexity, program.n_components)
+    scores = {s.protocol: s for s in archive.cv_scores(program.id)}
     return {
-        "program": {**program_row(program, front_ids), "cell_label": cell_label(cell), "screen_loss": program.screen_loss,
-                    "island": program.island, "source": program.source, "constants": program.constants},
+        "program": {**program_row(program, front_ids, scores), "cell_label": cell_label(cell),
+                    "screen_loss": program.screen_loss, "island": program.island, "source": program.source,
+                    "constants": program.constants},
         "lineage": lineage(archive, program),
         "evaluations": split_rows(archive, program.id),
+        # per protocol, the held-out experiments (split "all") with the fold that held each out
+        "cv_evaluations": {proto: [{"fold": fold, **row.to_json()} for fold, row in rows]
+                           for proto, rows in cv_rows(archive, program.id).items()},
     }
 
 
@@ -221,6 +295,77 @@ def program_file_text(archive: Archive, program: ProgramRecord) -> str:
 
     prog = parse_program(program.source)
     return prog.with_constants(program.constants or prog.constants, header=fitted_header(archive, program).render()).source
+
+
+# ---- deployment rules (emit-go best / simplest) ----
+
+@dataclass(frozen=True)
+class Choice:
+    """The program a deployment rule picked, and why."""
+
+    program: ProgramRecord
+    rule: str  # "best" or "simplest"
+    protocol: str | None  # the CV protocol whose loss ranked the programs; None: validation loss
+    loss: float  # the chosen program's loss of that kind
+    best: ProgramRecord  # the lowest-loss program of that kind
+    best_loss: float
+    candidates: int  # programs that have a loss of that kind
+    within: float | None = None  # simplest: percent over the best loss allowed
+
+    @property
+    def loss_name(self) -> str:
+        return f"{self.protocol} CV loss" if self.protocol else "validation loss"
+
+    def describe(self) -> str:
+        """One line: which rule, which loss, which program (for stderr and the Go file's header)."""
+        pool = (f"{self.candidates} cross-validated programs" if self.protocol
+                else f"{self.candidates} fully evaluated programs, none cross-validated")
+        if self.rule == "best":
+            return f"best: #{self.program.id}, the lowest {self.loss_name} ({self.loss:.4f}) of {pool}"
+        limit = self.best_loss * (1 + self.within / 100)
+        return (f"simplest within {self.within:g}% of the best {self.loss_name} (#{self.best.id}, {self.best_loss:.4f}; "
+                f"limit {limit:.4f}): #{self.program.id}, complexity {self.program.complexity}, "
+                f"{self.loss_name} {self.loss:.4f} (of {pool})")
+
+
+def choose(archive: Archive, rule: str = "best", within: float | None = None) -> Choice:
+    """The latest run's program by a deployment rule. The loss is the CV loss of the preferred
+    protocol (lomo, else lowo, else another) when any program of the run has a finite one, else the
+    validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
+    complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older)."""
+    if rule not in RULES:
+        raise BrowseError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
+    within = DEFAULT_WITHIN if within is None else within
+    if not (within >= 0 and math.isfinite(within)):
+        raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
+    run, programs = run_programs(archive)
+    cv = cv_by_program(archive, run.id)
+    protocol = preferred_protocol(cv, {p.id for p in programs})
+    if protocol:
+        cands = [(p, cv[p.id][protocol].loss) for p in programs
+                 if protocol in cv.get(p.id, {}) and _finite(cv[p.id][protocol].loss)]
+    else:
+        cands = [(p, p.val_loss) for p in scored(programs)]
+    if not cands:
+        raise BrowseError(f"{archive.dir}: no program has been fully evaluated yet")
+    best, best_loss = min(cands, key=lambda c: (c[1], c[0].id))
+    chosen, loss = best, best_loss
+    if rule == "simplest":
+        limit = best_loss * (1 + within / 100)
+        chosen, loss = min((c for c in cands if c[1] <= limit), key=lambda c: (c[0].complexity, c[1], c[0].id))
+    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule == "simplest" else None)
+
+
+def cv_header(scores: list[CVScoreRecord]) -> dict[str, str]:
+    """A program's CV scores as labelled one-line fields (emit-go's Go file header)."""
+    by = {s.protocol: s for s in scores}
+    out = {}
+    for proto in protocol_order(by):
+        s = by[proto]
+        out[f"cv {proto}"] = (f"loss {fmt(s.loss, '.4f', keep_inf=True)}; held-out mean APE E2E "
+                              f"{fmt(s.e2e_mean, '.1f', keep_inf=True)}%, TTFT {fmt(s.ttft_mean, '.1f', keep_inf=True)}% "
+                              f"({len(s.folds)} folds, seed {s.seed}, max-evals {s.max_evals or 'default'}, {s.method})")
+    return out
 
 
 # ---- two programs (diff) ----
@@ -245,7 +390,8 @@ def diff(archive: Archive, a: ProgramRecord, b: ProgramRecord) -> dict:
         experiments.append({"name": name, **{f"ape_{k}": _change(ra and getattr(ra.ape, k), rb and getattr(rb.ape, k))
                                              for k in ("e2e", "ttft")}})
     return {
-        "a": program_row(a), "b": program_row(b), "source_diff": source_diff,
+        "a": program_row(a, cv={s.protocol: s for s in archive.cv_scores(a.id)}),
+        "b": program_row(b, cv={s.protocol: s for s in archive.cv_scores(b.id)}), "source_diff": source_diff,
         "metrics": {m: _change(getattr(a, m), getattr(b, m)) for m in DIFF_METRICS},
         "validate_experiments": experiments,
     }
@@ -275,16 +421,17 @@ def list_programs(directory: Path | None, *, sort: str = "val", front_only: bool
     """`evolve archive list`: cell is "C,N" (complexity bin, number of components)."""
     wanted_cell = parse_cell(cell) if cell else None
     with opened(directory) as archive:
-        _, programs = run_programs(archive)
+        run, programs = run_programs(archive)
         return Listing(archive.dir, select_rows(programs, include_screened=include_screened, front_only=front_only,
-                                                cell=wanted_cell, operator=operator, sort=sort))
+                                                cell=wanted_cell, operator=operator, sort=sort,
+                                                cv=cv_by_program(archive, run.id)))
 
 
 def front_programs(directory: Path | None) -> Listing:
     """`evolve archive pareto`."""
     with opened(directory) as archive:
-        _, programs = run_programs(archive)
-        return Listing(archive.dir, pareto_rows(programs))
+        run, programs = run_programs(archive)
+        return Listing(archive.dir, pareto_rows(programs, cv_by_program(archive, run.id)))
 
 
 def show_program(directory: Path | None, ref: str) -> dict:

@@ -14,6 +14,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
+from evaluator.experiments import ALL
 from evaluator.metrics import Errors, Means, MetricRow, Timeouts
 
 
@@ -208,9 +209,92 @@ class GenerationRecord:
     evaluations: int = column("INTEGER NOT NULL", default=0)
 
 
+CV_METRICS = ("e2e", "ttft", "itl")  # the summary columns of a CV score: <metric>_mean, _median, _max (APE %)
+CV_STATS = ("mean", "median", "max")
+
+
+def _number_or_none(x) -> float | None:
+    """A float as a REAL column holds it: NaN (no number) as NULL, infinities kept (a failed replay)."""
+    return None if x is None or x != x else float(x)
+
+
+@dataclass
+class CVScoreRecord:
+    """A program's cross-validation under one protocol (one row per program and protocol; a new
+    score of the same protocol replaces it): the CV loss (the fit's objective over every fold's
+    held-out experiments), the held-out APE summary, and the settings that produced it."""
+
+    program_id: int = column("INTEGER NOT NULL REFERENCES programs(id)")
+    protocol: str = column("TEXT NOT NULL")  # lomo, lowo, groups:FILE
+    loss: float | None = column("REAL", default=None)  # infinite when a held-out replay failed
+    e2e_mean: float | None = column("REAL", default=None)
+    e2e_median: float | None = column("REAL", default=None)
+    e2e_max: float | None = column("REAL", default=None)
+    ttft_mean: float | None = column("REAL", default=None)
+    ttft_median: float | None = column("REAL", default=None)
+    ttft_max: float | None = column("REAL", default=None)
+    itl_mean: float | None = column("REAL", default=None)
+    itl_median: float | None = column("REAL", default=None)
+    itl_max: float | None = column("REAL", default=None)
+    seed: int = column("INTEGER NOT NULL", default=0)  # the fold fits' seed
+    max_evals: int | None = column("INTEGER", default=None)  # per fold fit; NULL: the method's default
+    method: str = column("TEXT NOT NULL", default="")
+    objective: str = column("TEXT NOT NULL", default="rms")
+    weights: list = column("TEXT NOT NULL", json_text=True, default_factory=list)  # [[pattern, weight], ...]
+    semantics: str = column("TEXT NOT NULL", default="")
+    # per fold: name, train, held_out, constants, train_loss, evaluations
+    folds: list = column("TEXT NOT NULL", json_text=True, default_factory=list)
+    evaluations: int = column("INTEGER NOT NULL", default=0)  # closed-loop evaluations of every fold fit
+    seconds: float = column("REAL NOT NULL", default=0.0)
+    created: float = column("REAL NOT NULL", default=0.0)  # wall-clock time (s since the epoch)
+
+    def settings(self) -> dict:
+        """What makes two scores of a protocol comparable: a score with the same settings is not redone."""
+        return {"seed": self.seed, "max_evals": self.max_evals, "method": self.method, "objective": self.objective,
+                "weights": [list(w) for w in self.weights], "semantics": self.semantics}
+
+    def summary(self) -> dict[str, dict[str, float | None]]:
+        """{"e2e": {"mean", "median", "max"}, "ttft": ..., "itl": ...}: APE % over the held-out experiments."""
+        return {m: {s: getattr(self, f"{m}_{s}") for s in CV_STATS} for m in CV_METRICS}
+
+    def to_json(self) -> dict:
+        """A program's `cv` entry for this protocol (list/show/pareto --json)."""
+        return {"loss": self.loss, **self.summary(), "seed": self.seed, "max_evals": self.max_evals, "method": self.method,
+                "objective": self.objective, "semantics": self.semantics, "folds": len(self.folds),
+                "created": self.created}
+
+    @classmethod
+    def of(cls, program_id: int, cv, config, semantics: str, seconds: float = 0.0, created: float = 0.0) -> "CVScoreRecord":
+        """From an evaluator.crossval.CrossValidation made with fit settings `config` (a FitConfig)."""
+        summary = cv.summary()
+        stats = {f"{m}_{s}": _number_or_none((summary.get(m) or {}).get(s)) for m in CV_METRICS for s in CV_STATS}
+        folds = [{"name": f.fold.name, "train": list(f.fold.train), "held_out": list(f.fold.held_out),
+                  "constants": f.constants, "train_loss": _finite_or_none(f.fit.loss), "evaluations": f.fit.evaluations}
+                 for f in cv.folds]
+        return cls(program_id=program_id, protocol=cv.protocol, loss=_number_or_none(cv.loss), **stats, seed=config.seed,
+                   max_evals=config.max_evals, method=config.method, objective=config.objective.name,
+                   weights=[list(w) for w in config.objective.weights], semantics=semantics, folds=folds,
+                   evaluations=sum(f.fit.evaluations for f in cv.folds), seconds=seconds, created=created)
+
+
+@dataclass
+class CVEvaluationRecord(EvaluationRecord):
+    """A held-out experiment of a CV score: scored on all its requests (split "all") with its fold's constants."""
+
+    protocol: str = column("TEXT NOT NULL")
+    fold: str = column("TEXT NOT NULL")
+
+    @classmethod
+    def of(cls, program_id: int, protocol: str, fold: str, row: MetricRow) -> "CVEvaluationRecord":
+        e = EvaluationRecord.of(program_id, dataclasses.replace(row, split=ALL))
+        return cls(**{f.name: getattr(e, f.name) for f in dataclasses.fields(e)}, protocol=protocol, fold=fold)
+
+
 @dataclass
 class NewProgram:
     """A program of the generation being written, with its per-experiment rows (none if screened only)."""
 
     record: ProgramRecord
     evaluations: list[MetricRow] = field(default_factory=list)
+    cv: "CVScoreRecord | None" = None  # the CV score its full fit made (`evolve run --cv`), stored with it
+    cv_rows: list["CVEvaluationRecord"] = field(default_factory=list)

@@ -2,7 +2,8 @@
 
 Owns: the run summary (operators, rejections, LLM usage), the five plots (Pareto front, best
 loss per generation, MAP-Elites grid, the best program's predicted vs observed means and E2E
-percentiles on the test split) drawn here as plain SVG markup, and rendering the page with the
+percentiles on the test split) drawn here as plain SVG markup, the cross-validation table (CV
+scores where `evolve archive cv` or the search stored them), and rendering the page with the
 jinja2 template `archive/templates/report.html.j2`. The page needs no network and no script.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from markupsafe import Markup, escape
 from evaluator.metrics import MetricRow
 from evaluator.numbers import finite, fmt
 
-from .browse import operator_label, run_programs, select_rows, split_rows
+from .browse import cv_by_program, operator_label, preferred_protocol, protocol_order, run_programs, select_rows, split_rows
 from .grid import COMPLEXITY_BIN, MAX_COMPLEXITY_BIN, best, cell_label, elites, pareto_front, scored
 from .records import GenerationRecord, RunRecord
 from .store import Archive
@@ -398,7 +399,13 @@ def build_context(archive: Archive) -> dict:
     run, programs = run_programs(archive)
     top = best(programs)
     test_rows = split_rows(archive, top.id).get("test", []) if top else []
+    cv = cv_by_program(archive, run.id)
+    rows = select_rows(programs, include_screened=True, sort="val", cv=cv)
     return {
+        "cv_protocols": protocol_order(proto for scores in cv.values() for proto in scores),
+        "cv_preferred": preferred_protocol(cv, {p.id for p in programs}),
+        # cross-validated programs, lowest CV loss of the preferred protocol first
+        "cv_rows": [r for r in select_rows(programs, include_screened=True, sort="cv", cv=cv) if r["cv"]],
         "archive_dir": str(archive.dir),
         "summary": run_summary(archive, run, programs),
         "best": top, "best_operator": operator_label(top) if top else None, "best_test_rows": test_rows,
@@ -410,7 +417,7 @@ def build_context(archive: Archive) -> dict:
             "means_ttft": means_svg(test_rows, "ttft_mean_s", "ttft", "mean TTFT, s"),
             "distribution": distribution_svg(test_rows),
         },
-        "rows": select_rows(programs, include_screened=True, sort="val"),
+        "rows": rows,
         "programs": sorted(programs, key=lambda p: p.id),
     }
 

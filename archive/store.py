@@ -1,4 +1,5 @@
-"""SQLite store of a search: runs, programs, evaluations, rejections, LLM calls, generations.
+"""SQLite store of a search: runs, programs, evaluations, rejections, LLM calls, generations,
+and the cross-validation scores of programs (`cv_scores`, `cv_evaluations`; schema 2).
 
 Everything a generation produces is written in one transaction together with its
 `generations` row, so a killed run (SIGKILL included) leaves the archive at the end of its
@@ -18,12 +19,10 @@ from typing import Callable
 from evaluator.errors import UserError
 from evaluator.metrics import MetricRow
 
-from .records import (EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord,
-                      RunRecord, ddl, encode, insert, select)
+from .records import (CVEvaluationRecord, CVScoreRecord, EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram,
+                      ProgramRecord, RejectionRecord, RunRecord, ddl, encode, insert, select)
 
-SCHEMA_VERSION = 1
-# MIGRATIONS[v] upgrades an archive from schema v to v + 1 in place (inside one transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+SCHEMA_VERSION = 2
 
 TABLES: tuple[tuple[str, type, str], ...] = (  # table, record, table constraints
     ("runs", RunRecord, ""),
@@ -32,7 +31,30 @@ TABLES: tuple[tuple[str, type, str], ...] = (  # table, record, table constraint
     ("rejections", RejectionRecord, ""),
     ("llm_calls", LLMCallRecord, ""),
     ("generations", GenerationRecord, "PRIMARY KEY (run_id, generation)"),
+    # schema 2: cross-validation scores, one per program and protocol, and their held-out experiments
+    ("cv_scores", CVScoreRecord, "PRIMARY KEY (program_id, protocol)"),
+    ("cv_evaluations", CVEvaluationRecord, "PRIMARY KEY (program_id, protocol, experiment)"),
 )
+
+
+def _add_cv_tables(db: sqlite3.Connection) -> None:
+    """1 -> 2: the cross-validation tables, as schema 2 declared them (frozen here: a later schema
+    changes them by its own migration); an archive of schema 1 has no CV scores."""
+    db.execute("CREATE TABLE IF NOT EXISTS cv_scores (program_id INTEGER NOT NULL REFERENCES programs(id), "
+               "protocol TEXT NOT NULL, loss REAL, e2e_mean REAL, e2e_median REAL, e2e_max REAL, ttft_mean REAL, "
+               "ttft_median REAL, ttft_max REAL, itl_mean REAL, itl_median REAL, itl_max REAL, seed INTEGER NOT NULL, "
+               "max_evals INTEGER, method TEXT NOT NULL, objective TEXT NOT NULL, weights TEXT NOT NULL, "
+               "semantics TEXT NOT NULL, folds TEXT NOT NULL, evaluations INTEGER NOT NULL, seconds REAL NOT NULL, "
+               "created REAL NOT NULL, PRIMARY KEY (program_id, protocol));")
+    db.execute("CREATE TABLE IF NOT EXISTS cv_evaluations (program_id INTEGER NOT NULL REFERENCES programs(id), "
+               "experiment TEXT NOT NULL, split TEXT NOT NULL, n_requests INTEGER NOT NULL, "
+               "observed TEXT NOT NULL, predicted TEXT NOT NULL, ape_e2e REAL, ape_ttft REAL, ape_itl REAL, "
+               "timeouts_observed INTEGER, timeouts_predicted INTEGER, extra TEXT, protocol TEXT NOT NULL, "
+               "fold TEXT NOT NULL, PRIMARY KEY (program_id, protocol, experiment));")
+
+
+# MIGRATIONS[v] upgrades an archive from schema v to v + 1 in place (inside one transaction).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_cv_tables}
 SCHEMA = "\n".join(["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"]
                    + [ddl(record, table, constraints) for table, record, constraints in TABLES]
                    + ["CREATE INDEX IF NOT EXISTS programs_hash ON programs(run_id, source_hash);"])
@@ -50,6 +72,7 @@ class Archive:
         database without writing anything, so browsing never waits on a running search.
         An archive of another schema version is migrated (read-write) or refused (one line)."""
         self.dir = Path(directory)
+        self.migrated_from: int | None = None  # the schema version this open migrated the archive from, if it did
         path = self.dir / self.FILE
         if not path.exists() and not create:
             raise FileNotFoundError(f"{path}: no archive here")
@@ -101,11 +124,12 @@ class Archive:
                                f"(reads {SCHEMA_VERSION}; no migration from {missing[0]})")
         if not migrate:
             raise ArchiveError(f"{path}: archive schema {version} is older than this stepml-evolve reads "
-                               f"({SCHEMA_VERSION}); `evolve run --resume` with this --archive migrates it")
+                               f"({SCHEMA_VERSION}); `evolve archive migrate --archive {path.parent}` upgrades it in place")
         with self.transaction() as db:
             for v in range(version, SCHEMA_VERSION):
                 MIGRATIONS[v](db)
             db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        self.migrated_from = version
 
     def schema_version(self) -> int:
         return int(self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
@@ -175,6 +199,41 @@ class Archive:
     def llm_calls(self, run_id: int) -> list[LLMCallRecord]:
         return select(self.db, LLMCallRecord, "llm_calls", "run_id=?", (run_id,), order="id")
 
+    # ---- cross-validation scores ----
+    def write_cv(self, program_id: int, cv, config, semantics: str, seconds: float = 0.0) -> CVScoreRecord:
+        """Store `cv` (an evaluator.crossval.CrossValidation of program `program_id`, fitted with the
+        FitConfig `config` and replayed with `semantics`), replacing any earlier score of its protocol."""
+        score = CVScoreRecord.of(program_id, cv, config, semantics, seconds, created=time.time())
+        rows = [CVEvaluationRecord.of(program_id, cv.protocol, f.fold.name, r) for f in cv.folds for r in f.rows]
+        self.write_cv_record(score, rows)
+        return score
+
+    def write_cv_record(self, score: CVScoreRecord, rows: list[CVEvaluationRecord] = ()) -> None:
+        """Store one CV score and its held-out rows in one transaction, replacing the program's
+        earlier score of the same protocol (and its rows)."""
+        if self.program(score.program_id) is None:
+            raise ArchiveError(f"{self.dir}: program {score.program_id} does not exist; no CV score stored")
+        with self.transaction() as db:
+            for table in ("cv_scores", "cv_evaluations"):
+                db.execute(f"DELETE FROM {table} WHERE program_id=? AND protocol=?", (score.program_id, score.protocol))
+            insert(db, "cv_scores", score)
+            for r in rows:
+                insert(db, "cv_evaluations", dataclasses.replace(r, program_id=score.program_id, protocol=score.protocol))
+
+    def cv_scores(self, program_id: int | None = None, run_id: int | None = None) -> list[CVScoreRecord]:
+        """CV scores of one program, of a run's programs, or all; by program, then protocol."""
+        if program_id is not None:
+            return select(self.db, CVScoreRecord, "cv_scores", "program_id=?", (program_id,), order="program_id, protocol")
+        if run_id is not None:
+            return select(self.db, CVScoreRecord, "cv_scores", "program_id IN (SELECT id FROM programs WHERE run_id=?)",
+                          (run_id,), order="program_id, protocol")
+        return select(self.db, CVScoreRecord, "cv_scores", order="program_id, protocol")
+
+    def cv_evaluations(self, program_id: int, protocol: str | None = None) -> list[CVEvaluationRecord]:
+        """The held-out experiments of a program's CV scores (one protocol, or all), by protocol, fold, experiment."""
+        where, args = ("program_id=? AND protocol=?", (program_id, protocol)) if protocol else ("program_id=?", (program_id,))
+        return select(self.db, CVEvaluationRecord, "cv_evaluations", where, args, order="protocol, fold, experiment")
+
     # ---- writing one generation ----
     def write_generation(self, run_id: int, generation: int, seconds: float, programs: list[NewProgram],
                          rejections: list[RejectionRecord], llm_calls: list[LLMCallRecord],
@@ -190,6 +249,10 @@ class Archive:
                 ids.append(pid)
                 for row in p.evaluations:
                     insert(db, "evaluations", EvaluationRecord.of(pid, row))
+                if p.cv is not None:
+                    insert(db, "cv_scores", dataclasses.replace(p.cv, program_id=pid))
+                    for r in p.cv_rows:
+                        insert(db, "cv_evaluations", dataclasses.replace(r, program_id=pid))
             for rj in rejections:
                 insert(db, "rejections", dataclasses.replace(rj, id=None, run_id=run_id, generation=generation))
             for c in llm_calls:

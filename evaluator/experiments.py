@@ -35,6 +35,8 @@ from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .model_arch import ModelArch
 
 SPLITS = ("train", "validate", "test")
+ALL = "all"  # every request of an experiment (held-out experiments in cross-validation are scored on it)
+SCORED_SPLITS = SPLITS + (ALL,)  # what a split argument may name
 MEASUREMENTS = ("client", "server")
 DEFAULT_CLIENT_TIMEOUT_S = 300.0  # inference-perf's request timeout in the real data
 
@@ -152,6 +154,8 @@ class Experiment:
         return dataclasses.replace(self, **per_request)
 
     def split_mask(self, split: str) -> np.ndarray:
+        if split == ALL:
+            return self.split < len(SPLITS)  # a windowed experiment's window (engine.windowed)
         return self.split == SPLITS.index(split)
 
     def split_sizes(self) -> dict[str, int]:

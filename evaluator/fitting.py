@@ -18,6 +18,16 @@ from its own seed and every replay is a pure function of (experiment, program, c
 Positive constants are searched in log space (a step is a ratio), others linearly with their
 magnitude as scale; rho and CMA's step size are in these coordinates.
 
+Bounded constants (`{"start": s, "min": lo, "max": hi}` in the program, `Program.bounds`): the
+start (the program's values or a warm `start=`) is first moved into the bounds; the bounds are
+mapped into CMA coordinates (log(min), or -inf when min is 0, log(max) in log space; min/scale,
+max/scale linearly; a constant whose min is negative is searched linearly, since log space cannot
+cross zero) and handed to pycma's own bound handling (`bounds` option, BoundTransform): plain
+CMA-ES gets them as its box, the trust region intersects its box of radius rho with them, and the
+neighbours it judges are clipped to that intersection. Values read back from CMA coordinates are
+clipped to the bounds only to absorb the last-bit rounding of exp(log(x)). A program without
+bounds takes exactly the code path, and gets exactly the fit, it had before bounds existed.
+
 Fit scope: one constant set for all experiments ("global"), one per model ("model"), or one
 per experiment ("experiment"). Quick mode (screening in the search): a subset of experiments
 (one per model), a shortened window, a small budget, warm-started with a small step.
@@ -118,17 +128,37 @@ class FitResult:
 
 
 class _Transform:
-    """Maps constants to CMA coordinates: log for positive values, scaled linear otherwise."""
+    """Maps constants to CMA coordinates: log for positive values (unless their lower bound is
+    negative), scaled linear otherwise. `lo`/`hi` are the constants' bounds (+-inf where open);
+    `x0` must lie inside them."""
 
-    def __init__(self, x0: np.ndarray):
-        self.log = x0 > 0
+    def __init__(self, x0: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None):
+        self.lo = np.full(len(x0), -np.inf) if lo is None else np.asarray(lo, dtype=float)
+        self.hi = np.full(len(x0), np.inf) if hi is None else np.asarray(hi, dtype=float)
+        self.bounded = bool(np.isfinite(self.lo).any() or np.isfinite(self.hi).any())
+        self.log = (x0 > 0) & ((self.lo >= 0) | np.isneginf(self.lo))
         self.scale = np.where(self.log, 1.0, np.maximum(np.abs(x0), 1.0))
 
     def to_cma(self, v: np.ndarray) -> np.ndarray:
         return np.where(self.log, np.log(np.where(self.log, v, 1.0)), v / self.scale)
 
     def from_cma(self, x: np.ndarray) -> np.ndarray:
-        return np.where(self.log, np.exp(np.clip(x, -700, 700)), np.asarray(x) * self.scale)
+        v = np.where(self.log, np.exp(np.clip(x, -700, 700)), np.asarray(x) * self.scale)
+        return np.clip(v, self.lo, self.hi) if self.bounded else v  # exp(log(min)) may miss min by an ulp
+
+    def cma_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The bounds in CMA coordinates (+-inf where open; log(0) is -inf)."""
+        pos_lo = np.where(self.lo > 0, self.lo, 1.0)
+        pos_hi = np.where(self.hi > 0, self.hi, 1.0)
+        lo = np.where(self.log, np.where(self.lo > 0, np.log(pos_lo), -np.inf), self.lo / self.scale)
+        hi = np.where(self.log, np.log(pos_hi), self.hi / self.scale)  # in log space hi >= x0 > 0
+        return lo, hi
+
+
+def bound_arrays(program: Program) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds of the program's constants, in their order (+-inf where open)."""
+    b = [program.bounds.get(k, (-math.inf, math.inf)) for k in program.constants]
+    return np.array([x[0] for x in b], dtype=float), np.array([x[1] for x in b], dtype=float)
 
 
 def group_experiments(experiments: list[Experiment], scope: str) -> dict[str, list[Experiment]]:
@@ -153,12 +183,16 @@ def fit_experiments(experiments: list[Experiment], config: FitConfig) -> list[Ex
 
 def fit(program: Program, experiments: list[Experiment], engine: Engine, config: FitConfig = FitConfig(),
         start: dict[str, float] | None = None, progress: ProgressFn | None = None) -> FitResult:
-    """Fit `program`'s constants; `start` warm-starts from other values (e.g. a parent's)."""
+    """Fit `program`'s constants; `start` warm-starts from other values (e.g. a parent's), moved
+    into the program's bounds first. Every fitted value lies inside its constant's bounds."""
     t0 = time.perf_counter()
     exps = fit_experiments(experiments, config)
     compiled = compile_program(program)
     names = list(program.constants)
     v0 = np.array([(start or {}).get(k, program.constants[k]) for k in names], dtype=float)
+    lo, hi = bound_arrays(program)
+    if program.bounds:  # choosing a start point inside the bounds (a parent's values may lie outside)
+        v0 = np.clip(v0, lo, hi)
     groups = group_experiments(exps, config.scope)
     result = FitResult(config.scope, dict(zip(names, map(float, v0))), {},
                        {g: [e.name for e in es] for g, es in groups.items()}, math.nan, 0, 0, 0.0)
@@ -168,7 +202,7 @@ def fit(program: Program, experiments: list[Experiment], engine: Engine, config:
         result.loss, result.evaluations, result.seconds = losses[0], 1, time.perf_counter() - t0
         return result
 
-    group_fit = _GroupFit(program, compiled, engine, config, _Transform(v0), result, t0, progress)
+    group_fit = _GroupFit(program, compiled, engine, config, _Transform(v0, lo, hi), result, t0, progress)
     all_rows_loss = []
     for gi, (group, gexps) in enumerate(groups.items()):
         best_x, best_loss = group_fit.run(gi, group, gexps, group_fit.tf.to_cma(v0))
@@ -184,6 +218,12 @@ def fit(program: Program, experiments: list[Experiment], engine: Engine, config:
 
 
 def _quiet_cma(x0, sigma0, opts) -> "cma.CMAEvolutionStrategy":
+    """A CMA-ES with its own random stream: with its default sampler pycma seeds and draws from
+    numpy's global generator, so fits running at the same time (cross-validation folds) would
+    take each other's numbers and no longer be a function of their seed."""
+    opts = dict(opts)
+    rng = np.random.default_rng(opts.pop("seed"))
+    opts["randn"] = lambda *shape: rng.standard_normal(shape)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return cma.CMAEvolutionStrategy(x0, sigma0, opts)
@@ -202,6 +242,7 @@ class _GroupFit:
     def __init__(self, program, compiled, engine, config: FitConfig, tf: _Transform, result: FitResult, t0: float,
                  progress: ProgressFn | None):
         self.program, self.compiled, self.engine, self.cfg, self.tf = program, compiled, engine, config, tf
+        self.lo, self.hi = tf.cma_bounds()  # the constants' bounds in CMA coordinates
         self.result, self.t0, self.progress = result, t0, progress
         n = len(program.constants)
         self.n = n
@@ -246,6 +287,8 @@ class _GroupFit:
                     "tolfun": self.cfg.tolfun, "tolx": 1e-6, "verbose": -9}
             if self.cfg.popsize:
                 opts["popsize"] = self.cfg.popsize
+            if self.tf.bounded:  # pycma's bound handling (BoundTransform): every candidate asked is inside
+                opts["bounds"] = [list(self.lo), list(self.hi)]
             es = _quiet_cma(best_x, self.cfg.sigma0, opts)
             while not es.stop():
                 X = es.ask()
@@ -281,7 +324,7 @@ class _GroupFit:
         sur_budget = cfg.surrogate_evals or 200 + 40 * self.n
         while evals < budget_end and rho > RHO_MIN:
             it += 1
-            lo, hi = x - rho, x + rho
+            lo, hi = np.maximum(x - rho, self.lo), np.minimum(x + rho, self.hi)  # the region within the bounds
             opts = {"seed": _seed(cfg.seed + 7 * restart, gi, it), "maxfevals": sur_budget, "tolfun": cfg.tolfun * 0.1,
                     "tolx": 1e-4 * rho, "verbose": -9, "bounds": [list(lo), list(hi)]}
             if cfg.popsize:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .experiments import SPLITS, Experiment
+from .experiments import ALL, SPLITS, Experiment
 from .replay import FINISHED, TIMED_OUT, ReplayResult
 
 METRIC_KEYS = ("e2e_mean_s", "ttft_mean_s", "itl_mean_ms")
@@ -75,7 +75,7 @@ class MetricRow:
 
 def split_horizon(exp: Experiment, splits) -> int:
     """Arrival positions a replay must cover so every request of `splits` is settled."""
-    last = max(SPLITS.index(s) for s in splits)
+    last = max(len(SPLITS) - 1 if s == ALL else SPLITS.index(s) for s in splits)
     return int(np.searchsorted(exp.split, last, side="right"))
 
 

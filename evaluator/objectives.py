@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .readers import read_yaml
 from .metrics import MetricRow, rms
 
 OBJECTIVES = ("rms", "worst3")
@@ -109,17 +110,8 @@ def load_objective(name: str = "rms", weights_file: str | Path | None = None,
     `experiments`, a pattern matching none of them is refused (a typo would silently weigh 1)."""
     if weights_file is None:
         return Objective(name)
-    import yaml
-
     path = Path(weights_file)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ObjectiveError(f"{path}: cannot read the weights file ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise ObjectiveError(f"{path}: not a text (UTF-8) weights file") from None
-    except yaml.YAMLError as e:
-        raise ObjectiveError(f"{path}: not valid YAML ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+    data = read_yaml(path, ObjectiveError, "weights file")
     if not isinstance(data, dict) or not data:
         raise ObjectiveError(f"{path}: expected a mapping of experiment-name pattern -> weight")
     weights = []

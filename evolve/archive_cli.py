@@ -1,7 +1,8 @@
-"""`evolve archive ...`: browse a search archive (list, show, pareto, diff) and write the HTML report.
+"""`evolve archive ...`: browse a search archive (list, show, pareto, diff), write the HTML report,
+cross-validate programs and store their scores (cv), and upgrade an older archive (migrate).
 
-Thin wiring: each command calls one query of archive.browse (or evolve.report_file) and prints
-the result, rich tables for people and JSON with --json.
+Thin wiring: each command calls one query of archive.browse (or evolve.report_file,
+evolve.archive_cv) and prints the result, rich tables for people and JSON with --json.
 """
 from __future__ import annotations
 
@@ -14,28 +15,45 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from archive.browse import SORT_KEYS, compare_programs, front_programs, list_programs, show_program, show_source
+from archive.browse import (SORT_KEYS, compare_programs, front_programs, list_programs, protocol_order, show_program,
+                            show_source)
+from archive.store import SCHEMA_VERSION
+from evaluator.fitting import FitConfig
 from evaluator.numbers import fmt
+from evaluator.replay import DEFAULT_SEMANTICS
 
-from .console import CommandGroup, out
+from .archive_cv import DEFAULT_PROTOCOL, PROTOCOLS, cross_validate_archive, migrate_archive
+from .console import CommandGroup, Log, out
 from .report_file import write_report
-from .tables import dumps, metrics_table
+from .tables import cv_summary_table, dumps, metrics_table
 
 archive_app = typer.Typer(cls=CommandGroup, no_args_is_help=True,
-                          help="Browse a search archive: programs, lineage, Pareto front, diffs, HTML report.")
+                          help="Browse a search archive: programs, lineage, Pareto front, diffs, HTML report; "
+                               "cross-validate its programs.")
 
 ArchiveOpt = typer.Option(None, "--archive", help="Archive directory (default: the most recently written one under ./runs).")
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
 SortKey = Literal[SORT_KEYS]
+Protocol = Literal[PROTOCOLS]
+
+
+def _cv_loss(r: dict, protocol: str) -> str:
+    """A row's CV loss of `protocol`, blank where it has none."""
+    score = r["cv"].get(protocol)
+    return fmt(score["loss"], keep_inf=True) if score else ""
 
 
 def _programs_table(rows: list[dict], title: str) -> Table:
+    """Program rows; one CV column per protocol some row has a score of (one blank `cv` column if none has)."""
+    protocols = protocol_order(proto for r in rows for proto in r["cv"])
     t = Table(title=title)
-    for col in ("id", "gen", "operator", "train", "val", "test", "quick", "complexity", "cell", "stage", "components"):
+    cv_cols = [f"cv {p}" for p in protocols] or ["cv"]
+    for col in ("id", "gen", "operator", "train", "val", "test", "quick", *cv_cols, "complexity", "cell", "stage", "components"):
         t.add_column(col, justify="left" if col in ("operator", "stage", "components") else "right")
     for r in rows:
+        cv = [_cv_loss(r, p) for p in protocols] or [""]
         t.add_row(f"{r['id']}{'*' if r['front'] else ''}", str(r["generation"]), escape(r["operator"]),
-                  fmt(r["train_loss"]), fmt(r["val_loss"]), fmt(r["test_loss"]), fmt(r["quick_loss"]),
+                  fmt(r["train_loss"]), fmt(r["val_loss"]), fmt(r["test_loss"]), fmt(r["quick_loss"]), *cv,
                   str(r["complexity"]), f"{r['cell'][0]},{r['cell'][1]}", r["stage"], escape(" ".join(r["components"])))
     return t
 
@@ -51,7 +69,8 @@ def _print_rows(rows: list[dict], title: str, as_json: bool) -> None:
 @archive_app.command("list")
 def list_cmd(
     archive_dir: Optional[Path] = ArchiveOpt,
-    sort: SortKey = typer.Option("val", "--sort", help="Sort key."),
+    sort: SortKey = typer.Option("val", "--sort", help="Sort key (cv: the lomo CV loss, else lowo; programs without "
+                                 "that score follow by validation loss)."),
     front: bool = typer.Option(False, "--front", help="Only Pareto-front members."),
     cell: Optional[str] = typer.Option(None, "--cell", help="Only programs in MAP-Elites cell C,N (complexity bin, components)."),
     operator: Optional[str] = typer.Option(None, "--operator", help="Only programs whose operator contains this text."),
@@ -99,6 +118,33 @@ def show_cmd(
         out.print(metrics_table(rows, f"program #{p['id']}, {split} split"))
     if not detail["evaluations"]:
         out.print(f"no per-experiment evaluations stored (stage {p['stage']}: screened programs get only a quick fit)")
+    _print_cv(p, detail["cv_evaluations"])
+
+
+def _print_cv(p: dict, held_out: dict[str, list[dict]]) -> None:
+    if not p["cv"]:
+        out.print(f"no CV score (evolve archive cv {p['id']} cross-validates it)", highlight=False)
+    for protocol, score in p["cv"].items():
+        out.print(f"CV loss ({protocol}): {fmt(score['loss'], '.3f', keep_inf=True)}  ({score['folds']} folds, seed "
+                  f"{score['seed']}, max-evals {score['max_evals'] or 'default'}, {score['method']}, {score['objective']})",
+                  highlight=False)
+        rows = held_out.get(protocol) or []
+        if rows:
+            out.print(_held_out_table(rows, f"program #{p['id']}, {protocol}: held-out experiments, all requests"))
+        out.print(cv_summary_table({m: score[m] for m in ("e2e", "ttft", "itl")}, f"program #{p['id']}, {protocol}: "
+                                   "APE % over the held-out experiments"))
+
+
+def _held_out_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("fold", "experiment", "n", "E2E obs s", "E2E pred s", "E2E APE%", "TTFT obs s", "TTFT pred s", "TTFT APE%"):
+        t.add_column(col, justify="left" if col in ("fold", "experiment") else "right")
+    for r in rows:
+        o, pr, a = r["observed"], r["predicted"], r["ape"]
+        t.add_row(escape(r["fold"]), escape(r["name"]), str(r["n_requests"]), fmt(o["e2e_mean_s"], ".3f"),
+                  fmt(pr["e2e_mean_s"], ".3f"), fmt(a["e2e"], ".1f"), fmt(o["ttft_mean_s"], ".4f"),
+                  fmt(pr["ttft_mean_s"], ".4f"), fmt(a["ttft"], ".1f"))
+    return t
 
 
 def _lineage_table(steps: list[dict]) -> Table:
@@ -158,3 +204,50 @@ def report_cmd(
     """Write one self-contained HTML page: run summary, plots (inline SVG), program table and sources."""
     written_from = write_report(archive_dir, out_path)
     out.print(f"wrote {out_path} (archive {written_from})", highlight=False)
+
+
+@archive_app.command("cv")
+def cv_cmd(
+    program_ids: Optional[list[str]] = typer.Argument(None, metavar="ID", help="Programs to cross-validate (ids or "
+                                                      "'best'); default: the Pareto front."),
+    archive_dir: Optional[Path] = ArchiveOpt,
+    front: bool = typer.Option(False, "--front", help="The Pareto front (the default when no ID is given)."),
+    protocol: Protocol = typer.Option(DEFAULT_PROTOCOL, "--protocol", help="lomo (leave one model out) or lowo (leave one "
+                                      "workload out)."),
+    seed: int = typer.Option(FitConfig.seed, "--seed", min=0, help="Fold-fit seed: same seed and data give the same numbers."),
+    max_evals: Optional[int] = typer.Option(FitConfig.max_evals, "--max-evals", min=1,
+                                            help="Closed-loop evaluations per fold fit (default by method and size)."),
+    again: bool = typer.Option(False, "--again", help="Redo programs already scored under the protocol with these settings."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Where the run's experiments are (default: the directory the "
+                                        "run recorded; they must be the same experiments)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores)."),
+    as_json: bool = JsonOpt,
+):
+    """Cross-validate programs with the run's data and fit settings and store the CV scores in the archive."""
+    done = cross_validate_archive(archive_dir, program_ids, front=front, protocol=protocol, seed=seed, max_evals=max_evals,
+                                  again=again, data=data, workers=workers, log=Log())
+    if as_json:
+        print(dumps(done.to_json()))
+        return
+    c = done.fit.config
+    semantics = f", {done.fit.semantics} semantics" if done.fit.semantics != DEFAULT_SEMANTICS else ""
+    t = Table(title=f"{done.protocol} cross-validation, {done.archive_dir} (seed {c.seed}, max-evals {c.max_evals or 'default'}, "
+                    f"{c.method}, {c.objective.name}{semantics})")
+    for col in ("id", "complexity", "val loss", "CV loss", "E2E mean APE%", "TTFT mean APE%", ""):
+        t.add_column(col, justify="left" if col == "" else "right")
+    for r in done.programs:
+        s = r.score
+        t.add_row(str(r.program.id), str(r.program.complexity), fmt(r.program.val_loss), fmt(s.loss, keep_inf=True),
+                  fmt(s.e2e_mean, ".1f", keep_inf=True), fmt(s.ttft_mean, ".1f", keep_inf=True),
+                  "skipped: already scored" if r.skipped else f"scored in {s.seconds:.1f} s")
+    out.print(t)
+
+
+@archive_app.command("migrate")
+def migrate_cmd(archive_dir: Optional[Path] = ArchiveOpt):
+    """Upgrade an archive of an older schema in place (browsing opens archives read-only, so it cannot)."""
+    directory, migrated_from = migrate_archive(archive_dir)
+    if migrated_from is None:
+        out.print(f"{directory}: already at the current schema; nothing to do", highlight=False)
+    else:
+        out.print(f"{directory}: migrated from schema {migrated_from} to {SCHEMA_VERSION}", highlight=False)

@@ -10,7 +10,7 @@ from typing import Literal, Optional
 import typer
 
 from evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
-from evaluator.experiments import SPLITS
+from evaluator.experiments import SCORED_SPLITS
 from evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
 from evaluator.objectives import OBJECTIVES
 from evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
@@ -23,12 +23,13 @@ from .blis_trace import DEFAULT_LATENCY_MODEL, DEFAULT_SEED, export_experiment_d
 from .console import CommandGroup, Log, err, error, out
 from .emission import emit_program
 from .emit_go import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
+from .crossval_job import cross_validate_program
 from .fitting_job import fit_program
 from .go_parity import DEFAULT_SAMPLES
 from .runs import LLMSettings, run_search
 from .scoring import evaluate_program
-from .search import SearchConfig
-from .tables import blis_comparison_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
+from .search import CV_MODES, FRONT_CV_MODES, SearchConfig
+from .tables import blis_comparison_table, cv_summary_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
 
 app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
                   help="Discover step-time programs for LLM-inference simulators.")
@@ -37,7 +38,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(archive_app, name="archive")
 
 SEARCH, FIT = SearchConfig(), FitConfig()
-Split = Literal[SPLITS]
+Split = Literal[SCORED_SPLITS]
 Scope = Literal[SCOPES]
 OutputLen = Literal[OUTPUT_LEN_POLICIES]
 Semantics = Literal[SEMANTICS]
@@ -140,7 +141,7 @@ def data_import(
 def eval_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
     data: Optional[Path] = DataOpt,
-    split: Split = typer.Option("test", "--split", help="Split to score."),
+    split: Split = typer.Option("test", "--split", help="Split to score: a temporal window, or all (whole experiments)."),
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
@@ -198,6 +199,46 @@ def fit_cmd(
               f"fitted program: {', '.join(map(str, fitted.written))}")
 
 
+@app.command("cv")
+def cv_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    protocol: str = typer.Option(..., "--protocol",
+                                 help="lomo (leave one model out), lowo (leave one workload out) or groups:FILE "
+                                      "(YAML: fold name -> experiment names it holds out)."),
+    data: Optional[Path] = DataOpt,
+    seed: int = typer.Option(FIT.seed, "--seed", min=0, help="Fit seed: same seed and data give the same numbers."),
+    max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1,
+                                            help="Closed-loop evaluations per fold fit (default by method and size)."),
+    in_distribution: bool = typer.Option(False, "--in-distribution",
+                                         help="Also fit on every experiment and score them all on all requests: "
+                                              "the errors when nothing is held out, beside the CV errors."),
+    as_json: bool = typer.Option(False, "--json"),
+    workers: Optional[int] = WorkersOpt,
+    output_len: OutputLen = OutputLenOpt,
+    semantics: Semantics = SemanticsOpt,
+    method: Method = MethodOpt,
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
+):
+    """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
+    done = cross_validate_program(program, protocol, data, seed=seed, max_evals=max_evals, method=method,
+                                  objective=objective, weights=weights, workers=workers, output_len=output_len,
+                                  semantics=semantics, in_distribution=in_distribution, log=Log())
+    if as_json:
+        print(dumps(done.to_json()))
+        return
+    for f in done.cv.folds:
+        out.print(metrics_table(f.rows, f"fold {f.fold.name}: fitted on {len(f.fold.train)} experiments "
+                                        f"(train loss {f.fit.loss:.3f}, {f.fit.evaluations} evaluations), held out on all requests"))
+    out.print(cv_summary_table(done.cv.summary(), f"{program.name}, {done.cv.protocol}: held-out experiments"))
+    if done.cv.in_distribution:
+        inside = done.in_distribution()
+        out.print(cv_summary_table(inside["summary"], f"{program.name}, in-distribution: fitted on all "
+                                                      f"{len(done.cv.in_distribution.fold.train)} experiments"))
+        out.print(f"in-distribution loss: {loss_text(inside['loss'])}")
+    out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}  ({done.config.objective.describe()})")
+
+
 @app.command("run")
 def run_cmd(
     generations: int = typer.Option(SEARCH.generations, "--generations", min=0,
@@ -240,13 +281,24 @@ def run_cmd(
                                                "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
     workers: Optional[int] = WorkersOpt,
     semantics: Semantics = SemanticsOpt,
+    cv: Literal[CV_MODES] = typer.Option(SEARCH.cv, "--cv",
+                                         help="none: a promoted child's validation loss is its loss on the validation "
+                                              "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
+                                              "(workload-)out, and its validation loss is the CV loss (about 3x the time)."),
+    front_cv: Literal[FRONT_CV_MODES] = typer.Option(SEARCH.front_cv, "--front-cv",
+                                                     help="When the run ends, cross-validate the Pareto front members "
+                                                          "with this protocol and store the scores (none: skip)."),
+    units: Literal["check", "off"] = typer.Option(SEARCH.units, "--units",
+                                                  help="check: reject a seed or child whose step time is not a time "
+                                                       "(e.g. microseconds plus a count), rule 'units'; off: no units check."),
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
                           quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
                           max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics,
-                          fit_method=fit_method, objective=objective, patience=patience)
+                          fit_method=fit_method, objective=objective, patience=patience, units=units,
+                          cv=cv, front_cv=front_cv)
     llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
                                max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
     outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log(),
@@ -262,8 +314,12 @@ def run_cmd(
 
 @app.command("emit-go")
 def emit_go_cmd(
-    program: str = typer.Argument("best", help="best, a program id from the archive, or a program file (.py)."),
+    program: str = typer.Argument("best", help="best (lowest CV loss, lomo else lowo, when the archive has CV scores; else "
+                                  "lowest validation loss), simplest (lowest complexity within --within % of best), "
+                                  "a program id from the archive, or a program file (.py)."),
     archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
+    within: Optional[float] = typer.Option(None, "--within", min=0.0, help="With simplest: percent over the best loss "
+                                           "allowed (default 5)."),
     out_path: Optional[Path] = typer.Option(None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."),
     test_out: Optional[Path] = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
     target: GoTarget = typer.Option(DEFAULT_TARGET, "--target", help="The BLIS LatencyModel to implement: "
@@ -282,10 +338,14 @@ def emit_go_cmd(
     if blis is not None and (out_path or test_out):
         raise BlisError("--out and --test-out do not go with --blis (it writes sim/latency/<backend>.go and its test)")
     if blis is not None:
+        if within is not None:
+            raise BlisError("--within does not go with --blis yet (simplest there uses 5%); emit with --out instead")
         install_into_blis(program, archive_dir, blis, target, name, backend or DEFAULT_BACKEND, samples, go_test or DEFAULT_GO_TEST)
         return
     out_path = out_path or Path("stepml_evolved.go")
-    emit_program(program, archive_dir, out_path, test_out, target=target, name=name, samples=samples)
+    choice = emit_program(program, archive_dir, out_path, test_out, target=target, name=name, samples=samples, within=within)
+    if choice is not None:
+        err.print(choice.describe(), markup=False, highlight=False, soft_wrap=True)
     out.print(f"wrote {out_path} ({name}Model, target {target})")
     if test_out:
         out.print(f"wrote {test_out} ({samples} sample batches checked against Python)")

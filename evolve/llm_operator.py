@@ -9,7 +9,7 @@ from importlib import resources
 import jinja2
 
 from evaluator.components import COMPONENTS
-from evaluator.dsl import ProgramError, compile_program, parse_program
+from evaluator.dsl import ProgramError, check_units, compile_program, parse_program
 
 from .llm_client import Attempt, LLMClient, LLMUnavailable
 
@@ -71,8 +71,11 @@ class LLMProposal:
 
 
 class LLMOperator:
-    def __init__(self, client: LLMClient, budget: Budget, max_attempts: int = 3, server: dict | None = None):
-        self.client, self.budget, self.max_attempts = client, budget, max_attempts
+    def __init__(self, client: LLMClient, budget: Budget, max_attempts: int = 3, server: dict | None = None,
+                 units: bool = True):
+        """units: a reply whose functions do not return times is a rejection fed back for a retry
+        (as the search would reject it; `evolve run --units check`)."""
+        self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
         env = _templates()
         self.system = env.get_template("system.j2").render(
             components=COMPONENTS, budget_tokens=(server or {}).get("budget_tokens", 2048),
@@ -109,7 +112,10 @@ class LLMOperator:
                 proposal.rule = "llm-no-code"
             else:
                 try:
-                    compile_program(parse_program(code))
+                    program = parse_program(code)
+                    compile_program(program)
+                    if self.units:
+                        check_units(program)
                     last.outcome = "valid"
                     proposal.source, proposal.reason, proposal.rule = code, "", ""
                     return proposal

@@ -6,12 +6,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from archive.grid import pareto_front
 from archive.store import Archive
+from evaluator.crossval import FoldError, make_folds
 from evaluator.datasets import LoadedData
+from evaluator.dsl import ProgramError, check_units, parse_program
 from evaluator.engine import Engine
 from evaluator.objectives import load_objective
-from seeds import load_seeds
+from seeds import SeedError, load_seeds
 
+from .archive_cv import cross_validate_programs, run_fit_settings
 from .console import Log
 from .emitters import build_emitters
 from .llm_client import DEFAULT_TIMEOUT_S
@@ -43,20 +47,64 @@ class RunOutcome:
         return {"archive": str(self.archive_dir), **self.summary}
 
 
+def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engine, config: SearchConfig, summary: dict,
+                log: Log) -> dict:
+    """Cross-validate the front members that have no score of `config.front_cv` yet (a resumed run
+    finishes what a killed one started), store the scores, and add them to the run's summary.
+    Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
+    protocol = config.front_cv
+    try:
+        make_folds(protocol, loaded.experiments)
+    except FoldError as e:
+        log.skipped(f"cross-validating the front: {e}")
+        return summary
+    front = pareto_front(archive.programs(run_id))
+    missing = [p for p in front if not any(s.protocol == protocol for s in archive.cv_scores(p.id))]
+    if missing:
+        log.note(f"cross-validating {len(missing)} front program(s), {protocol} (--front-cv none skips this)")
+        fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
+        cross_validate_programs(archive, missing, loaded, engine, protocol, fit, say=log.note)
+    losses = {s.program_id: s.loss for p in front for s in archive.cv_scores(p.id) if s.protocol == protocol}
+    summary = {**summary, "front": [{**f, "cv": {protocol: losses.get(f["id"])}} for f in summary.get("front", [])]}
+    archive.set_summary(run_id, summary)
+    return summary
+
+
 def default_archive_dir(loaded: LoadedData, seed: int) -> Path:
     """runs/<data directory name>-seed<seed> (runs/synthetic-seed<seed> for the sample)."""
     tag = "synthetic" if loaded.synthetic else slug(Path(loaded.label).name)
     return Path("runs") / f"{tag}-seed{seed}"
 
 
-def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData):
+def check_seed_units(paths: list[Path], seeds: list[tuple[str, str]]) -> None:
+    """--units check: each seed (name, source) from `paths` (as load_seeds found them) must be
+    unit-consistent; a SeedError names the first file that is not, its line and the rule."""
+    for name, source in seeds:
+        try:
+            check_units(parse_program(source))
+        except ProgramError as e:
+            raise SeedError(f"{_seed_file(paths, name)}: {e} (pass --units off to search from it anyway)") from None
+
+
+def _seed_file(paths: list[Path], name: str) -> Path | str:
+    """The file load_seeds read seed `name` from: a file given by path, or <directory>/<name>.py."""
+    for p in paths:
+        if p.is_dir() and (p / f"{name}.py").is_file():
+            return p / f"{name}.py"
+        if not p.is_dir() and p.stem == name:
+            return p
+    return name
+
+
+def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, config: SearchConfig):
     from .llm_client import LLMClient
     from .llm_operator import Budget, LLMOperator
 
     client = LLMClient(llm.model, archive_dir / "llm_cache", base_url=llm.base_url, timeout_s=llm.timeout_s, offline=llm.offline)
     s = loaded.experiments[0].server
     return LLMOperator(client, Budget(max_calls=llm.max_calls, max_tokens=llm.max_tokens, max_usd=llm.max_usd),
-                       server={"budget_tokens": s.max_num_batched_tokens, "max_seqs": s.max_num_seqs})
+                       server={"budget_tokens": s.max_num_batched_tokens, "max_seqs": s.max_num_seqs},
+                       units=config.units == "check")
 
 
 def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path | None = None, *, resume: bool = False,
@@ -68,6 +116,8 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
     for the objective (read into config.weights, so the run stores the weights, not the path)."""
     log = log or Log()
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded
+    if seed_programs and config.units == "check":
+        check_seed_units(seeds, seed_programs)
     if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
         raise OutputError(f"{archive_dir}: is a file; --archive takes a directory")
     loaded = load_usable(data, "profile", log)
@@ -81,7 +131,7 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
         config = dataclasses.replace(config, llm_ratio=0.0)
     archive = Archive(archive_dir, create=True)
     try:
-        operator = _llm_operator(llm, archive_dir, loaded) if llm else None
+        operator = _llm_operator(llm, archive_dir, loaded, config) if llm else None
         run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None}
         with Engine(loaded.experiments, workers, semantics=config.semantics) as engine:
             search = Search(archive, loaded, engine, config, build_emitters(operator, config.llm_ratio), resume=resume,
@@ -99,6 +149,8 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
                     summary = search.run()
             except SearchError as e:
                 raise SearchError(f"{archive_dir}: {e}") from None
+            if config.front_cv != "none":
+                summary = score_front(archive, search.run_id, loaded, engine, config, summary, log)
     finally:
         archive.close()
     return RunOutcome(archive_dir, summary)

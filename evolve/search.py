@@ -3,8 +3,8 @@
 Generation 0 fits every seed. Each later generation, read top to bottom:
   1. parents come from the current island's MAP-Elites grid and Pareto front;
   2. an emitter (symbolic operators, an LLM, ...; see emitters.py) proposes each child; every
-     child goes through the DSL validator; invalid ones and duplicates are rejected with their
-     reason, and the emitter is told;
+     child goes through the DSL validator and (with `units="check"`) the units check; invalid
+     ones and duplicates are rejected with their reason, and the emitter is told;
   3. cascade: every child gets a quick fit (one experiment per model, short window, small
      budget, warm start); the archive says which children would open a cell or improve on its
      elites (`Elites.status`), and only those get the full fit on all experiments and the
@@ -30,10 +30,12 @@ from typing import Callable
 import numpy as np
 
 from archive.grid import AddStatus, Elites, best, pareto_front
-from archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
+from archive.records import (CVEvaluationRecord, CVScoreRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord,
+                             RejectionRecord)
 from archive.store import Archive
+from evaluator.crossval import CrossValidation, cross_validate, make_folds
 from evaluator.datasets import LoadedData
-from evaluator.dsl import Program, ProgramError, compile_program, parse_program
+from evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
 from evaluator.engine import Engine
 from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
@@ -47,6 +49,9 @@ from .emitters import ARCHIVED, DUPLICATE, EVALUATION_FAILED, INVALID, AskContex
 from .selection import select_parent
 
 PASSED_DUPLICATE_FILTER = ("evaluation",)  # rejection rules applied after the duplicate check
+CV_MODES = ("none", "lomo", "lowo")  # --cv: what a full fit's validation loss is (none: the validation windows)
+FRONT_CV_MODES = ("lomo", "lowo", "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
+UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,14 @@ class SearchConfig:
     objective: str = "rms"
     weights: tuple[tuple[str, float], ...] = ()  # (experiment-name pattern, weight); see evaluator/objectives.py
     patience: int | None = None  # stop after this many generations without a 0.5% gain in best validation loss
+    units: str = UNITS_MODES[0]  # "check": reject a seed or child whose step time is not a time; "off"
+    cv: str = CV_MODES[0]  # lomo/lowo: a full fit is the fold fits too, and its validation loss is the CV loss
+    front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
+
+    def __post_init__(self):
+        for name, modes in (("units", UNITS_MODES), ("cv", CV_MODES), ("front_cv", FRONT_CV_MODES)):
+            if getattr(self, name) not in modes:
+                raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
 
     def identity(self) -> dict:
         """Settings that shape the archive: a resumed run must use the same (as stored: JSON)."""
@@ -81,9 +94,9 @@ class SearchConfig:
         return Objective(self.objective, self.weights)
 
 
-NOT_IDENTITY = ("generations", "patience")  # a resumed run may change these
+NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
 # settings added after runs were first stored: an archive without them ran with these values
-LEGACY_SETTINGS = {"fit_method": "cmaes", "objective": "rms", "weights": []}
+LEGACY_SETTINGS = {"fit_method": "cmaes", "objective": "rms", "weights": [], "units": "off", "cv": "none"}
 PATIENCE_GAIN = 0.005  # --patience counts generations since the best validation loss last fell by more than 0.5%
 
 
@@ -105,8 +118,10 @@ def _mix(*parts: int) -> int:
 
 
 def structure_hash(program: Program) -> str:
-    """Identity of a program's structure: its functions' ASTs and constant names, not values."""
+    """Identity of a program's structure: its functions' ASTs, constant names and bounds, not values
+    (an unbounded program hashes as it did before bounds existed)."""
     dump = [ast.dump(program.functions[n]) for n in sorted(program.functions)] + sorted(program.constants)
+    dump += [f"{k} in [{lo!r}, {hi!r}]" for k, (lo, hi) in sorted(program.bounds.items())]
     return hashlib.sha256("\n".join(dump).encode()).hexdigest()[:20]
 
 
@@ -130,6 +145,8 @@ class FullFit:
     test_loss: float
     screen_loss: float
     rows: list[MetricRow]  # every experiment on every split
+    cv: CVScoreRecord | None = None  # with --cv: the fold fits' score (val_loss is its loss)
+    cv_rows: list[CVEvaluationRecord] = dataclasses.field(default_factory=list)
 
 
 ProgressFn = Callable[[dict], None]
@@ -148,6 +165,7 @@ class Search:
         self.progress = progress or (lambda info: None)
         self.exps = data.experiments
         self.goal = config.goal()
+        self.folds = make_folds(config.cv, self.exps) if config.cv != "none" else None  # the data must allow them
         quick = quick_config(0, self.exps, config.fit_method)
         self.quick = dataclasses.replace(quick, objective=self.goal, max_evals=config.quick_evals or quick.max_evals)
         self.screen_exps = fit_experiments(self.exps, self.quick)
@@ -156,6 +174,7 @@ class Search:
         seed_ids = None if seeds is None else {name: hashlib.sha256(src.encode()).hexdigest()[:16] for name, src in seeds}
         identity = {"search": config.identity(), "llm": (run_config or {}).get("llm"), "seeds": seed_ids}
         if run is None:
+            self._check_seed_units()
             self.run_id = archive.create_run(data.label, data.fingerprint(), data.synthetic, config.seed,
                                              {**(run_config or {}), **identity, "generations": config.generations})
         else:
@@ -185,11 +204,32 @@ class Search:
         for e in self.emitters:
             e.resume(archive, self.run_id)
 
+    def _check_seed_units(self) -> None:
+        """With units="check", every seed must be unit-consistent (before anything is stored)."""
+        if self.cfg.units != "check":
+            return
+        for name, source in self.seeds:
+            try:
+                check_units(parse_program(source))
+            except ProgramError as e:
+                raise SearchError(f"seed {name}: {e} (pass --units off to search from it anyway)") from None
+
     # ---- evaluation cascade ----
     def _full_evaluation(self, program: Program, start: dict[str, float], seed: int, max_evals: int | None,
                          sigma: float) -> FullFit:
-        res = fit(program, self.exps, self.engine, FitConfig(seed=seed, max_evals=max_evals, sigma0=sigma,
-                                                              method=self.cfg.fit_method, objective=self.goal), start=start)
+        """The fit on every experiment, scored on every split; with --cv also the fold fits (run
+        concurrently with it), whose CV loss becomes the validation loss."""
+        config = FitConfig(seed=seed, max_evals=max_evals, sigma0=sigma, method=self.cfg.fit_method, objective=self.goal)
+        cv: CrossValidation | None = None
+        if self.folds:
+            t0 = time.perf_counter()
+            cv = cross_validate(program, self.exps, self.engine, self.cfg.cv, self.folds, config, start=start,
+                                in_distribution=True)
+            res = cv.in_distribution.fit  # the same fit as without --cv (same seed, same constants)
+            self.evaluations += sum(f.fit.evaluations for f in cv.folds)
+            cv_seconds = time.perf_counter() - t0
+        else:
+            res = fit(program, self.exps, self.engine, config, start=start)
         self.evaluations += res.evaluations
         consts = res.constants["all"]
         vec = np.array([consts[k] for k in program.constants], dtype=float)
@@ -197,8 +237,13 @@ class Search:
         screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps, objective=self.goal)[0]
         self.evaluations += 2
         of = self.goal.of_rows
-        return FullFit(consts, of(rows["train"]), of(rows["validate"]), of(rows["test"]), screen,
+        full = FullFit(consts, of(rows["train"]), of(rows["validate"]), of(rows["test"]), screen,
                        [r for s in SPLITS for r in rows[s]])
+        if cv is None:
+            return full
+        score = CVScoreRecord.of(0, cv, config, self.cfg.semantics, cv_seconds)
+        held = [CVEvaluationRecord.of(0, cv.protocol, f.fold.name, r) for f in cv.folds for r in f.rows]
+        return dataclasses.replace(full, val_loss=cv.loss, cv=score, cv_rows=held)
 
     def _program(self, program: Program, constants: dict, proposal: Proposal, island: int, stage: str,
                  quick_loss: float | None = None, full: FullFit | None = None) -> NewProgram:
@@ -212,7 +257,7 @@ class Search:
             return NewProgram(record)
         record = dataclasses.replace(record, train_loss=full.train_loss, val_loss=full.val_loss,
                                      test_loss=full.test_loss, screen_loss=full.screen_loss)
-        return NewProgram(record, full.rows)
+        return NewProgram(record, full.rows, full.cv, full.cv_rows)
 
     def _generation_zero(self) -> None:
         t0 = time.perf_counter()
@@ -274,6 +319,8 @@ class Search:
         try:
             child = parse_program(proposal.source)
             compile_program(child)
+            if self.cfg.units == "check":
+                check_units(child)
         except ProgramError as e:
             rejections.append(RejectionRecord(**reject, rule=e.rule, reason=str(e)))
             emitter.tell(proposal, INVALID)

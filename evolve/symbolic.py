@@ -3,7 +3,9 @@
 A program's step_time (locals inlined) becomes a DEAP PrimitiveTree; DEAP mutates or crosses
 trees; the result is rendered back to DSL text and goes through the same validator as LLM
 output. DEAP never compiles or evaluates anything here: its primitives are names only.
-New ephemeral constants become named constants (k1, k2, ...) that the fit then tunes.
+New ephemeral constants become named constants (k1, k2, ...) that the fit then tunes; they are
+unbounded. Constants a child keeps keep their bounds (`Program.bounds`: the parent's, or for
+crossover the second parent's for constants taken from it), and their values are moved into them.
 Randomness comes from the `random` module, which the caller seeds per child.
 The primitives are the operator table's rows that name one (`evaluator/dsl/operators.py`).
 """
@@ -19,7 +21,7 @@ from evaluator.components import COMPONENT_NAMES
 from evaluator.dsl import REQUEST_FIELDS, Program
 from evaluator.dsl.operators import OPERATORS as DSL_OPERATORS
 from evaluator.dsl.operators import Kind, Operator, operands, operator_of
-from evaluator.dsl.program import literal_number, render_constants
+from evaluator.dsl.program import clip_to, literal_number, render_constants
 
 MAX_TREE_HEIGHT = 12
 # the exponents GP writes, each its own primitive (pow2, pow0_5, powm1, ...); others are left to the LLM
@@ -223,16 +225,19 @@ def _flatten_minmax(text: str) -> str:
 SIGNATURES = {"step_time": "step_time(f, c)", "queueing_time": "queueing_time(r, c)"}
 
 
-def assemble(parent: Program, function: str, expr: str, constants: dict[str, float], doc: str) -> str:
+def assemble(parent: Program, function: str, expr: str, constants: dict[str, float], doc: str,
+             bounds: dict[str, tuple[float, float]] | None = None) -> str:
     """Program text: `function` replaced by `return expr`, the parent's other functions kept,
-    unused constants dropped."""
+    unused constants dropped; kept constants keep their `bounds` (default: the parent's), values
+    moved into them."""
+    bounds = parent.bounds if bounds is None else bounds
     parts = []
     for name, fn in parent.functions.items():
         parts.append(f"def {SIGNATURES[name]}:\n    return {expr}" if name == function else ast.unparse(fn))
     body = "\n\n\n".join(parts)
     used = {n.attr for n in ast.walk(ast.parse(body)) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "c"}
-    kept = {k: v for k, v in constants.items() if k in used}
-    return f'"""{doc}"""\n{render_constants(kept)}\n\n\n{body}\n'
+    kept = {k: clip_to(v, bounds.get(k)) for k, v in constants.items() if k in used}
+    return f'"""{doc}"""\n{render_constants(kept, bounds)}\n\n\n{body}\n'
 
 
 def mutate(operator: str, parent: Program, parent_constants: dict[str, float], rng: random.Random,
@@ -243,7 +248,7 @@ def mutate(operator: str, parent: Program, parent_constants: dict[str, float], r
     if operator == "constants":
         scaled = {k: (v * math.exp(rng.gauss(0.0, 0.3)) if v > 0 else v + rng.gauss(0.0, max(abs(v), 1.0) * 0.3))
                   for k, v in parent_constants.items()}
-        text = parent.with_constants(scaled).source
+        text = parent.with_constants(parent.clip(scaled)).source  # bounded ones stay inside their bounds
         return text, "perturbed constants (log-normal, sigma 0.3)"
     crossing = operator == "crossover" and other is not None
     all_names = names + ([n for n in other.constants if n not in names] if crossing else [])
@@ -252,6 +257,7 @@ def mutate(operator: str, parent: Program, parent_constants: dict[str, float], r
     pset = primitive_set(all_names, function)
     tree = to_tree(parent, pset, function)
     constants = dict(parent_constants)
+    bounds = dict(parent.bounds)
     detail = f"{operator} on {function}"
     if operator == "subtree":
         (tree,) = gp.mutUniform(tree, expr=lambda pset, type_: gp.genGrow(pset, 0, 2, type_), pset=pset)
@@ -275,6 +281,8 @@ def mutate(operator: str, parent: Program, parent_constants: dict[str, float], r
         tree, _ = gp.cxOnePoint(tree, tree2)
         for k, v in (other_constants or {}).items():
             constants.setdefault(k, v)
+            if k not in parent.constants and k in other.bounds:
+                bounds[k] = other.bounds[k]
     else:
         raise ValueError(f"unknown symbolic operator {operator!r}")
     if tree.height > MAX_TREE_HEIGHT:
@@ -283,4 +291,4 @@ def mutate(operator: str, parent: Program, parent_constants: dict[str, float], r
     constants.update(new)
     if new:
         detail += f" (new constants: {', '.join(new)})"
-    return assemble(parent, function, expr, constants, f"{operator} child"), detail
+    return assemble(parent, function, expr, constants, f"{operator} child", bounds), detail

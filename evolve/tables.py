@@ -47,6 +47,16 @@ def metrics_table(rows: list[MetricRow], title: str) -> Table:
     return t
 
 
+def cv_summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
+    """Mean, median and max APE (%) per metric over the held-out experiments of a cross-validation."""
+    t = Table(title=title)
+    for col in ("APE %", "mean", "median", "max"):
+        t.add_column(col, justify="left" if col == "APE %" else "right")
+    for metric, stats in summary.items():
+        t.add_row(metric.upper(), *(fmt(stats[k], ".1f", keep_inf=True) for k in ("mean", "median", "max")))
+    return t
+
+
 def loss_text(x: float) -> str:
     """A loss for people; NaN means no experiment could be scored."""
     return fmt(x, ".3f", missing="n/a (no experiment has a successful request in this split)", keep_inf=True)
@@ -79,10 +89,12 @@ def run_summary_tables(summary: dict) -> list:
     for r in best["test"]:
         t.add_row(r["name"], str(r["n_requests"]), *(fmt(r["ape"][k], ".1f") for k in ("e2e", "ttft", "itl")))
     f = Table(title="Pareto front (validation loss vs complexity)")
-    for col in ("id", "complexity", "val loss", "operator"):
+    protocols = sorted({k for p in summary["front"] for k in (p.get("cv") or {})})
+    for col in ("id", "complexity", "val loss", *(f"CV loss {k}" for k in protocols), "operator"):
         f.add_column(col)
     for p in summary["front"]:
-        f.add_row(str(p["id"]), str(p["complexity"]), f"{p['val_loss']:.3f}", p["operator"])
+        cv = [fmt((p.get("cv") or {}).get(k), ".3f", keep_inf=True) for k in protocols]
+        f.add_row(str(p["id"]), str(p["complexity"]), f"{p['val_loss']:.3f}", *cv, p["operator"])
     return [headline, t, f]
 
 

@@ -1,14 +1,21 @@
 """Phase-decomposed: prefill chunks pay compute, decode pays the larger of compute and memory,
 with per-request and base overheads."""
+# Bounds (the fit keeps every constant inside them): c_* multiply times at the hardware's peak
+# (FLOP/s, HBM and NVLink bandwidth), and no kernel beats the peak, so min 1; max 100 (1% of
+# peak) is generous, and leaves c_comm room for the all-reduce's per-call latency, which the
+# bandwidth-only component lacks. Overheads >= 0. Per-request delays, from the real data
+# (../shared/data/replay): every TTFT contains queue_us + out_tok_us and the fastest TTFT of any
+# request is 15.8 ms, so queue_us <= 15000; every later token costs a step plus out_tok_us and
+# the fastest mean inter-token time of any request is 6.16 ms, so out_tok_us <= 6000.
 CONSTANTS = {
-    "base_us": 1500.0,
-    "c_prefill": 2.0,
-    "c_decode_compute": 2.0,
-    "c_decode_memory": 1.3,
-    "per_request_us": 20.0,
-    "c_comm": 1.0,
-    "queue_us": 2000.0,
-    "out_tok_us": 50.0,
+    "base_us": {"start": 1500.0, "min": 0.0},
+    "c_prefill": {"start": 2.0, "min": 1.0, "max": 100.0},
+    "c_decode_compute": {"start": 2.0, "min": 1.0, "max": 100.0},
+    "c_decode_memory": {"start": 1.3, "min": 1.0, "max": 100.0},
+    "per_request_us": {"start": 20.0, "min": 0.0},
+    "c_comm": {"start": 1.0, "min": 1.0, "max": 100.0},
+    "queue_us": {"start": 2000.0, "min": 0.0, "max": 15000.0},
+    "out_tok_us": {"start": 50.0, "min": 0.0, "max": 6000.0},
 }
 
 

@@ -1,13 +1,22 @@
 """Regime switch: above a prefill-token threshold the step is compute-bound, below it
 memory-bound; each regime has its own scale."""
+# Bounds (the fit keeps every constant inside them): c_* multiply times at the hardware's peak,
+# and no kernel beats the peak, so min 1; max 100 (1% of peak) is generous. But in the light
+# (memory-bound) regime the compute runs under the memory reads c_memory already counts, so
+# c_light_compute is extra time: min 0. base_us >= 0.
+# switch_tokens compares with f.tok_pf, which never exceeds the token budget
+# (max_num_batched_tokens, 2048 in the real and the synthetic data): [0, 2048]. Per-request
+# delays, from the real data (../shared/data/replay): every TTFT contains queue_us + out_tok_us
+# and the fastest TTFT of any request is 15.8 ms, so queue_us <= 15000; every later token costs
+# a step plus out_tok_us and the fastest mean inter-token time is 6.16 ms, so out_tok_us <= 6000.
 CONSTANTS = {
-    "base_us": 2000.0,
-    "switch_tokens": 256.0,
-    "c_compute": 2.0,
-    "c_memory": 1.3,
-    "c_light_compute": 1.0,
-    "queue_us": 2000.0,
-    "out_tok_us": 50.0,
+    "base_us": {"start": 2000.0, "min": 0.0},
+    "switch_tokens": {"start": 256.0, "min": 0.0, "max": 2048.0},
+    "c_compute": {"start": 2.0, "min": 1.0, "max": 100.0},
+    "c_memory": {"start": 1.3, "min": 1.0, "max": 100.0},
+    "c_light_compute": {"start": 1.0, "min": 0.0, "max": 100.0},
+    "queue_us": {"start": 2000.0, "min": 0.0, "max": 15000.0},
+    "out_tok_us": {"start": 50.0, "min": 0.0, "max": 6000.0},
 }
 
 

@@ -1,10 +1,17 @@
 """Roofline: a fixed overhead floor plus the larger of compute time and memory time."""
+# Bounds (the fit keeps every constant inside them): c_compute and c_memory multiply times at the
+# hardware's peak, and no kernel beats the peak, so min 1; max 100 (1% of peak) is generous.
+# overhead_us >= 0. queue_us and out_tok_us are per-request delays the real data bound: every
+# TTFT contains queue_us + out_tok_us, and the fastest TTFT of any request in
+# ../shared/data/replay is 15.8 ms (Mixtral-8x7B general; Llama-2-7B's fastest are 16.3 ms), so
+# queue_us <= 15000; every later token costs a step plus out_tok_us, and the fastest mean
+# inter-token time of any request is 6.16 ms (Llama-2-7B codegen), so out_tok_us <= 6000.
 CONSTANTS = {
-    "overhead_us": 2000.0,
-    "c_compute": 2.0,
-    "c_memory": 1.3,
-    "queue_us": 2000.0,
-    "out_tok_us": 50.0,
+    "overhead_us": {"start": 2000.0, "min": 0.0},
+    "c_compute": {"start": 2.0, "min": 1.0, "max": 100.0},
+    "c_memory": {"start": 1.3, "min": 1.0, "max": 100.0},
+    "queue_us": {"start": 2000.0, "min": 0.0, "max": 15000.0},
+    "out_tok_us": {"start": 50.0, "min": 0.0, "max": 6000.0},
 }
 
 

@@ -116,3 +116,49 @@ def snapshot(archive_dir) -> dict:
     out = {k: db.execute(v).fetchall() for k, v in q.items()}
     db.close()
     return out
+
+
+class FixedEmitter:
+    """A third emitter, added without touching the loop: proposes one program, every time."""
+
+    share = 1.0
+
+    def __init__(self, source: str):
+        self.source, self.told = source, []
+
+    def available(self) -> bool:
+        return True
+
+    def resume(self, archive, run_id) -> None:
+        pass
+
+    def ask(self, ctx):
+        from evolve.emitters import Proposal
+
+        return Proposal("fixed", [ctx.parent.id], self.source, "the same child every time")
+
+    def tell(self, proposal, outcome, program_index=None) -> None:
+        self.told.append((outcome, program_index))
+
+    def status(self) -> dict:
+        return {"fixed_told": len(self.told)}
+
+
+def downgrade_to_schema_1(directory) -> None:
+    """Make an archive what stepml-evolve wrote before CV scores: no cv tables, schema_version 1."""
+    db = sqlite3.connect(directory / Archive.FILE)
+    db.execute("DROP TABLE cv_scores")
+    db.execute("DROP TABLE cv_evaluations")
+    db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+
+
+def table_schemas(directory) -> dict:
+    """Every table of an archive with its columns (PRAGMA table_info)."""
+    db = sqlite3.connect(directory / Archive.FILE)
+    try:
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        return {t: db.execute(f"PRAGMA table_info({t})").fetchall() for t in names}
+    finally:
+        db.close()

@@ -69,7 +69,10 @@ def test_list_defaults_to_fully_evaluated_programs_by_validation_loss(archive_di
         assert (r["generation"], r["complexity"], r["components"], r["parents"]) == (p.generation, p.complexity, p.components, p.parents)
         assert r["val_loss"] == pytest.approx(p.val_loss) and r["cell"] == list(cell_of(p.complexity, p.n_components))
         assert set(r) == {"id", "generation", "operator", "operator_detail", "parents", "train_loss", "val_loss", "test_loss",
-                          "quick_loss", "complexity", "n_components", "components", "stage", "cell"}
+                          "quick_loss", "complexity", "n_components", "components", "stage", "cell", "cv"}
+    # the run ended by cross-validating its front (--front-cv lomo, the default) and nothing else
+    front = {r["id"] for r in as_json("pareto", "--archive", archive_dir)}
+    assert front and all(set(r["cv"]) == ({"lomo"} if r["id"] in front else set()) for r in rows)
 
 
 def test_list_all_includes_screened_programs_after_the_evaluated_ones(archive_dir, records):

@@ -10,6 +10,7 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
+from conftest import downgrade_to_schema_1, table_schemas
 import archive.store as store
 from archive.grid import AddStatus, Elites, cell_of
 from archive.records import (EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord,
@@ -112,6 +113,27 @@ def test_an_older_schema_is_migrated_in_place_or_refused_without_a_path(tmp_path
     assert "note" in {r[1] for r in a.db.execute("PRAGMA table_info(runs)")}
     a.close()
     Archive(tmp_path, read_only=True).close()  # now current
+
+
+def test_a_schema_1_archive_gets_the_cv_tables_of_a_new_archive(tmp_path):
+    """Schema 1 (before CV scores) is schema 2 without cv_scores and cv_evaluations: migrated when
+    opened for writing, to exactly the tables a new archive has, its records untouched."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    for d in (new, old):
+        a = Archive(d, create=True)
+        run_id = a.create_run("label", "fp", True, 3, {})
+        a.write_generation(run_id, 0, 1.0, [NewProgram(_program(1), [_row("exp-a", "train")])], [], [], GenerationRecord())
+        a.close()
+    downgrade_to_schema_1(old)
+    with pytest.raises(ArchiveError, match=r"archive schema 1 is older .*`evolve archive migrate --archive "):
+        Archive(old, read_only=True)
+    a = Archive(old)
+    assert a.migrated_from == 1 and a.schema_version() == store.SCHEMA_VERSION == 2
+    assert a.cv_scores() == [] and [p.source for p in a.programs()] == [_program(1).source]
+    assert len(a.metric_rows(1)) == 1
+    a.close()
+    assert table_schemas(old) == table_schemas(new)
+    assert Archive(old, read_only=True).migrated_from is None
 
 
 def test_an_archive_without_a_schema_version_is_refused(tmp_path):

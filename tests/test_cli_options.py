@@ -13,7 +13,8 @@ from evolve.search import SearchConfig
 RUN_OPTIONS = {"--generations": "generations", "--seed": "seed", "--children": "children", "--quick-evals": "quick_evals",
                "--full-fit-evals": "full_fit_evals", "--max-promotions": "max_promotions", "--islands": "islands",
                "--migration-interval": "migration_interval", "--llm-ratio": "llm_ratio", "--semantics": "semantics",
-               "--fit-method": "fit_method", "--objective": "objective", "--patience": "patience"}
+               "--fit-method": "fit_method", "--objective": "objective", "--patience": "patience", "--units": "units",
+               "--cv": "cv", "--front-cv": "front_cv"}
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 
 

@@ -52,6 +52,22 @@ def test_valid_reply_is_parsed_validated_and_cached(tmp_path):
         assert len(server.requests) == 1
 
 
+UNITS_REPLY = ("```python\nCONSTANTS = {\"k\": 1.0}\n\ndef step_time(f, c):\n"
+               "    return c.k * f.gemm_pf + f.n_req\n```")
+
+
+def test_a_reply_whose_step_time_is_not_a_time_is_retried_with_the_units_rule(tmp_path):
+    with ScriptedLLM([("reply", UNITS_REPLY), ("reply", program_reply())]) as server:
+        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        assert p.source is not None and [a.outcome for a in p.attempts] == ["invalid_program", "valid"]
+        retry_msg = server.requests[1]["messages"][-1]["content"]
+        assert "[units]" in retry_msg and "line 4: step_time returns a count, which is not a time" in retry_msg
+    with ScriptedLLM([("reply", UNITS_REPLY)]) as server:  # --units off: the same reply is a child
+        client = LLMClient("openai/test-model", tmp_path / "cache2", base_url=server.base_url, timeout_s=2.0)
+        p = LLMOperator(client, Budget(), units=False).propose(_Parent, ROWS, [])
+        assert p.source is not None and [a.outcome for a in p.attempts] == ["valid"]
+
+
 def test_invalid_program_is_retried_with_the_rejection_fed_back(tmp_path):
     with ScriptedLLM([("reply", INVALID_REPLY), ("reply", program_reply())]) as server:
         p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
@@ -157,7 +173,7 @@ def _variety(n: int) -> str:
     return program_reply(COMPONENT_NAMES[n % len(COMPONENT_NAMES)], note=f"variant {n}")
 
 
-SMALL = ["--seed-fit-evals", "30", "--full-fit-evals", "16", "--quick-evals", "16", "--children", "4"]
+SMALL = ["--seed-fit-evals", "30", "--full-fit-evals", "16", "--quick-evals", "16", "--children", "4", "--front-cv", "none"]
 
 
 def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):

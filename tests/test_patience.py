@@ -188,7 +188,7 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     assert res.exit_code == 2 and "objective: run rms, now worst3" in res.stderr, res.output
     assert snapshot(d) == before  # nothing ran
 
-    res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--json"])
+    res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--units", "off", "--json"])  # units: also legacy
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["generations"] == 1
     after = snapshot(d)

@@ -11,11 +11,11 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from conftest import snapshot
+from conftest import FixedEmitter, snapshot
 from archive.store import Archive
 from evolve.cli import app
 
-SMALL = ["--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "5"]
+SMALL = ["--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "5", "--front-cv", "none"]
 
 
 def run(archive, generations, *extra, seed=3):
@@ -224,32 +224,6 @@ def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(tmp
         run(d, stop, "--children", "6")
         run(d, 6, "--children", "6", "--resume")
         assert snapshot(d) == whole, f"stopped after generation {stop}"
-
-
-class FixedEmitter:
-    """A third emitter, added without touching the loop: proposes one program, every time."""
-
-    share = 1.0
-
-    def __init__(self, source: str):
-        self.source, self.told = source, []
-
-    def available(self) -> bool:
-        return True
-
-    def resume(self, archive, run_id) -> None:
-        pass
-
-    def ask(self, ctx):
-        from evolve.emitters import Proposal
-
-        return Proposal("fixed", [ctx.parent.id], self.source, "the same child every time")
-
-    def tell(self, proposal, outcome, program_index=None) -> None:
-        self.told.append((outcome, program_index))
-
-    def status(self) -> dict:
-        return {"fixed_told": len(self.told)}
 
 
 def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children(tmp_path):

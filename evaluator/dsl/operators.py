@@ -10,12 +10,13 @@ are visited, how a variadic call or a comparison chain folds); the facts are her
   numexpr          numexpr_compile  forms and hoisted temporaries
   Go               evolve/emit_go   forms, precedences and the model's helper functions
   GP (DEAP)        evolve/symbolic  primitive names, and their order in the primitive set
+  units            units.py         each operator's unit rule (`units`: a name in UNIT_RULES)
 
 Adding an operator of an existing kind, e.g. a function tanh(x), takes:
   1. one row here, among the calls (the GP primitive set adds primitives in table order, so
      a row's position changes which children DEAP draws, not what any program computes):
        Operator("tanh", Kind.CALL, "tanh", (1, 1), "call", "tanh(x)", opcode=30, vm="TANH",
-                numexpr="tanh({0})", go="math.Tanh({0})", gp="tanh"),
+                numexpr="tanh({0})", go="math.Tanh({0})", gp="tanh", units="dimensionless"),
   2. one branch in `vm.run_code`:
        elif op == Opcode.TANH:
            stack[sp - 1] = np.tanh(stack[sp - 1])
@@ -36,6 +37,21 @@ EXP_CLAMP = 80.0  # exp(x) is exp(min(x, EXP_CLAMP)): finite for every finite x
 
 # Go operator precedences: the spec's binary levels x 10, unary operators above, operands on top
 GO_ADD, GO_MUL, GO_UNARY, GO_ATOM = 40, 50, 90, 100
+
+
+# How an operator's operands and result carry units (powers of microseconds; see units.py).
+UNIT_RULES = {
+    "same": "the operands have one unit, which is the result's (a + b, max(a, b))",
+    "keep": "the result has the operand's unit (-a, abs(a))",
+    "product": "exponents add (a * b)",
+    "quotient": "exponents subtract (a / b)",
+    "power": "the exponent is multiplied by the literal p (a ** p)",
+    "half": "the exponent is halved (sqrt(a))",
+    "dimensionless": "the operand must be a count, and so is the result (log(a), exp(a))",
+    "compare": "the operands have one unit; the result is a condition",
+    "condition": "the operands are conditions, and so is the result (and, or, not)",
+    "select": "both branches have one unit, which is the result's (a if cond else b)",
+}
 
 
 class Kind(Enum):
@@ -71,6 +87,7 @@ class Operator:
     gp: str | None = None  # DEAP primitive name; None: GP trees cannot hold it
     hoist: str | None = None  # numexpr: evaluated once into a temporary (the form uses it twice)
     exponent: str | None = None  # "**" rows: "integer" or "other" exponents (a literal, not an operand)
+    units: str = ""  # the unit rule (a key of UNIT_RULES)
 
     @property
     def identity(self) -> bool:
@@ -80,40 +97,41 @@ class Operator:
 
 def _compare(symbol: str, node: type[ast.AST], opcode: int, vm: str, gp: str | None = None) -> Operator:
     return Operator(symbol, Kind.COMPARE, node, (2, 2), "condition", f"1 if a {symbol} b else 0", opcode=opcode, vm=vm,
-                    numexpr=f"({{0}} {symbol} {{1}})", go=f"{{0}} {symbol} {{1}}", gp=gp)
+                    numexpr=f"({{0}} {symbol} {{1}})", go=f"{{0}} {symbol} {{1}}", gp=gp, units="compare")
 
 
 OPERATORS: tuple[Operator, ...] = (
     Operator("+", Kind.BINARY, ast.Add, (2, 2), "operator", "a + b", opcode=6, vm="ADD",
-             numexpr="({0} + {1})", go="{0} + {1}", go_prec=GO_ADD, gp="add"),
+             numexpr="({0} + {1})", go="{0} + {1}", go_prec=GO_ADD, gp="add", units="same"),
     Operator("-", Kind.BINARY, ast.Sub, (2, 2), "operator", "a - b", opcode=7, vm="SUB",
-             numexpr="({0} - {1})", go="{0} - {1}", go_prec=GO_ADD, gp="sub"),
+             numexpr="({0} - {1})", go="{0} - {1}", go_prec=GO_ADD, gp="sub", units="same"),
     # float64(...) rounds the product: Go may not fuse it with an addition into an FMA (arm64)
     Operator("*", Kind.BINARY, ast.Mult, (2, 2), "operator", "a * b", opcode=8, vm="MUL",
-             numexpr="({0} * {1})", go="float64({0} * {1})", go_prec=GO_MUL, gp="mul"),
+             numexpr="({0} * {1})", go="float64({0} * {1})", go_prec=GO_MUL, gp="mul", units="product"),
     Operator("/", Kind.BINARY, ast.Div, (2, 2), "operator", "a / b, and 0 where b == 0", opcode=9, vm="DIV",
-             numexpr="where({h} != 0.0, ({0}) / {h}, 0.0)", hoist="{1}", go="{Div}({0}, {1})", gp="div"),
+             numexpr="where({h} != 0.0, ({0}) / {h}, 0.0)", hoist="{1}", go="{Div}({0}, {1})", gp="div", units="quotient"),
     Operator("-", Kind.UNARY, ast.USub, (1, 1), "operator", "-a", opcode=10, vm="NEG",
-             numexpr="(-{0})", go="-{0}", go_prec=GO_UNARY, gp="neg"),
+             numexpr="(-{0})", go="-{0}", go_prec=GO_UNARY, gp="neg", units="keep"),
     Operator("+", Kind.UNARY, ast.UAdd, (1, 1), "operator", "a", opcode=None, vm=None,
-             numexpr="{0}", go="{0}", go_prec=GO_UNARY),
+             numexpr="{0}", go="{0}", go_prec=GO_UNARY, units="keep"),
     Operator("max", Kind.CALL, "max", (2, 8), "call", "the largest: b if b > a else a, folded left", opcode=13, vm="MAX",
-             numexpr="where({1} > {0}, {1}, {0})", go="{Max}({0}, {1})", gp="max2"),
+             numexpr="where({1} > {0}, {1}, {0})", go="{Max}({0}, {1})", gp="max2", units="same"),
     Operator("min", Kind.CALL, "min", (2, 8), "call", "the smallest: b if b < a else a, folded left", opcode=14, vm="MIN",
-             numexpr="where({1} < {0}, {1}, {0})", go="{Min}({0}, {1})", gp="min2"),
+             numexpr="where({1} < {0}, {1}, {0})", go="{Min}({0}, {1})", gp="min2", units="same"),
     Operator("abs", Kind.CALL, "abs", (1, 1), "call", "|x|", opcode=15, vm="ABS",
-             numexpr="abs({0})", go="math.Abs({0})", gp="abs"),
+             numexpr="abs({0})", go="math.Abs({0})", gp="abs", units="keep"),
     Operator("sqrt", Kind.CALL, "sqrt", (1, 1), "call", "sqrt(|x|)", opcode=16, vm="SQRT",
-             numexpr="sqrt(abs({0}))", go="math.Sqrt(math.Abs({0}))", gp="sqrt"),
+             numexpr="sqrt(abs({0}))", go="math.Sqrt(math.Abs({0}))", gp="sqrt", units="half"),
     Operator("log", Kind.CALL, "log", (1, 1), "call", "log(|x|), and 0 at x == 0", opcode=17, vm="LOG",
-             numexpr="where({h} > 0.0, log({h}), 0.0)", hoist="abs({0})", go="{Log}({0})", gp="log"),
+             numexpr="where({h} > 0.0, log({h}), 0.0)", hoist="abs({0})", go="{Log}({0})", gp="log", units="dimensionless"),
     Operator("exp", Kind.CALL, "exp", (1, 1), "call", f"exp(min(x, {EXP_CLAMP:g}))", opcode=18, vm="EXP",
-             numexpr=f"exp(where({{h}} < {EXP_CLAMP!r}, {{h}}, {EXP_CLAMP!r}))", hoist="{0}", go="{Exp}({0})", gp="exp"),
+             numexpr=f"exp(where({{h}} < {EXP_CLAMP!r}, {{h}}, {EXP_CLAMP!r}))", hoist="{0}", go="{Exp}({0})", gp="exp",
+             units="dimensionless"),
     # ** after the calls: GP adds its powers (pow2, pow0_5, ...) after neg, abs, sqrt, log, exp
     Operator("**", Kind.BINARY, ast.Pow, (2, 2), "exponent", "x ** p for a literal integer p, |p| <= 4", opcode=11, vm="POWI",
-             numexpr="({0})**({p})", go="math.Pow({0}, {p})", gp="pow", exponent="integer"),
+             numexpr="({0})**({p})", go="math.Pow({0}, {p})", gp="pow", exponent="integer", units="power"),
     Operator("**", Kind.BINARY, ast.Pow, (2, 2), "exponent", "|x| ** p for a literal non-integer p, |p| <= 4", opcode=12,
-             vm="POWF", numexpr="abs({0})**({p})", go="math.Pow(math.Abs({0}), {p})", gp="pow", exponent="other"),
+             vm="POWF", numexpr="abs({0})**({p})", go="math.Pow(math.Abs({0}), {p})", gp="pow", exponent="other", units="power"),
     _compare("<", ast.Lt, 19, "LT"),
     _compare("<=", ast.LtE, 20, "LE"),
     _compare(">", ast.Gt, 21, "GT", gp="ifgt"),  # GP: ifgt(a, b, then, else)
@@ -123,13 +141,13 @@ OPERATORS: tuple[Operator, ...] = (
     # Go: helpers, not && and ||: go vet rejects `x != 1 || x != 2` and repeated operands, which
     # are valid (if odd) programs; the operands have no side effects
     Operator("and", Kind.BOOL, ast.And, (2, None), "condition", "1 if a != 0 and b != 0 else 0", opcode=25, vm="AND",
-             numexpr="{0} & {1}", go="{And}({0}, {1})"),
+             numexpr="{0} & {1}", go="{And}({0}, {1})", units="condition"),
     Operator("or", Kind.BOOL, ast.Or, (2, None), "condition", "1 if a != 0 or b != 0 else 0", opcode=26, vm="OR",
-             numexpr="{0} | {1}", go="{Or}({0}, {1})"),
+             numexpr="{0} | {1}", go="{Or}({0}, {1})", units="condition"),
     Operator("not", Kind.NOT, ast.Not, (1, 1), "condition", "1 if a == 0 else 0", opcode=27, vm="NOT",
-             numexpr="(~{0})", go="!({0})"),
+             numexpr="(~{0})", go="!({0})", units="condition"),
     Operator("if-else", Kind.IF_ELSE, ast.IfExp, (3, 3), "condition", "a if cond != 0 else b (both evaluated)", opcode=28,
-             vm="SELECT", numexpr="where({0}, {1}, {2})", go="{Select}({0}, {1}, {2})"),
+             vm="SELECT", numexpr="where({0}, {1}, {2})", go="{Select}({0}, {1}, {2})", units="select"),
 )
 
 _BY_NODE = {op.node: op for op in OPERATORS if not op.exponent}  # AST operator class or call name -> row
@@ -195,6 +213,9 @@ def _check_table() -> None:
     names = [op.vm for op in OPERATORS if op.vm is not None]
     if len(set(opcodes)) != len(opcodes) or len(set(names)) != len(names) or len(names) != len(opcodes):
         raise AssertionError("every VM opcode of the operator table needs its own number and name")
+    unruled = [op.symbol for op in OPERATORS if op.units not in UNIT_RULES]
+    if unruled:
+        raise AssertionError(f"operators without a unit rule (a key of UNIT_RULES): {unruled}")
 
 
 _check_table()

@@ -7,6 +7,14 @@ The operators a program may use, and what they compute, are the table in `operat
 Rules (each rejection names the line and the rule broken):
   * top level: an optional docstring, `CONSTANTS = {"name": number, ...}` and the functions
     step_time(f, c) [required], queueing_time(r, c), output_token_time(c), post_decode_time(c);
+  * a constant is a number (its starting value) or a bounded constant
+    `"name": {"start": 1.5, "min": 1.0, "max": 50.0}`: "start" required, "min" and "max" optional
+    (an omitted side is unbounded), all finite numbers with min < max and min <= start <= max.
+    The fit keeps the constant inside [min, max]. `Program.constants` maps names to starting
+    values whatever the form (so the compilers and the Go emitter see numbers only);
+    `Program.bounds` holds (min, max) of the bounded ones, -inf/inf for an open side.
+    `render_constants` and `with_constants` write bounded constants back in the dict form, so
+    bounds survive fitting, the archive and re-parsing;
   * function bodies: optional docstring, local assignments `name = expr`, one final `return expr`;
   * expressions: numbers, f.<component>, c.<constant>, r.<request field>, local names,
     + - * / (division protected: x/0 = 0), unary minus, ** with a literal exponent |p| <= 4,
@@ -75,6 +83,7 @@ class Program:
     constants: dict[str, float]
     functions: dict[str, ast.FunctionDef]
     constants_span: tuple[int, int] | None = None  # 1-based line span of the CONSTANTS dict
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # bounded constants: (min, max), +-inf if open
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -105,13 +114,19 @@ class Program:
         return self._cache["components"]
 
     def with_constants(self, values: dict[str, float], header: str | None = None) -> "Program":
-        """The same program with new constant values (comments and layout kept elsewhere)."""
+        """The same program with new constant values (comments and layout kept elsewhere) and the
+        same bounds. A value outside its constant's bounds is an error (ProgramError, rule
+        "constants"): fits keep inside them, and whoever makes values otherwise must clip (`clip`)."""
         unknown = set(values) - set(self.constants)
         if unknown:
             raise KeyError(f"unknown constants {sorted(unknown)}")
         consts = {k: float(values.get(k, v)) for k, v in self.constants.items()}
+        for k, (lo, hi) in self.bounds.items():
+            if not lo <= consts[k] <= hi:
+                raise ProgramError(None, "constants", f"value {consts[k]!r} of constant {k!r} is outside its bounds "
+                                                      f"[{_bound_text(lo)}, {_bound_text(hi)}]")
         lines = self.source.splitlines()
-        block = render_constants(consts)
+        block = render_constants(consts, self.bounds)
         if self.constants_span:
             a, b = self.constants_span
             lines = lines[: a - 1] + block.splitlines() + lines[b:]
@@ -123,11 +138,34 @@ class Program:
             lines = [f"# fitted: {h}" for h in header.splitlines()] + lines
         return parse_program("\n".join(lines) + "\n")
 
+    def clip(self, values: dict[str, float]) -> dict[str, float]:
+        """`values` with each bounded constant moved into its bounds (others unchanged)."""
+        return {k: clip_to(v, self.bounds.get(k)) for k, v in values.items()}
 
-def render_constants(consts: dict[str, float]) -> str:
+
+def clip_to(value: float, bounds: tuple[float, float] | None) -> float:
+    """`value` moved into [min, max] (unchanged when `bounds` is None)."""
+    value = float(value)
+    return value if bounds is None else min(max(value, bounds[0]), bounds[1])
+
+
+def _bound_text(v: float) -> str:
+    return repr(float(v)) if math.isfinite(v) else ("-inf" if v < 0 else "inf")
+
+
+def render_constants(consts: dict[str, float], bounds: dict[str, tuple[float, float]] | None = None) -> str:
+    """The CONSTANTS block: plain `"name": value` lines, and `"name": {"start": value, "min": ..,
+    "max": ..}` for the constants `bounds` bounds (an open side is left out)."""
     if not consts:
         return "CONSTANTS = {}"
-    items = [f'    "{k}": {float(v)!r},' for k, v in consts.items()]
+    items = []
+    for k, v in consts.items():
+        lo, hi = (bounds or {}).get(k, (-math.inf, math.inf))
+        if math.isfinite(lo) or math.isfinite(hi):
+            sides = "".join(f', "{side}": {float(b)!r}' for side, b in (("min", lo), ("max", hi)) if math.isfinite(b))
+            items.append(f'    "{k}": {{"start": {float(v)!r}{sides}}},')
+        else:
+            items.append(f'    "{k}": {float(v)!r},')
     return "CONSTANTS = {\n" + "\n".join(items) + "\n}"
 
 
@@ -263,24 +301,60 @@ class _FunctionChecker:
             self.fail(node, "request-field", f"unknown request field r.{node.attr} (known: {', '.join(REQUEST_FIELDS)})")
 
 
-def _parse_constants(node: ast.Assign) -> dict[str, float]:
+BOUND_KEYS = ("start", "min", "max")
+
+
+def _parse_bounded(name: str, node: ast.Dict) -> tuple[float, tuple[float, float]]:
+    """{"start": s, "min": lo, "max": hi} -> (s, (lo, hi)), an omitted side +-inf."""
+    fields: dict[str, float] = {}
+    for k, v in zip(node.keys, node.values):
+        if not (isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value in BOUND_KEYS):
+            what = repr(k.value)[:40] if isinstance(k, ast.Constant) else "**"
+            raise ProgramError(getattr(k, "lineno", node.lineno), "constants",
+                               f"constant {name!r}: unknown key {what} (allowed: {', '.join(map(repr, BOUND_KEYS))})")
+        if k.value in fields:
+            raise ProgramError(k.lineno, "constants", f"constant {name!r}: {k.value!r} given twice")
+        val = literal_number(v)
+        if val is None or not math.isfinite(val):
+            raise ProgramError(v.lineno, "constants", f"constant {name!r}: {k.value!r} must be a finite number")
+        fields[k.value] = val
+    if "start" not in fields:
+        raise ProgramError(node.lineno, "constants", f"constant {name!r}: a bounded constant needs a \"start\" value")
+    start, lo, hi = fields["start"], fields.get("min", -math.inf), fields.get("max", math.inf)
+    if not lo < hi:
+        raise ProgramError(node.lineno, "constants", f"constant {name!r}: min {lo!r} must be below max {hi!r}")
+    if not lo <= start <= hi:
+        raise ProgramError(node.lineno, "constants",
+                           f"constant {name!r}: start {start!r} is outside [{_bound_text(lo)}, {_bound_text(hi)}]")
+    return start, (lo, hi)
+
+
+def _parse_constants(node: ast.Assign) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Starting values of all constants, and (min, max) of the bounded ones."""
     if not isinstance(node.value, ast.Dict):
         raise ProgramError(node.lineno, "constants", "CONSTANTS must be a dict literal")
     out: dict[str, float] = {}
+    bounds: dict[str, tuple[float, float]] = {}
     for k, v in zip(node.value.keys, node.value.values):
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
             raise ProgramError(node.lineno, "constants", "CONSTANTS keys must be string literals")
         if not _NAME_RE.match(k.value):
             raise ProgramError(k.lineno, "constants", f"constant name {k.value[:40]!r} must be an identifier without leading underscore")
-        val = literal_number(v)
-        if val is None or not math.isfinite(val):
-            raise ProgramError(v.lineno, "constants", f"constant {k.value!r} must be a finite number")
         if k.value in out:
             raise ProgramError(k.lineno, "constants", f"constant {k.value!r} defined twice")
+        if isinstance(v, ast.Dict):
+            val, (lo, hi) = _parse_bounded(k.value, v)
+            if math.isfinite(lo) or math.isfinite(hi):
+                bounds[k.value] = (lo, hi)
+        else:
+            val = literal_number(v)
+            if val is None or not math.isfinite(val):
+                raise ProgramError(v.lineno, "constants", f"constant {k.value!r} must be a finite number "
+                                                          "or {\"start\": number, \"min\": number, \"max\": number}")
         out[k.value] = val
     if len(out) > MAX_CONSTANTS:
         raise ProgramError(node.lineno, "constants", f"more than {MAX_CONSTANTS} constants")
-    return out
+    return out, bounds
 
 
 def parse_program(source: str) -> Program:
@@ -306,13 +380,14 @@ def parse_program(source: str) -> Program:
         doc = body[0].value.value.strip()
         body = body[1:]
     constants: dict[str, float] | None = None
+    bounds: dict[str, tuple[float, float]] = {}
     span = None
     functions: dict[str, ast.FunctionDef] = {}
     for stmt in body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == "CONSTANTS":
             if constants is not None:
                 raise ProgramError(stmt.lineno, "top-level", "CONSTANTS defined twice")
-            constants = _parse_constants(stmt)
+            constants, bounds = _parse_constants(stmt)
             span = (stmt.lineno, stmt.end_lineno)
         elif isinstance(stmt, ast.FunctionDef):
             if stmt.name not in FUNCTIONS:
@@ -330,7 +405,7 @@ def parse_program(source: str) -> Program:
     constants = constants or {}
     for name, fn in functions.items():
         _FunctionChecker(fn, FUNCTIONS[name], constants).check()
-    return Program(source=source, doc=doc, constants=constants, functions=functions, constants_span=span)
+    return Program(source=source, doc=doc, constants=constants, functions=functions, constants_span=span, bounds=bounds)
 
 
 def load_program(path) -> Program:

@@ -1,0 +1,139 @@
+"""Generalization inside the search: `evolve run --cv lomo|lowo` makes a promoted child's full fit
+the fold fits too (its validation loss is the CV loss, the score stored with it), and every run
+ends by cross-validating its Pareto front (`--front-cv`)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import only_error_line
+from archive.grid import pareto_front
+from archive.store import Archive
+from evolve.cli import app
+
+TINY = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "3", "--children", "3", "--seed", "4"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def run(archive, *extra, generations=1):
+    res = invoke("run", "--generations", generations, "--archive", archive, *TINY, *extra)
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def programs(archive_dir):
+    a = Archive(archive_dir, read_only=True)
+    try:
+        return a.programs(), {p.id: a.cv_scores(p.id) for p in a.programs()}, a.run()
+    finally:
+        a.close()
+
+
+@pytest.fixture(scope="module")
+def plain_and_cv(tmp_path_factory):
+    plain, cv = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("cv")
+    run(plain, "--front-cv", "none")
+    run(cv, "--cv", "lomo", "--front-cv", "none")
+    return plain, cv
+
+
+def test_cv_run_validation_loss_is_the_stored_cv_loss(plain_and_cv):
+    _, cv = plain_and_cv
+    progs, scores, _ = programs(cv)
+    full = [p for p in progs if p.full]
+    assert len(full) >= 5  # the seeds, at least
+    for p in full:
+        (score,) = scores[p.id]
+        assert score.protocol == "lomo" and len(score.folds) == 4
+        assert p.val_loss == pytest.approx(score.loss)
+    assert all(not scores[p.id] for p in progs if not p.full)  # screened children are not cross-validated
+
+
+def test_cv_run_fits_the_same_constants_and_only_changes_the_validation_loss(plain_and_cv):
+    """The fit on every experiment is the same fit with or without --cv (same seed): same constants,
+    same train and test loss; the validation loss is the CV loss instead of the validation windows'."""
+    plain, cv = plain_and_cv
+    a, _, _ = programs(plain)
+    b, _, _ = programs(cv)
+    seeds_a = {p.operator: p for p in a if p.stage == "seed"}
+    seeds_b = {p.operator: p for p in b if p.stage == "seed"}
+    assert seeds_a.keys() == seeds_b.keys()
+    for op, p in seeds_a.items():
+        q = seeds_b[op]
+        assert p.constants == q.constants and p.train_loss == q.train_loss and p.test_loss == q.test_loss, op
+    assert any(seeds_a[op].val_loss != seeds_b[op].val_loss for op in seeds_a)
+
+
+def test_without_cv_no_scores_and_front_cv_none_skips(plain_and_cv):
+    plain, _ = plain_and_cv
+    _, scores, run_rec = programs(plain)
+    assert not any(scores.values())
+    assert all("cv" not in f for f in run_rec.summary["front"])
+
+
+def test_every_run_ends_with_its_front_cross_validated(tmp_path):
+    res = run(tmp_path, "--front-cv", "lowo", "--json")
+    out = json.loads(res.stdout)
+    progs, scores, run_rec = programs(tmp_path)
+    front = pareto_front(progs)
+    assert front and {f["id"] for f in out["front"]} == {p.id for p in front}
+    for p in front:
+        (score,) = [s for s in scores[p.id] if s.protocol == "lowo"]
+        assert score.max_evals == 6  # the budget of a promoted child's fit
+    for f in out["front"]:
+        assert f["cv"]["lowo"] == pytest.approx([s.loss for s in scores[f["id"]]][0])
+    assert run_rec.summary["front"] == out["front"]
+    assert not any(scores[p.id] for p in progs if p.id not in {q.id for q in front})
+    # a resume with nothing left to run scores nothing again (every front member has its score)
+    db = sqlite3.connect(tmp_path / Archive.FILE)
+    created = db.execute("SELECT program_id, created FROM cv_scores ORDER BY program_id").fetchall()
+    db.close()
+    res = invoke("run", "--generations", 1, "--archive", tmp_path, *TINY, "--front-cv", "lowo", "--resume")
+    assert res.exit_code == 0, res.output
+    db = sqlite3.connect(tmp_path / Archive.FILE)
+    assert db.execute("SELECT program_id, created FROM cv_scores ORDER BY program_id").fetchall() == created
+    db.close()
+
+
+def test_resume_with_other_cv_is_refused_and_old_archives_resume_as_none(tmp_path, plain_and_cv):
+    _, cv = plain_and_cv
+    copy = tmp_path / "copy"
+    shutil.copytree(cv, copy)
+    only_error_line(invoke("run", "--generations", 2, "--archive", copy, *TINY, "--resume"), "cv: run lomo, now none")
+    legacy = tmp_path / "legacy"
+    shutil.copytree(plain_and_cv[0], legacy)
+    db = sqlite3.connect(legacy / Archive.FILE)
+    (config,) = db.execute("SELECT config FROM runs").fetchone()
+    config = json.loads(config)
+    del config["search"]["cv"]
+    db.execute("UPDATE runs SET config=?", (json.dumps(config),))
+    db.commit()
+    db.close()
+    only_error_line(invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--cv", "lowo",
+                           "--front-cv", "none"), "cv: run none, now lowo")
+    res = invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--front-cv", "none")
+    assert res.exit_code == 0, res.output
+
+
+def test_cv_needs_data_with_two_models(tmp_path, synthetic):
+    one = tmp_path / "one"
+    one.mkdir()
+    res = invoke("data", "synth", "--out", tmp_path / "all")
+    assert res.exit_code == 0, res.output
+    first = sorted(p for p in (tmp_path / "all").iterdir() if p.is_dir())[0]
+    shutil.copytree(first, one / first.name)
+    only_error_line(invoke("run", "--generations", 1, "--archive", tmp_path / "arch", "--data", one, *TINY, "--cv", "lomo"),
+                    "one model only")
+    # a plain run on that data ends without a front score, with a note, not an error
+    res = invoke("run", "--generations", 0, "--archive", tmp_path / "arch2", "--data", one, *TINY)
+    assert res.exit_code == 0, res.output
+    assert "skipped: cross-validating the front" in res.stderr
+    assert math.isfinite(json.loads(invoke("archive", "list", "--archive", tmp_path / "arch2", "--json").stdout)[0]["val_loss"])

@@ -23,7 +23,7 @@ from archive.browse import BrowseError, latest_archive_dir, resolve, run_program
 from archive.grid import pareto_front
 from archive.records import CVScoreRecord, ProgramRecord, RunRecord
 from archive.store import SCHEMA_VERSION, Archive
-from evaluator.crossval import cross_validate, make_folds
+from evaluator.crossval import PROTOCOLS, cross_validate, make_folds
 from evaluator.datasets import LoadedData
 from evaluator.dsl import parse_program
 from evaluator.engine import Engine
@@ -37,8 +37,7 @@ from .inputs import load_usable
 from .progress import fit_progress
 from .search import LEGACY_SETTINGS
 
-PROTOCOLS = ("lomo", "lowo")  # what `evolve archive cv --protocol` offers (the library takes groups:FILE too)
-DEFAULT_PROTOCOL = "lomo"
+DEFAULT_PROTOCOL = "lomo"  # `evolve archive cv --protocol` offers crossval.PROTOCOLS (the library takes groups:FILE too)
 
 
 class ArchiveCVError(UserError):

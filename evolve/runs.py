@@ -58,14 +58,18 @@ def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engin
     except FoldError as e:
         log.skipped(f"cross-validating the front: {e}")
         return summary
+    def losses() -> dict[int, float | None]:  # program id -> its stored loss under the protocol
+        return {s.program_id: s.loss for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol}
+
     front = pareto_front(archive.programs(run_id))
-    missing = [p for p in front if not any(s.protocol == protocol for s in archive.cv_scores(p.id))]
+    scored = losses()
+    missing = [p for p in front if p.id not in scored]
     if missing:
         log.note(f"cross-validating {len(missing)} front program(s), {protocol} (--front-cv none skips this)")
         fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
         cross_validate_programs(archive, missing, loaded, engine, protocol, fit, say=log.note)
-    losses = {s.program_id: s.loss for p in front for s in archive.cv_scores(p.id) if s.protocol == protocol}
-    summary = {**summary, "front": [{**f, "cv": {protocol: losses.get(f["id"])}} for f in summary.get("front", [])]}
+        scored = losses()
+    summary = {**summary, "front": [{**f, "cv": {protocol: scored.get(f["id"])}} for f in summary.get("front", [])]}
     archive.set_summary(run_id, summary)
     return summary
 

@@ -33,7 +33,7 @@ from archive.grid import AddStatus, Elites, best, pareto_front
 from archive.records import (CVEvaluationRecord, CVScoreRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord,
                              RejectionRecord)
 from archive.store import Archive
-from evaluator.crossval import CrossValidation, cross_validate, make_folds
+from evaluator.crossval import PROTOCOLS, CrossValidation, cross_validate, make_folds
 from evaluator.datasets import LoadedData
 from evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
 from evaluator.engine import Engine
@@ -49,8 +49,8 @@ from .emitters import ARCHIVED, DUPLICATE, EVALUATION_FAILED, INVALID, AskContex
 from .selection import select_parent
 
 PASSED_DUPLICATE_FILTER = ("evaluation",)  # rejection rules applied after the duplicate check
-CV_MODES = ("none", "lomo", "lowo")  # --cv: what a full fit's validation loss is (none: the validation windows)
-FRONT_CV_MODES = ("lomo", "lowo", "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
+CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
+FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
 
 

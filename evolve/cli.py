@@ -26,7 +26,7 @@ from .emit_go import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from .crossval_job import cross_validate_program
 from .fitting_job import fit_program
 from .go_parity import DEFAULT_SAMPLES
-from .runs import LLMSettings, run_search
+from .runs import ENGINES, LLMSettings, run_search
 from .scoring import evaluate_program
 from .search import CV_MODES, FRONT_CV_MODES, SearchConfig
 from .tables import blis_comparison_table, cv_summary_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
@@ -291,6 +291,12 @@ def run_cmd(
     units: Literal["check", "off"] = typer.Option(SEARCH.units, "--units",
                                                   help="check: reject a seed or child whose step time is not a time "
                                                        "(e.g. microseconds plus a count), rule 'units'; off: no units check."),
+    engine: Literal[ENGINES] = typer.Option(ENGINES[0], "--engine",
+                                            help="mapelites: our MAP-Elites loop; openevolve: OpenEvolve's controller "
+                                                 "(needs --llm) over our evaluator, every program in the same archive."),
+    rewrites: bool = typer.Option(False, "--rewrites",
+                                  help="With --engine openevolve: ask the LLM for whole programs, not SEARCH/REPLACE "
+                                       "diffs (OpenEvolve's default)."),
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
@@ -302,7 +308,7 @@ def run_cmd(
     llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
                                max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
     outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log(),
-                         weights=weights)
+                         weights=weights, engine=engine, diffs=not rewrites)
     if as_json:
         print(dumps(outcome.to_json()))
         return

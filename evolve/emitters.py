@@ -156,9 +156,14 @@ class LLMEmitter:
 
 def prompt_rows(archive: Archive, parent: ProgramRecord) -> list[dict]:
     """The parent's signed errors per experiment on train and validate, for the LLM prompt."""
+    return signed_errors(archive.metric_rows(parent.id), ("train", "validate"))
+
+
+def signed_errors(metric_rows: list, splits: tuple[str, ...]) -> list[dict]:
+    """Per experiment and split (of `splits`): observed mean E2E and TTFT and the signed errors in percent."""
     rows = []
-    for r in archive.metric_rows(parent.id):
-        if r.split not in ("train", "validate") or r.n_requests == 0:
+    for r in metric_rows:
+        if r.split not in splits or r.n_requests == 0:
             continue
         o, p = r.observed, r.predicted
         rows.append({"experiment": r.name, "split": r.split, "e2e_obs": o.e2e_mean_s,

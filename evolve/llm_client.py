@@ -58,9 +58,11 @@ class LLMUnavailable(Exception):
         self.attempts = attempts
 
 
-def request_hash(model: str, messages: list[dict], temperature: float, max_tokens: int) -> str:
-    payload = json.dumps({"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens},
-                         sort_keys=True, ensure_ascii=False)
+def request_hash(model: str, messages: list[dict], temperature: float, max_tokens: int, tag: str = "") -> str:
+    request = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+    if tag:  # not sent: it tells apart requests whose messages are the same (an unset tag keeps old keys)
+        request["tag"] = tag
+    payload = json.dumps(request, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -106,10 +108,12 @@ class LLMClient:
         self._store(key, {"content": content, "error": error, "model": self.model, "created": time.time(),
                           "attempts": [{**a.record(), "cached": False} for a in attempts]})
 
-    def complete(self, messages: list[dict], may_retry: Callable[[list[Attempt]], bool] | None = None) -> Reply:
+    def complete(self, messages: list[dict], may_retry: Callable[[list[Attempt]], bool] | None = None,
+                 tag: str = "") -> Reply:
         """The reply to `messages`; raises LLMUnavailable when every attempt failed. may_retry
-        (given the attempts so far) can stop retries early, e.g. when a budget is spent."""
-        key = request_hash(self.model, messages, self.temperature, self.max_tokens)
+        (given the attempts so far) can stop retries early, e.g. when a budget is spent. tag joins
+        the cache key only: the n-th asking of the same messages gets its own reply."""
+        key = request_hash(self.model, messages, self.temperature, self.max_tokens, tag)
         hit = self._cached(key)
         if hit is not None:
             return self._replay(key, hit)

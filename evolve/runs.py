@@ -100,25 +100,67 @@ def _seed_file(paths: list[Path], name: str) -> Path | str:
     return name
 
 
-def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, config: SearchConfig):
+ENGINES = ("mapelites", "openevolve")  # --engine: our MAP-Elites loop, or OpenEvolve's controller over our evaluator
+
+
+def _llm_client(llm: LLMSettings, archive_dir: Path):
     from .llm_client import LLMClient
-    from .llm_operator import Budget, LLMOperator
+    from .llm_operator import Budget
 
     client = LLMClient(llm.model, archive_dir / "llm_cache", base_url=llm.base_url, timeout_s=llm.timeout_s, offline=llm.offline)
+    return client, Budget(max_calls=llm.max_calls, max_tokens=llm.max_tokens, max_usd=llm.max_usd)
+
+
+def _server(loaded: LoadedData) -> dict:
+    """The scheduler limits the system prompt quotes (those of the first experiment)."""
     s = loaded.experiments[0].server
-    return LLMOperator(client, Budget(max_calls=llm.max_calls, max_tokens=llm.max_tokens, max_usd=llm.max_usd),
-                       server={"budget_tokens": s.max_num_batched_tokens, "max_seqs": s.max_num_seqs},
-                       units=config.units == "check")
+    return {"budget_tokens": s.max_num_batched_tokens, "max_seqs": s.max_num_seqs}
+
+
+def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, config: SearchConfig):
+    from .llm_operator import LLMOperator
+
+    client, budget = _llm_client(llm, archive_dir)
+    return LLMOperator(client, budget, server=_server(loaded), units=config.units == "check")
+
+
+def _check_engine(engine: str, llm: LLMSettings | None, archive_dir: Path | None, resume: bool) -> None:
+    """What --engine openevolve needs (OpenEvolve installed, an LLM, a fresh archive), and that an
+    OpenEvolve archive is not resumed by either engine; one-line errors before any data is loaded."""
+    if engine not in ENGINES:
+        raise SearchError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    existing = None
+    if archive_dir is not None and (archive_dir / Archive.FILE).is_file():
+        stored = Archive(archive_dir, read_only=True)
+        try:
+            existing = stored.run()
+        finally:
+            stored.close()
+    if existing is not None and resume and (existing.config or {}).get("engine") == "openevolve":
+        raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
+                          "random state are not in the archive, so a continued run would diverge); start a new --archive")
+    if engine != "openevolve":
+        return
+    from .openevolve_engine import require_openevolve
+
+    require_openevolve()
+    if llm is None:
+        raise SearchError("--engine openevolve needs an LLM: pass --llm MODEL (and --llm-base-url for a local server)")
+    if existing is not None and resume:
+        raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
 
 
 def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path | None = None, *, resume: bool = False,
                seeds: list[Path] | None = None, llm: LLMSettings | None = None, workers: int | None = None,
-               log: Log | None = None, weights: Path | None = None) -> RunOutcome:
+               log: Log | None = None, weights: Path | None = None, engine: str = ENGINES[0], diffs: bool = True) -> RunOutcome:
     """Run (or with resume, continue) the search in `archive_dir` (default: `default_archive_dir`).
     seeds: program files or directories for generation 0 instead of the shipped seeds/. Without
     an LLM every child is symbolic, whatever config.llm_ratio says. weights: a YAML weights file
-    for the objective (read into config.weights, so the run stores the weights, not the path)."""
+    for the objective (read into config.weights, so the run stores the weights, not the path).
+    engine: "openevolve" hands generations 1.. to OpenEvolve (evolve/openevolve_engine.py; diffs:
+    whether it asks the LLM for SEARCH/REPLACE diffs, its default, or full rewrites)."""
     log = log or Log()
+    _check_engine(engine, llm, archive_dir, resume)
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded
     if seed_programs and config.units == "check":
         check_seed_units(seeds, seed_programs)
@@ -129,16 +171,20 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
         goal = load_objective(config.objective, weights, [e.name for e in loaded.experiments])
         config = dataclasses.replace(config, weights=goal.weights)
     archive_dir = archive_dir or default_archive_dir(loaded, config.seed)
+    if archive_dir is not None:
+        _check_engine(engine, llm, archive_dir, resume)  # the default directory is known only now
     if resume and not (archive_dir / Archive.FILE).exists():
         log.note(f"{archive_dir}: no archive yet, starting a new run")
     if llm is None:
         config = dataclasses.replace(config, llm_ratio=0.0)
     archive = Archive(archive_dir, create=True)
     try:
-        operator = _llm_operator(llm, archive_dir, loaded, config) if llm else None
-        run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None}
-        with Engine(loaded.experiments, workers, semantics=config.semantics) as engine:
-            search = Search(archive, loaded, engine, config, build_emitters(operator, config.llm_ratio), resume=resume,
+        outside = engine == "openevolve"
+        operator = _llm_operator(llm, archive_dir, loaded, config) if llm and not outside else None
+        run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None,
+                      "engine": engine}
+        with Engine(loaded.experiments, workers, semantics=config.semantics) as pool:
+            search = Search(archive, loaded, pool, config, build_emitters(operator, config.llm_ratio), resume=resume,
                             run_config=run_config, seeds=seed_programs)
             start = archive.last_generation(search.run_id) + 1
             if start > config.generations:
@@ -150,11 +196,19 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
             try:
                 with run_progress(log.console, config.generations, start) as progress:
                     search.progress = progress
-                    summary = search.run()
+                    if outside:
+                        from .openevolve_engine import run_openevolve
+
+                        client, budget = _llm_client(llm, archive_dir)
+                        summary = run_openevolve(search, client, budget, archive_dir / "openevolve", config.generations,
+                                                 islands=config.islands, migration_interval=config.migration_interval,
+                                                 server=_server(loaded), llm_timeout_s=llm.timeout_s, diffs=diffs)
+                    else:
+                        summary = search.run()
             except SearchError as e:
                 raise SearchError(f"{archive_dir}: {e}") from None
             if config.front_cv != "none":
-                summary = score_front(archive, search.run_id, loaded, engine, config, summary, log)
+                summary = score_front(archive, search.run_id, loaded, pool, config, summary, log)
     finally:
         archive.close()
     return RunOutcome(archive_dir, summary)

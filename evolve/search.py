@@ -131,7 +131,7 @@ class Candidate:
 
     program: Program
     proposal: Proposal
-    emitter: Emitter
+    emitter: Emitter | None  # None: judged for an outside engine (Search.judge)
     island: int
     quick_loss: float = math.nan
     constants: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -147,6 +147,21 @@ class FullFit:
     rows: list[MetricRow]  # every experiment on every split
     cv: CVScoreRecord | None = None  # with --cv: the fold fits' score (val_loss is its loss)
     cv_rows: list[CVEvaluationRecord] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class Judgement:
+    """What `Search.judge` made of one child: an archivable program or a rejection, and the loss an
+    outside engine ranks it by (its validation loss; estimated for a screened child; inf if rejected)."""
+
+    program: NewProgram | None
+    rejection: RejectionRecord | None
+    loss: float
+
+    @property
+    def promoted(self) -> bool:
+        """Fully evaluated (a promoted child, or an archived seed OpenEvolve starts from)."""
+        return self.program is not None and self.program.record.full
 
 
 ProgressFn = Callable[[dict], None]
@@ -315,6 +330,16 @@ class Search:
         if proposal.source is None:
             rejections.append(proposal.rejection)
             return None
+        child = self._admit(proposal)
+        if isinstance(child, RejectionRecord):
+            rejections.append(child)
+            emitter.tell(proposal, DUPLICATE if child.rule == "duplicate" else INVALID)
+            return None
+        return Candidate(child, proposal, emitter, g % self.cfg.islands)
+
+    def _admit(self, proposal: Proposal) -> Program | RejectionRecord:
+        """A proposed child through the validator, the units check and the duplicate filter: the
+        program (its structure now counts as seen), or the rejection with its rule."""
         reject = dict(operator=proposal.operator, parents=proposal.parents, source=proposal.source)
         try:
             child = parse_program(proposal.source)
@@ -322,16 +347,50 @@ class Search:
             if self.cfg.units == "check":
                 check_units(child)
         except ProgramError as e:
-            rejections.append(RejectionRecord(**reject, rule=e.rule, reason=str(e)))
-            emitter.tell(proposal, INVALID)
-            return None
+            return RejectionRecord(**reject, rule=e.rule, reason=str(e))
         h = structure_hash(child)
         if h in self.structures and not proposal.reuses_structure:
-            rejections.append(RejectionRecord(**reject, rule="duplicate", reason="same structure as a program already in the archive"))
-            emitter.tell(proposal, DUPLICATE)
-            return None
+            return RejectionRecord(**reject, rule="duplicate", reason="same structure as a program already in the archive")
         self.structures.add(h)
-        return Candidate(child, proposal, emitter, g % self.cfg.islands)
+        return child
+
+    def judge(self, proposal: Proposal, island: int | None = None) -> Judgement:
+        """One child through the whole cascade on its own, for an engine that hands children over one
+        at a time (evolve/openevolve_engine.py): validation, units and duplicate filter, quick fit,
+        promotion against its island's elites (as `_promotion_order`), full fit. Its fits are seeded
+        by the run's seed and the child's structure, so the same child is judged the same way.
+        island None: against the elites of every island (the record says island 0)."""
+        child = self._admit(proposal)
+        if isinstance(child, RejectionRecord):
+            return Judgement(None, child, math.inf)
+        key = int(structure_hash(child), 16)
+        qcfg = dataclasses.replace(self.quick, seed=_mix(self.cfg.seed, key, 1) % (2**31))
+        res = fit(child, self.exps, self.engine, qcfg, start=child.constants)
+        self.evaluations += res.evaluations
+        cand = Candidate(child, proposal, None, island or 0, res.loss, res.constants["all"])
+        if not cand.quick_loss < FAILED_LOSS:
+            return Judgement(None, RejectionRecord(operator=proposal.operator, parents=proposal.parents, rule="evaluation",
+                                                   reason=FAILED_REASON, source=child.source), math.inf)
+        elites = Elites.of([p for p in self.programs if island is None or p.island == island])
+        if self._promotion_order([cand], elites):
+            full = self._full_evaluation(child, cand.constants, _mix(self.cfg.seed, key, 2) % (2**31),
+                                         self.cfg.full_fit_evals, self.cfg.full_fit_sigma)
+            return Judgement(self._program(child, full.constants, proposal, cand.island, "full", cand.quick_loss, full),
+                             None, full.val_loss)
+        # not promoted: its validation loss is estimated from its quick loss, scaled as the best
+        # program's validation loss is to its screening loss (both on the screening windows)
+        top = best(self.programs)
+        scale = top.val_loss / top.screen_loss if top and top.screen_loss and top.val_loss is not None else 1.0
+        return Judgement(self._program(child, cand.constants, proposal, cand.island, "screened", cand.quick_loss), None,
+                         cand.quick_loss * scale)
+
+    def commit(self, generation: int, seconds: float, programs: list[NewProgram], rejections: list[RejectionRecord],
+               llm_calls: list[LLMCallRecord], promoted: int) -> list[ProgramRecord]:
+        """Write one generation of an outside engine (one child each); returns its archived programs."""
+        before = len(self.programs)
+        self._commit(generation, time.perf_counter() - seconds, programs, rejections, llm_calls,
+                     GenerationRecord(n_children=1, n_promoted=promoted))
+        return self.programs[before:]
 
     def _promotion_order(self, cands: list[Candidate], elites: Elites) -> list[Candidate]:
         """Children worth a full fit, most promising first: improvements on their cell's elite or
@@ -409,9 +468,10 @@ class Search:
             info.update(e.status())
         return info
 
-    def run(self) -> dict:
+    def run(self, until: int | None = None) -> dict:
+        """Complete the generations up to `until` (default: the configured number); returns the summary it stored."""
         start = self.archive.last_generation(self.run_id) + 1
-        for g in range(start, self.cfg.generations + 1):
+        for g in range(start, (self.cfg.generations if until is None else until) + 1):
             if self.out_of_patience():
                 break
             t0 = time.perf_counter()
@@ -457,4 +517,4 @@ class Search:
         return out
 
 
-__all__ = ["Search", "SearchConfig", "SearchError", "structure_hash"]
+__all__ = ["Judgement", "Search", "SearchConfig", "SearchError", "structure_hash"]

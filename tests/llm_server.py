@@ -1,15 +1,17 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 serving scripted chat completions.
 
 Each request takes the next step of the script: ("reply", text), ("status", code), ("hang",
-seconds) then a reply, or ("garbage", body). When the script runs out, `default(n)` answers.
+seconds) then a reply, ("garbage", body), or ("answer", fn): the reply fn(request body) returns
+(for replies that depend on the prompt, e.g. a diff against the program shown). When the script
+runs out, `default(n)` answers.
 Every request body is kept for inspection.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from evolve.local_server import LocalServer, chat_completion
 
 
 class ScriptedLLM:
@@ -18,66 +20,40 @@ class ScriptedLLM:
         self.default = default
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        server = self
+        self.server = LocalServer(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                with server.lock:
-                    server.requests.append(body)
-                    n = len(server.requests)
-                    step = server.script.pop(0) if server.script else ("reply", server.default(n) if server.default else "no")
-                kind, arg = step
-                if kind == "hang":
-                    time.sleep(arg)
-                    return self._send(200, _completion("too late"))
-                if kind == "status":
-                    return self._send(arg, {"error": {"message": f"scripted {arg}", "type": "scripted", "code": arg}})
-                if kind == "garbage":
-                    data = arg.encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                    return None
-                return self._send(200, _completion(arg))
-
-            def _send(self, code, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+    def _answer(self, path: str, body: dict):
+        with self.lock:
+            self.requests.append(body)
+            n = len(self.requests)
+            step = self.script.pop(0) if self.script else ("reply", self.default(n) if self.default else "no")
+        kind, arg = step
+        if kind == "answer":
+            return 200, _completion(arg(body))
+        if kind == "hang":
+            time.sleep(arg)
+            return 200, _completion("too late")
+        if kind == "status":
+            return arg, {"error": {"message": f"scripted {arg}", "type": "scripted", "code": arg}}
+        if kind == "garbage":
+            return 200, arg.encode()
+        return 200, _completion(arg)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        return f"{self.server.url}/v1"
 
     def __enter__(self):
-        self.thread.start()
+        self.server.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.__exit__(*exc)
 
 
 def _completion(text: str) -> dict:
-    return {"id": "chatcmpl-test", "object": "chat.completion", "created": 1, "model": "test-model",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}}
+    return chat_completion(text, "test-model", {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150},
+                           "chatcmpl-test")
 
 
 def program_reply(extra_component: str = "n_req", note: str = "adds a per-request term") -> str:

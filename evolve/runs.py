@@ -3,6 +3,7 @@ engine) and run to its last generation with live progress; returns the summary i
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from evaluator.crossval import FoldError, make_folds
 from evaluator.datasets import LoadedData
 from evaluator.dsl import ProgramError, check_units, parse_program
 from evaluator.engine import Engine
+from evaluator.errors import UserError
 from evaluator.objectives import load_objective
 from seeds import SeedError, load_seeds
 
@@ -130,12 +132,15 @@ def _check_engine(engine: str, llm: LLMSettings | None, archive_dir: Path | None
     if engine not in ENGINES:
         raise SearchError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     existing = None
-    if archive_dir is not None and (archive_dir / Archive.FILE).is_file():
-        stored = Archive(archive_dir, read_only=True)
+    if archive_dir is not None and (archive_dir / Archive.FILE).is_file() and (resume or engine == "openevolve"):
         try:
-            existing = stored.run()
-        finally:
-            stored.close()
+            stored = Archive(archive_dir, read_only=True)
+            try:
+                existing = stored.run()
+            finally:
+                stored.close()
+        except (UserError, sqlite3.Error):
+            pass  # not an archive we can read: opening it for the run says so, in one line
     if existing is not None and resume and (existing.config or {}).get("engine") == "openevolve":
         raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
                           "random state are not in the archive, so a continued run would diverge); start a new --archive")

@@ -74,6 +74,10 @@ def test_every_reply_openevolve_makes_of_it_is_recorded_with_its_rule_and_nothin
     # the archive commands work on it as on one of ours
     shown = CliRunner().invoke(app, ["archive", "show", str(child.id), "--archive", str(tmp_path / "arch")])
     assert shown.exit_code == 0 and "openevolve" in shown.output
+    listed = CliRunner().invoke(app, ["archive", "list", "--json", "--archive", str(tmp_path / "arch")])
+    assert listed.exit_code == 0 and [p["operator"] for p in json.loads(listed.output)] == ["seed:roofline", "openevolve"]
+    front = CliRunner().invoke(app, ["archive", "pareto", "--json", "--archive", str(tmp_path / "arch")])
+    assert front.exit_code == 0 and {p["id"] for p in json.loads(front.output)} <= {seed.id, child.id}
     go = CliRunner().invoke(app, ["emit-go", str(child.id), "--archive", str(tmp_path / "arch"), "--out",
                                   str(tmp_path / "stepml_evolved.go")])
     assert go.exit_code == 0, go.output

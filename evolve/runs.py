@@ -126,24 +126,11 @@ def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, confi
     return LLMOperator(client, budget, server=_server(loaded), units=config.units == "check")
 
 
-def _check_engine(engine: str, llm: LLMSettings | None, archive_dir: Path | None, resume: bool) -> None:
-    """What --engine openevolve needs (OpenEvolve installed, an LLM, a fresh archive), and that an
-    OpenEvolve archive is not resumed by either engine; one-line errors before any data is loaded."""
+def _check_engine(engine: str, llm: LLMSettings | None) -> None:
+    """What --engine openevolve needs (OpenEvolve 0.4 installed, an LLM): one-line errors before
+    any data is loaded."""
     if engine not in ENGINES:
         raise SearchError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    existing = None
-    if archive_dir is not None and (archive_dir / Archive.FILE).is_file() and (resume or engine == "openevolve"):
-        try:
-            stored = Archive(archive_dir, read_only=True)
-            try:
-                existing = stored.run()
-            finally:
-                stored.close()
-        except (UserError, sqlite3.Error):
-            pass  # not an archive we can read: opening it for the run says so, in one line
-    if existing is not None and resume and (existing.config or {}).get("engine") == "openevolve":
-        raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
-                          "random state are not in the archive, so a continued run would diverge); start a new --archive")
     if engine != "openevolve":
         return
     from .openevolve_engine import require_openevolve
@@ -151,7 +138,26 @@ def _check_engine(engine: str, llm: LLMSettings | None, archive_dir: Path | None
     require_openevolve()
     if llm is None:
         raise SearchError("--engine openevolve needs an LLM: pass --llm MODEL (and --llm-base-url for a local server)")
-    if existing is not None and resume:
+
+
+def _check_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
+    """An OpenEvolve archive is resumed by neither engine, and OpenEvolve resumes no archive."""
+    if not resume or not (archive_dir / Archive.FILE).is_file():
+        return
+    try:
+        stored = Archive(archive_dir, read_only=True)
+        try:
+            existing = stored.run()
+        finally:
+            stored.close()
+    except (UserError, sqlite3.Error):
+        return  # not an archive we can read: opening it for the run says so, in one line
+    if existing is None:
+        return
+    if (existing.config or {}).get("engine") == "openevolve":
+        raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
+                          "random state are not in the archive, so a continued run would diverge); start a new --archive")
+    if engine == "openevolve":
         raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
 
 
@@ -165,7 +171,9 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
     engine: "openevolve" hands generations 1.. to OpenEvolve (evolve/openevolve_engine.py; diffs:
     whether it asks the LLM for SEARCH/REPLACE diffs, its default, or full rewrites)."""
     log = log or Log()
-    _check_engine(engine, llm, archive_dir, resume)
+    _check_engine(engine, llm)
+    if archive_dir is not None:
+        _check_resumable(engine, archive_dir, resume)  # before any data is loaded
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded
     if seed_programs and config.units == "check":
         check_seed_units(seeds, seed_programs)
@@ -175,9 +183,9 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
     if weights is not None:
         goal = load_objective(config.objective, weights, [e.name for e in loaded.experiments])
         config = dataclasses.replace(config, weights=goal.weights)
-    archive_dir = archive_dir or default_archive_dir(loaded, config.seed)
-    if archive_dir is not None:
-        _check_engine(engine, llm, archive_dir, resume)  # the default directory is known only now
+    if archive_dir is None:
+        archive_dir = default_archive_dir(loaded, config.seed)
+        _check_resumable(engine, archive_dir, resume)  # the default directory is known only now
     if resume and not (archive_dir / Archive.FILE).exists():
         log.note(f"{archive_dir}: no archive yet, starting a new run")
     if llm is None:

@@ -136,6 +136,11 @@ class Candidate:
     quick_loss: float = math.nan
     constants: dict[str, float] = dataclasses.field(default_factory=dict)
 
+    def failed(self) -> RejectionRecord:
+        """Its rejection when the quick fit found no finite, positive step times."""
+        return RejectionRecord(operator=self.proposal.operator, parents=self.proposal.parents, rule="evaluation",
+                               reason=FAILED_REASON, source=self.program.source)
+
 
 @dataclass
 class FullFit:
@@ -369,8 +374,7 @@ class Search:
         self.evaluations += res.evaluations
         cand = Candidate(child, proposal, None, island or 0, res.loss, res.constants["all"])
         if not cand.quick_loss < FAILED_LOSS:
-            return Judgement(None, RejectionRecord(operator=proposal.operator, parents=proposal.parents, rule="evaluation",
-                                                   reason=FAILED_REASON, source=child.source), math.inf)
+            return Judgement(None, cand.failed(), math.inf)
         elites = Elites.of([p for p in self.programs if island is None or p.island == island])
         if self._promotion_order([cand], elites):
             full = self._full_evaluation(child, cand.constants, _mix(self.cfg.seed, key, 2) % (2**31),
@@ -423,8 +427,7 @@ class Search:
             c.quick_loss, c.constants = res.loss, res.constants["all"]
         failed = [c for c in cands if not c.quick_loss < FAILED_LOSS]
         for c in failed:
-            rejections.append(RejectionRecord(operator=c.proposal.operator, parents=c.proposal.parents, rule="evaluation",
-                                              reason=FAILED_REASON, source=c.program.source))
+            rejections.append(c.failed())
             c.emitter.tell(c.proposal, EVALUATION_FAILED)
         cands = [c for c in cands if c not in failed]
         promoted = self._promotion_order(cands, elites)

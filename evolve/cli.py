@@ -10,6 +10,7 @@ from typing import Literal, Optional
 import typer
 
 from evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
+from evaluator.executor import Cluster
 from evaluator.experiments import SCORED_SPLITS
 from evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
 from evaluator.objectives import OBJECTIVES
@@ -29,7 +30,7 @@ from .go_parity import DEFAULT_SAMPLES
 from .runs import ENGINES, LLMSettings, run_search
 from .scoring import evaluate_program
 from .search import CV_MODES, FRONT_CV_MODES, SearchConfig
-from .tables import blis_comparison_table, cv_summary_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
+from .tables import blis_comparison_table, cluster_bench_table, cv_summary_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
 
 app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
                   help="Discover step-time programs for LLM-inference simulators.")
@@ -49,6 +50,11 @@ ImportFormat = Literal[IMPORT_FORMATS]
 
 DataOpt = typer.Option(None, "--data", help="Directory of replay experiments (default: the built-in synthetic sample).")
 WorkersOpt = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores).")
+ClusterOpt = typer.Option(None, "--cluster", help="Replay on a Ray cluster instead of local threads: ray://HOST:PORT (its "
+                          "Ray Client server), HOST:PORT (its GCS, from one of its nodes) or auto (the cluster `ray start "
+                          "--head` runs on this machine). Needs the extra: pip install '.[ray]'. Same results as threads.")
+RemoteWorkersOpt = typer.Option(None, "--remote-workers", min=1,
+                                help="With --cluster: replays in flight at once on it (default: the cluster's CPUs).")
 SemanticsOpt = typer.Option(DEFAULT_SEMANTICS, "--semantics",
                             help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
                                  "in the simulator) or vllm (see docs/design-notes.md).")
@@ -183,11 +189,13 @@ def fit_cmd(
     method: Method = MethodOpt,
     objective: ObjectiveName = ObjectiveOpt,
     weights: Optional[Path] = WeightsOpt,
+    cluster: Optional[str] = ClusterOpt,
+    remote_workers: Optional[int] = RemoteWorkersOpt,
 ):
     """Fit PROGRAM's constants on the train split, then score validate and test."""
     fitted = fit_program(program, data, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
                          restarts=restarts, workers=workers, output_len=output_len, log=Log(), semantics=semantics,
-                         method=method, objective=objective, weights=weights)
+                         method=method, objective=objective, weights=weights, cluster=Cluster.of(cluster, remote_workers))
     if as_json:
         print(dumps(fitted.to_json()))
         return
@@ -219,11 +227,14 @@ def cv_cmd(
     method: Method = MethodOpt,
     objective: ObjectiveName = ObjectiveOpt,
     weights: Optional[Path] = WeightsOpt,
+    cluster: Optional[str] = ClusterOpt,
+    remote_workers: Optional[int] = RemoteWorkersOpt,
 ):
     """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
     done = cross_validate_program(program, protocol, data, seed=seed, max_evals=max_evals, method=method,
                                   objective=objective, weights=weights, workers=workers, output_len=output_len,
-                                  semantics=semantics, in_distribution=in_distribution, log=Log())
+                                  semantics=semantics, in_distribution=in_distribution, log=Log(),
+                                  cluster=Cluster.of(cluster, remote_workers))
     if as_json:
         print(dumps(done.to_json()))
         return
@@ -297,9 +308,12 @@ def run_cmd(
     rewrites: bool = typer.Option(False, "--rewrites",
                                   help="With --engine openevolve: ask the LLM for whole programs, not SEARCH/REPLACE "
                                        "diffs (OpenEvolve's default)."),
+    cluster: Optional[str] = ClusterOpt,
+    remote_workers: Optional[int] = RemoteWorkersOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
+    where = Cluster.of(cluster, remote_workers)
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
                           quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
                           max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics,
@@ -308,7 +322,7 @@ def run_cmd(
     llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
                                max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
     outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log(),
-                         weights=weights, engine=engine, diffs=not rewrites)
+                         weights=weights, engine=engine, diffs=not rewrites, cluster=where)
     if as_json:
         print(dumps(outcome.to_json()))
         return
@@ -395,11 +409,31 @@ def bench_cmd(
     workers: Optional[int] = WorkersOpt,
     blis: Optional[Path] = typer.Option(None, "--blis", help="Also time BLIS (a built checkout, or the offline snapshot "
                                         "../shared/blis) against the tool's replay on three real experiments."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="Instead of the figures above: replays/s and generations/hour "
+                                          "on local threads against this Ray cluster (an address as for evolve run --cluster), "
+                                          "for each --remote-workers count."),
+    remote_workers: Optional[list[int]] = typer.Option(None, "--remote-workers", min=1,
+                                                       help="With --cluster: replays in flight on it (repeatable; default 1, 2, 4)."),
 ):
     """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
     unknown = sorted(set(fit_method or ()) - set(METHODS))
     if unknown:
         raise FitConfigError(f"--fit-method: {', '.join(unknown)} is not one of {', '.join(METHODS)}")
+    where = Cluster.of(cluster, (remote_workers or [None])[0])
+    if where is not None:
+        from evaluator.datasets import load_data
+
+        from .bench import BENCH_PROGRAM, default_bench_data
+        from .cluster_bench import cluster_bench
+
+        log = Log()
+        loaded = load_data(data if data is not None else default_bench_data())
+        figures = cluster_bench(loaded, where, remote_workers or [1, 2, 4], workers, search_generations, BENCH_PROGRAM, log.note)
+        if as_json:
+            print(dumps(figures))
+        else:
+            out.print(cluster_bench_table(figures))
+        return
     figures = run_bench(data, skip_fit=skip_fit, log=Log().note, search_generations=search_generations, workers=workers,
                         blis=blis, fit_seeds=fit_seed, fit_methods=fit_method)
     if as_json:

@@ -10,6 +10,7 @@ from evaluator.crossval import CrossValidation, cross_validate, make_folds, summ
 from evaluator.datasets import LoadedData
 from evaluator.dsl import load_program
 from evaluator.engine import Engine
+from evaluator.executor import Cluster
 from evaluator.fitting import FitConfig
 from evaluator.objectives import load_objective
 from evaluator.replay import DEFAULT_SEMANTICS
@@ -47,7 +48,8 @@ def cross_validate_program(path: Path, protocol: str, data: Path | None = None, 
                            max_evals: int | None = FitConfig.max_evals, method: str = FitConfig.method,
                            objective: str = "rms", weights: Path | None = None, workers: int | None = None,
                            output_len: str = "profile", semantics: str = DEFAULT_SEMANTICS,
-                           in_distribution: bool = False, log: Log | None = None) -> CrossValidatedProgram:
+                           in_distribution: bool = False, log: Log | None = None,
+                           cluster: Cluster | None = None) -> CrossValidatedProgram:
     """Folds are made (and a bad protocol or groups file refused) before any fit starts."""
     log = log or Log()
     program = load_program(path)
@@ -55,7 +57,7 @@ def cross_validate_program(path: Path, protocol: str, data: Path | None = None, 
     folds = make_folds(protocol, loaded.experiments)
     goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
     config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=method), objective=goal)
-    with Engine(loaded.experiments, workers, semantics=semantics) as engine, fit_progress(log.console) as progress:
+    with Engine(loaded.experiments, workers, semantics=semantics, cluster=cluster) as engine, fit_progress(log.console) as progress:
         cv = cross_validate(program, loaded.experiments, engine, protocol, folds, config, progress=progress,
                             percentiles=True, in_distribution=in_distribution)
     return CrossValidatedProgram(path, loaded, config, cv)

@@ -10,6 +10,7 @@ from evaluator.datasets import LoadedData
 from evaluator.dsl import load_program
 from evaluator.engine import Engine
 from evaluator.errors import UserError
+from evaluator.executor import Cluster
 from evaluator.fitted_header import FittedHeader
 from evaluator.replay import DEFAULT_SEMANTICS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, group_key, quick_config
@@ -54,7 +55,7 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
                 out: Path | None = None, max_evals: int | None = FitConfig.max_evals, quick: bool = False,
                 restarts: int = FitConfig.restarts, workers: int | None = None, output_len: str = "profile",
                 log: Log | None = None, semantics: str = DEFAULT_SEMANTICS, method: str = FitConfig.method,
-                objective: str = "rms", weights: Path | None = None) -> FittedPrograms:
+                objective: str = "rms", weights: Path | None = None, cluster: Cluster | None = None) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts."""
     log = log or Log()
@@ -67,7 +68,7 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
-    with Engine(loaded.experiments, workers, semantics=semantics) as engine, fit_progress(log.console) as progress:
+    with Engine(loaded.experiments, workers, semantics=semantics, cluster=cluster) as engine, fit_progress(log.console) as progress:
         result = fit(program, loaded.experiments, engine, config, progress=progress)
         if not result.loss < FAILED_LOSS:
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")

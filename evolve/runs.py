@@ -14,6 +14,7 @@ from evaluator.datasets import LoadedData
 from evaluator.dsl import ProgramError, check_units, parse_program
 from evaluator.engine import Engine
 from evaluator.errors import UserError
+from evaluator.executor import Cluster
 from evaluator.objectives import load_objective
 from seeds import SeedError, load_seeds
 
@@ -163,13 +164,15 @@ def _check_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
 
 def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path | None = None, *, resume: bool = False,
                seeds: list[Path] | None = None, llm: LLMSettings | None = None, workers: int | None = None,
-               log: Log | None = None, weights: Path | None = None, engine: str = ENGINES[0], diffs: bool = True) -> RunOutcome:
+               log: Log | None = None, weights: Path | None = None, engine: str = ENGINES[0], diffs: bool = True,
+               cluster: Cluster | None = None) -> RunOutcome:
     """Run (or with resume, continue) the search in `archive_dir` (default: `default_archive_dir`).
     seeds: program files or directories for generation 0 instead of the shipped seeds/. Without
     an LLM every child is symbolic, whatever config.llm_ratio says. weights: a YAML weights file
     for the objective (read into config.weights, so the run stores the weights, not the path).
     engine: "openevolve" hands generations 1.. to OpenEvolve (evolve/openevolve_engine.py; diffs:
-    whether it asks the LLM for SEARCH/REPLACE diffs, its default, or full rewrites)."""
+    whether it asks the LLM for SEARCH/REPLACE diffs, its default, or full rewrites). cluster: replay on
+    a Ray cluster instead of local threads (the archive is the same)."""
     log = log or Log()
     _check_engine(engine, llm)
     if archive_dir is not None:
@@ -196,7 +199,7 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
         operator = _llm_operator(llm, archive_dir, loaded, config) if llm and not outside else None
         run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None,
                       "engine": engine}
-        with Engine(loaded.experiments, workers, semantics=config.semantics) as pool:
+        with Engine(loaded.experiments, workers, semantics=config.semantics, cluster=cluster) as pool:
             search = Search(archive, loaded, pool, config, build_emitters(operator, config.llm_ratio), resume=resume,
                             run_config=run_config, seeds=seed_programs)
             start = archive.last_generation(search.run_id) + 1

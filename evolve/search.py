@@ -22,8 +22,10 @@ import hashlib
 import json
 import math
 import random
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -220,6 +222,7 @@ class Search:
                             if r.rule in PASSED_DUPLICATE_FILTER and r.source}
         self.rejection_counts = Counter(r.rule for r in rejected)
         self.evaluations = 0
+        self._counting = threading.Lock()
         self.started = time.perf_counter()
         for e in self.emitters:
             e.resume(archive, self.run_id)
@@ -235,6 +238,21 @@ class Search:
                 raise SearchError(f"seed {name}: {e} (pass --units off to search from it anyway)") from None
 
     # ---- evaluation cascade ----
+    def _each_at_once(self, fit_one: Callable, items) -> list:
+        """fit_one over items concurrently, results in item order. Each fit hands its replays to the
+        engine, so the executor sees every fit's batches at once (a cluster's workers are busy with
+        all children, not one). A fit is a pure function of its program, start, seed and data, so
+        the archive is the one sequential fits give."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fit_one(x) for x in items]
+        with ThreadPoolExecutor(len(items), thread_name_prefix="fit") as pool:
+            return list(pool.map(fit_one, items))
+
+    def _count(self, evaluations: int) -> None:
+        with self._counting:
+            self.evaluations += evaluations
+
     def _full_evaluation(self, program: Program, start: dict[str, float], seed: int, max_evals: int | None,
                          sigma: float) -> FullFit:
         """The fit on every experiment, scored on every split; with --cv also the fold fits (run
@@ -246,16 +264,16 @@ class Search:
             cv = cross_validate(program, self.exps, self.engine, self.cfg.cv, self.folds, config, start=start,
                                 in_distribution=True)
             res = cv.in_distribution.fit  # the same fit as without --cv (same seed, same constants)
-            self.evaluations += sum(f.fit.evaluations for f in cv.folds)
+            self._count(sum(f.fit.evaluations for f in cv.folds))
             cv_seconds = time.perf_counter() - t0
         else:
             res = fit(program, self.exps, self.engine, config, start=start)
-        self.evaluations += res.evaluations
+        self._count(res.evaluations)
         consts = res.constants["all"]
         vec = np.array([consts[k] for k in program.constants], dtype=float)
         rows = self.engine.score(program, [vec] * len(self.exps), SPLITS, percentiles=True)
         screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps, objective=self.goal)[0]
-        self.evaluations += 2
+        self._count(2)
         of = self.goal.of_rows
         full = FullFit(consts, of(rows["train"]), of(rows["validate"]), of(rows["test"]), screen,
                        [r for s in SPLITS for r in rows[s]])
@@ -283,10 +301,11 @@ class Search:
         t0 = time.perf_counter()
         programs: list[NewProgram] = []
         rejections: list[RejectionRecord] = []
-        for i, (name, source) in enumerate(self.seeds):
-            prog = parse_program(source)
-            self.structures.add(structure_hash(prog))
-            full = self._full_evaluation(prog, prog.constants, _mix(self.cfg.seed, 0, i) % (2**31), self.cfg.seed_fit_evals, 0.5)
+        progs = [parse_program(source) for _, source in self.seeds]
+        self.structures |= {structure_hash(prog) for prog in progs}
+        fulls = self._each_at_once(lambda i: self._full_evaluation(progs[i], progs[i].constants, _mix(self.cfg.seed, 0, i) % (2**31),
+                                                                  self.cfg.seed_fit_evals, 0.5), range(len(progs)))
+        for i, ((name, source), prog, full) in enumerate(zip(self.seeds, progs, fulls)):
             if not full.train_loss < FAILED_LOSS:  # NaN or non-positive step times whatever the constants
                 rejections.append(RejectionRecord(operator="seed", parents=[], rule="evaluation", source=source,
                                                   reason=f"seed {name}: {FAILED_REASON}"))
@@ -371,7 +390,7 @@ class Search:
         key = int(structure_hash(child), 16)
         qcfg = dataclasses.replace(self.quick, seed=_mix(self.cfg.seed, key, 1) % (2**31))
         res = fit(child, self.exps, self.engine, qcfg, start=child.constants)
-        self.evaluations += res.evaluations
+        self._count(res.evaluations)
         cand = Candidate(child, proposal, None, island or 0, res.loss, res.constants["all"])
         if not cand.quick_loss < FAILED_LOSS:
             return Judgement(None, cand.failed(), math.inf)
@@ -420,10 +439,12 @@ class Search:
         rejections: list[RejectionRecord] = []
         llm_calls: list[LLMCallRecord] = []
         cands = [c for i in range(self.cfg.children) if (c := self._propose(g, i, elites, rejections, llm_calls))]
-        for i, c in enumerate(cands):
+        def quick_fit(i):
             qcfg = dataclasses.replace(self.quick, seed=_mix(self.cfg.seed, g, i, 1) % (2**31))
-            res = fit(c.program, self.exps, self.engine, qcfg, start=c.program.constants)
-            self.evaluations += res.evaluations
+            return fit(cands[i].program, self.exps, self.engine, qcfg, start=cands[i].program.constants)
+
+        for c, res in zip(cands, self._each_at_once(quick_fit, range(len(cands)))):
+            self._count(res.evaluations)
             c.quick_loss, c.constants = res.loss, res.constants["all"]
         failed = [c for c in cands if not c.quick_loss < FAILED_LOSS]
         for c in failed:
@@ -432,10 +453,13 @@ class Search:
         cands = [c for c in cands if c not in failed]
         promoted = self._promotion_order(cands, elites)
         programs: list[NewProgram] = []
+        to_fit = [i for i, c in enumerate(cands) if c in promoted]
+        fulls = dict(zip(to_fit, self._each_at_once(
+            lambda i: self._full_evaluation(cands[i].program, cands[i].constants, _mix(self.cfg.seed, g, i, 2) % (2**31),
+                                            self.cfg.full_fit_evals, self.cfg.full_fit_sigma), to_fit)))
         for i, c in enumerate(cands):
             if c in promoted:
-                full = self._full_evaluation(c.program, c.constants, _mix(self.cfg.seed, g, i, 2) % (2**31),
-                                             self.cfg.full_fit_evals, self.cfg.full_fit_sigma)
+                full = fulls[i]
                 new = self._program(c.program, full.constants, c.proposal, c.island, "full", c.quick_loss, full)
             else:
                 new = self._program(c.program, c.constants, c.proposal, c.island, "screened", c.quick_loss)

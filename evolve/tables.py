@@ -109,3 +109,16 @@ def blis_comparison_table(rows) -> Table:
                   f"{f.ttft_mean_ms[0]:.3f}", f"{f.ttft_mean_ms[1]:.3f}", f"{f.ttft_diff_pct:+.3f}", f"{f.exact_e2e * 100:.1f}",
                   f"{f.exact_ttft * 100:.1f}", f"{f.blis_s:.1f}", f"{f.tool_s:.3f}")
     return t
+
+
+def cluster_bench_table(figures: dict) -> Table:
+    """bench --cluster: replays/s and generations/hour on threads and per count of Ray workers."""
+    t = Table(title=f"{figures['data']}, {figures['batch']} per batch; cluster {figures['cluster']} "
+                    f"({figures['cluster_cpus']} CPUs, connected in {figures['connect_s']} s)")
+    for col in ("where", "workers", "replays/s", "x threads", "generations/h", "x threads", "same losses"):
+        t.add_column(col, justify="left" if col == "where" else "right")
+    for r in figures["rows"]:
+        t.add_row(r["where"], str(r["workers"]), f"{r['replays_per_s']:.1f}", fmt(r.get("replays_vs_threads"), ".2f", missing=""),
+                  fmt(r.get("generations_per_hour")), fmt(r.get("generations_vs_threads"), ".2f", missing=""),
+                  "" if "identical" not in r else ("yes" if r["identical"] else "NO"))
+    return t

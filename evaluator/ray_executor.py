@@ -20,7 +20,7 @@ import hashlib
 import logging
 import time
 import warnings
-from importlib import resources
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -32,7 +32,8 @@ from .experiments import Experiment
 
 TASK_RETRIES = 5
 # Ray Client's server starts a process per client session, which now and then dies at start
-# ("Initialization failure from server"); such quick failures are retried.
+# with "Initialization failure from server": that failure, and any that comes back within
+# QUICK_FAILURE_S (the server answered), is retried; a timeout is not.
 CONNECT_ATTEMPTS, QUICK_FAILURE_S = 3, 10.0
 SESSION_FAILURE = "Initialization failure from server"  # Ray Client's message for that case
 # A task is a run of consecutive jobs, about this many tasks per worker and call: one replay per
@@ -45,21 +46,12 @@ _CACHE_LIMIT = 256
 
 def code_fingerprint() -> str:
     """Hash of the evaluator's source: a driver and workers with different code would not give the same replays."""
+    root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    pkg = resources.files("evaluator")
-    for item in sorted((p for p in _walk(pkg) if p.name.endswith((".py", ".yaml"))), key=lambda p: str(p)):
-        h.update(str(item).split("evaluator", 1)[-1].encode())
-        h.update(item.read_bytes())
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
-
-
-def _walk(node):
-    for child in node.iterdir():
-        if child.is_dir():
-            if child.name != "__pycache__":
-                yield from _walk(child)
-        else:
-            yield child
 
 
 def _experiment(box: list, split: np.ndarray | None) -> Experiment:
@@ -152,7 +144,10 @@ class RayExecutor:
         return held[1], None
 
     def map(self, fn: Callable[..., Any], jobs: list[Job]) -> list:
-        items = [([ref], split, args) for (ref, split), (_, args) in zip(map(self._handle, (e for e, _ in jobs)), jobs)]
+        items = []
+        for exp, args in jobs:
+            ref, split = self._handle(exp)
+            items.append(([ref], split, args))
         n_tasks = min(len(items), self.workers * TASKS_PER_WORKER)
         bounds = np.linspace(0, len(items), n_tasks + 1).round().astype(int)
         try:

@@ -421,14 +421,9 @@ def bench_cmd(
         raise FitConfigError(f"--fit-method: {', '.join(unknown)} is not one of {', '.join(METHODS)}")
     where = Cluster.of(cluster, (remote_workers or [None])[0])
     if where is not None:
-        from evaluator.datasets import load_data
-
-        from .bench import BENCH_PROGRAM, default_bench_data
         from .cluster_bench import cluster_bench
 
-        log = Log()
-        loaded = load_data(data if data is not None else default_bench_data())
-        figures = cluster_bench(loaded, where, remote_workers or [1, 2, 4], workers, search_generations, BENCH_PROGRAM, log.note)
+        figures = cluster_bench(data, where, remote_workers or [1, 2, 4], workers, search_generations, Log().note)
         if as_json:
             print(dumps(figures))
         else:

@@ -3,15 +3,18 @@ cluster, for each number of replays in flight there, in one run."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from evaluator.datasets import LoadedData
+from evaluator.datasets import load_data
 from evaluator.dsl import compile_program, load_program
 from evaluator.engine import Engine
 from evaluator.executor import Cluster
 from seeds import seed_path
+
+from .bench import BENCH_PROGRAM, default_bench_data, generations_per_hour
 
 POPULATION = 8  # constant vectors per timed batch: one CMA-ES generation of a 4-constant program
 
@@ -30,19 +33,18 @@ def _throughput(engine: Engine, compiled, population, experiments, repeat: int) 
     return repeat * len(population) * len(experiments) / (time.perf_counter() - t0), losses
 
 
-def cluster_bench(loaded: LoadedData, cluster: Cluster, remote_workers: list[int], threads: int | None,
-                  generations: int, program: str, log: Callable[[str], None], repeat: int = 3) -> dict:
-    """Threads first, then the cluster at each count of remote workers; the cluster's losses must
-    equal the threads' (reported as `identical`)."""
-    from .bench import generations_per_hour
-
+def cluster_bench(data: Path | None, cluster: Cluster, remote_workers: list[int], threads: int | None,
+                  generations: int, log: Callable[[str], None], program: str = BENCH_PROGRAM, repeat: int = 3) -> dict:
+    """On `data` (default as for evolve bench): threads first, then the cluster at each count of
+    remote workers; the cluster's losses must equal the threads' (reported as `identical`)."""
+    loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
     prog = load_program(seed_path(program))
     compiled = compile_program(prog)
     population = _population(np.array(list(prog.constants.values()), dtype=float))
     rows = []
 
-    def measure(engine: Engine, where: str, workers: int) -> dict:
+    def measure(engine: Engine, where: str, workers: int) -> tuple[dict, list[float]]:
         rate, losses = _throughput(engine, compiled, population, exps, repeat)
         row = {"where": where, "workers": workers, "replays_per_s": round(rate, 1)}
         log(f"{where}, {workers} workers: {row['replays_per_s']} replays/s")

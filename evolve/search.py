@@ -41,7 +41,7 @@ from evaluator.dsl import Program, ProgramError, check_units, compile_program, p
 from evaluator.engine import Engine
 from evaluator.errors import UserError
 from evaluator.experiments import SPLITS
-from evaluator.fitting import FAILED_LOSS, FAILED_REASON, METHODS, FitConfig, fit, fit_experiments, quick_config
+from evaluator.fitting import FAILED_LOSS, FAILED_REASON, METHODS, FitConfig, FitResult, fit, fit_experiments, quick_config
 from evaluator.metrics import MetricRow
 from evaluator.objectives import Objective
 from evaluator.replay import DEFAULT_SEMANTICS
@@ -249,6 +249,14 @@ class Search:
         with ThreadPoolExecutor(len(items), thread_name_prefix="fit") as pool:
             return list(pool.map(fit_one, items))
 
+    def _quick_fit(self, program: Program, *where: int) -> FitResult:
+        """The screening fit from the program's own constants, seeded by the run's seed and where
+        the child stands (generation and index, or its structure)."""
+        qcfg = dataclasses.replace(self.quick, seed=_mix(self.cfg.seed, *where, 1) % (2**31))
+        res = fit(program, self.exps, self.engine, qcfg, start=program.constants)
+        self._count(res.evaluations)
+        return res
+
     def _count(self, evaluations: int) -> None:
         with self._counting:
             self.evaluations += evaluations
@@ -388,9 +396,7 @@ class Search:
         if isinstance(child, RejectionRecord):
             return Judgement(None, child, math.inf)
         key = int(structure_hash(child), 16)
-        qcfg = dataclasses.replace(self.quick, seed=_mix(self.cfg.seed, key, 1) % (2**31))
-        res = fit(child, self.exps, self.engine, qcfg, start=child.constants)
-        self._count(res.evaluations)
+        res = self._quick_fit(child, key)
         cand = Candidate(child, proposal, None, island or 0, res.loss, res.constants["all"])
         if not cand.quick_loss < FAILED_LOSS:
             return Judgement(None, cand.failed(), math.inf)
@@ -439,12 +445,7 @@ class Search:
         rejections: list[RejectionRecord] = []
         llm_calls: list[LLMCallRecord] = []
         cands = [c for i in range(self.cfg.children) if (c := self._propose(g, i, elites, rejections, llm_calls))]
-        def quick_fit(i):
-            qcfg = dataclasses.replace(self.quick, seed=_mix(self.cfg.seed, g, i, 1) % (2**31))
-            return fit(cands[i].program, self.exps, self.engine, qcfg, start=cands[i].program.constants)
-
-        for c, res in zip(cands, self._each_at_once(quick_fit, range(len(cands)))):
-            self._count(res.evaluations)
+        for c, res in zip(cands, self._each_at_once(lambda i: self._quick_fit(cands[i].program, g, i), range(len(cands)))):
             c.quick_loss, c.constants = res.loss, res.constants["all"]
         failed = [c for c in cands if not c.quick_loss < FAILED_LOSS]
         for c in failed:
@@ -458,7 +459,7 @@ class Search:
             lambda i: self._full_evaluation(cands[i].program, cands[i].constants, _mix(self.cfg.seed, g, i, 2) % (2**31),
                                             self.cfg.full_fit_evals, self.cfg.full_fit_sigma), to_fit)))
         for i, c in enumerate(cands):
-            if c in promoted:
+            if i in fulls:
                 full = fulls[i]
                 new = self._program(c.program, full.constants, c.proposal, c.island, "full", c.quick_loss, full)
             else:

@@ -24,6 +24,7 @@ from evaluator.experiments import SPLITS
 from evaluator.fitted_header import FittedHeader
 from evaluator.metrics import MetricRow
 from evaluator.numbers import fmt
+from evaluator.prompt_reuse import LEGACY_POLICY
 
 from .grid import cell_label, cell_of, pareto_front, scored
 from .grid import best as best_program
@@ -280,10 +281,16 @@ def program_detail(archive: Archive, program: ProgramRecord) -> dict:
     }
 
 
+def run_prompt_reuse(config: dict | None) -> str:
+    """The --prompt-reuse policy a run replayed its data with (runs stored before it existed: system prompts only)."""
+    return ((config or {}).get("search") or {}).get("prompt_reuse", LEGACY_POLICY)
+
+
 def fitted_header(archive: Archive, program: ProgramRecord) -> FittedHeader:
     """Where an archived program comes from, for the `# fitted:` header of its file."""
     run = archive.run()
     return FittedHeader(data=run.data_label, seed=run.seed, program_id=program.id, archive=str(archive.dir),
+                        prompt_reuse=run_prompt_reuse(run.config),
                         generation=program.generation, operator=operator_label(program),
                         train_loss=program.train_loss, val_loss=program.val_loss, test_loss=program.test_loss)
 

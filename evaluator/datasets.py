@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .experiments import Experiment, ExperimentError, LoadOptions, experiment_dirs, load_experiments
+from .prompt_reuse import DEFAULT_POLICY, POLICIES as PROMPT_REUSE_POLICIES
 
 SYNTHETIC_SEED = 0
 OUTPUT_LEN_POLICIES = ("profile", "reported")  # see LoadOptions.output_len
@@ -65,6 +66,7 @@ class ExperimentSummary:
     synthetic: bool
     notes: list[str]
     measurement: str = "client"  # where TTFT/E2E were measured (and the replay's arrival): client or server
+    prompt_reuse: dict | None = None  # what the loader decided about shared prompts (prompt_reuse.ReuseReport)
 
     @classmethod
     def of(cls, e: Experiment) -> "ExperimentSummary":
@@ -72,7 +74,7 @@ class ExperimentSummary:
                    n_requests=e.n_requests, n_failed=e.n_failed,
                    output_len=e.output_len_used if e.output_len_used is not None else "reported",
                    observed=e.observed_means(), split=e.split_sizes(), synthetic=e.synthetic, notes=e.notes,
-                   measurement=e.measurement)
+                   measurement=e.measurement, prompt_reuse=e.prompt_reuse.to_json() if e.prompt_reuse else None)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,8 +94,8 @@ class DataCheck:
                 "errors": [{"name": e.experiment, "error": e.problem} for e in self.errors]}
 
 
-def check_data(data: str | Path | None = None, output_len: str = "profile") -> DataCheck:
-    loaded = load_data(data, output_len=output_len)
+def check_data(data: str | Path | None = None, output_len: str = "profile", prompt_reuse: str = DEFAULT_POLICY) -> DataCheck:
+    loaded = load_data(data, output_len=output_len, prompt_reuse=prompt_reuse)
     return DataCheck(loaded.label, loaded.synthetic, [ExperimentSummary.of(e) for e in loaded.experiments], loaded.errors)
 
 
@@ -120,11 +122,11 @@ def synthetic_dir() -> Path:
 
 
 def load_data(data: str | Path | None = None, output_len: str = "profile",
-              split: tuple[float, float] = (0.6, 0.2)) -> LoadedData:
+              split: tuple[float, float] = (0.6, 0.2), prompt_reuse: str = DEFAULT_POLICY) -> LoadedData:
     """Load experiments from `data`, or the synthetic sample when `data` is None. The bad ones are
     in `errors`; a directory without any experiment is a DataError."""
     try:
-        options = LoadOptions(output_len=output_len, split=split)
+        options = LoadOptions(output_len=output_len, split=split, prompt_reuse=prompt_reuse)
     except ValueError as e:
         raise DataError(str(e)) from None
     if data is None:

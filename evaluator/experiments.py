@@ -8,12 +8,12 @@ handled here, each with a policy in `LoadOptions`:
   * failed requests are client timeouts: kept in the replay (they occupy seats and KV until
     the client gives up at their observed E2E) but excluded from error metrics. Their
     recorded input_tokens is 0, so the input length is imputed from successful requests.
-  * prefix caching: full blocks of the shared system prompt are cache hits, except for the
-    first request of each system-prompt group. The real data did not record a request's group
-    (groups are assigned in turn, `prefix_groups`); data that records them (a non-empty
-    per-request `prefix_group`, e.g. imported from a BLIS trace) is replayed with its own groups,
-    which must share one prefix length (per-request `prefix_length`, else the profile's
-    system_prompt_len): the replay has one shared prefix length per experiment.
+  * prompt reuse (prefix caching): which earlier requests sent the same prompt tokens, so that
+    the replay's KV cache serves their full blocks; decided per `LoadOptions.prompt_reuse`
+    policy in prompt_reuse.py (detect a cycled prompt list, share only system prompts, or
+    nothing). Data that record per-request groups (a non-empty `prefix_group` with its
+    `prefix_length`, else the profile's system_prompt_len; e.g. imported from a BLIS trace) are
+    replayed with their own groups, each of its own length.
   * measurement point (`requests.json` key `measurement`, default client): "client" when arrival,
     TTFT and E2E were taken at the client from the send time, "server" when taken at the server
     from its arrival (an OTel span start). Either way the replay injects a request at its
@@ -33,6 +33,8 @@ import numpy as np
 from .errors import UserError
 from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .model_arch import ModelArch
+from .prompt_reuse import (DEFAULT_POLICY, POLICIES, ReuseReport, Sharing, assign_prompts, cycle_sharing, detect_cycle,
+                           expected_cached_share, prefix_groups, trace_sharing)
 
 SPLITS = ("train", "validate", "test")
 ALL = "all"  # every request of an experiment (held-out experiments in cross-validation are scored on it)
@@ -56,11 +58,13 @@ class LoadOptions:
     split: tuple[float, float] = (0.6, 0.2)  # train and validate fractions; test is the rest
     hardware: str | None = None  # override; otherwise the experiment's own, else H100
     client_timeout_s: float | None = None  # None: from the failed requests, else 300 s
-    prefix_cache: bool = True
+    prompt_reuse: str = DEFAULT_POLICY  # detect | system-prompt | off (prompt_reuse.py)
 
     def __post_init__(self):
         if self.output_len not in ("profile", "reported"):
             raise ValueError(f"output_len policy must be 'profile' or 'reported', not {self.output_len!r}")
+        if self.prompt_reuse not in POLICIES:
+            raise ValueError(f"prompt reuse policy must be one of {', '.join(POLICIES)}, not {self.prompt_reuse!r}")
         tr, va = self.split
         if not (0 < tr < 1 and 0 <= va < 1 and tr + va <= 1):
             raise ValueError(f"bad split fractions {self.split}")
@@ -100,17 +104,25 @@ class Experiment:
     summary: dict | None = None  # inference-perf's own means, for cross-checks
     synthetic: bool = False
     notes: list[str] = field(default_factory=list)
-    # Shared system prompts: request i starts with the prompt of group prefix_group[i] (-1: none),
-    # prefix_tokens long. Groups were not recorded in the real data: the first request of each
-    # group comes first, then requests take the groups in turn (see `prefix_groups`).
+    # Prompt reuse (prompt_reuse.py): requests with equal prompt[i] sent identical prompts; request i
+    # starts with the shared prefix of group prefix_group[i] (-1: none), group_tokens[g] tokens long.
     prefix_group: np.ndarray | None = None  # int64
-    prefix_tokens: int = 0
-    recorded_groups: bool = False  # prefix_group came from the data, not round-robin
+    group_tokens: tuple[int, ...] = ()
+    prompt: np.ndarray | None = None  # int64; None: every request its own prompt
+    recorded_groups: bool = False  # prefix_group came from the data, not from the loader's policy
     measurement: str = "client"  # where arrival/TTFT/E2E were measured: client (send time) or server
+    prompt_reuse: ReuseReport | None = None  # what the loader decided (None: built in memory)
 
     def __post_init__(self):
+        n = len(self.arrival_us)
         if self.prefix_group is None:
-            self.prefix_group = np.full(len(self.arrival_us), -1, dtype=np.int64)
+            self.prefix_group = np.full(n, -1, dtype=np.int64)
+        if self.prompt is None:
+            self.prompt = np.arange(n, dtype=np.int64)
+
+    @property
+    def sharing(self) -> Sharing:
+        return Sharing(self.prompt, self.prefix_group, self.group_tokens)
 
     @property
     def n_requests(self) -> int:
@@ -124,33 +136,49 @@ class Experiment:
     def from_arrays(cls, name: str, arrival_us, input_tokens, output_tokens, *, arch: ModelArch, tp: int = 1,
                     hardware: str = DEFAULT_HARDWARE, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
                     kv_blocks: int = 10_000, block_size: int = 16, prefix_group=None, prefix_tokens: int = 0,
-                    timeout_s: float = 300.0, model: str = "in-memory", split=(0.6, 0.2)) -> "Experiment":
+                    group_tokens=None, prompt=None, timeout_s: float = 300.0, model: str = "in-memory",
+                    split=(0.6, 0.2)) -> "Experiment":
         """An in-memory experiment without ground truth (observations are NaN), for generators and tests.
-        prefix_group[i] >= 0: request i starts with that group's shared prompt of prefix_tokens."""
+        prefix_group[i] >= 0: request i starts with that group's shared prefix, group_tokens[g] long
+        (or prefix_tokens for every group); prompt[i]: requests with equal ids sent identical prompts."""
         arrival = np.asarray(arrival_us, dtype=np.int64)
         n = len(arrival)
         out = np.asarray(output_tokens, dtype=np.int64)
         inputs = np.asarray(input_tokens, dtype=np.int64)
         groups = np.full(n, -1, np.int64) if prefix_group is None else np.asarray(prefix_group, dtype=np.int64)
+        prompts = np.arange(n, dtype=np.int64) if prompt is None else np.asarray(prompt, dtype=np.int64)
+        n_groups = int(groups.max(initial=-1)) + 1
+        lengths = tuple(int(t) for t in group_tokens) if group_tokens is not None else (int(prefix_tokens),) * n_groups
         # the loader guarantees these for real data; the replay relies on them
         if (inputs < 1).any() or (out < 1).any():
             raise ValueError(f"{name}: every request needs input_tokens >= 1 and output_tokens >= 1")
-        if groups.shape != (n,) or (groups < -1).any() or (prefix_tokens < 0) or ((groups >= 0) & (inputs <= prefix_tokens)).any():
-            raise ValueError(f"{name}: prefix_group needs one group (or -1) per request, each grouped prompt longer "
-                             f"than prefix_tokens={prefix_tokens}")
+        if (groups.shape != (n,) or (groups < -1).any() or len(lengths) < n_groups or any(t < 0 for t in lengths)
+                or ((groups >= 0) & (inputs < np.array(lengths + (0,), dtype=np.int64)[groups])).any()):
+            raise ValueError(f"{name}: prefix_group needs one group (or -1) per request, each grouped prompt at least "
+                             f"as long as its group's prefix (group_tokens={lengths[:8]})")
+        if prompts.shape != (n,) or (prompts < 0).any() or not _prompts_consistent(prompts, inputs, groups):
+            raise ValueError(f"{name}: prompt needs one non-negative id per request; requests of one prompt need "
+                             "one input length and one group")
         return cls(
             name=name, model=model, workload="", tp=tp, hardware=get_hardware(hardware), arch=arch,
             server=ServerConfig(max_num_seqs, max_num_batched_tokens, kv_blocks, block_size),
             arrival_us=arrival, input_tokens=inputs, output_tokens=out, reported_output_tokens=out.copy(),
-            prefix_group=groups, prefix_tokens=int(prefix_tokens) if (groups >= 0).any() else 0,
+            prefix_group=groups, group_tokens=lengths[:n_groups], prompt=prompts,
             failed=np.zeros(n, bool), abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
             e2e_s=np.full(n, np.nan), ttft_s=np.full(n, np.nan), split=_temporal_split(n, split),
         )
 
+    def trace_view(self) -> tuple["Experiment", list[str]]:
+        """The experiment as a BLIS trace v2 states its prompts (prompt_reuse.trace_sharing), and
+        the trace's group names: what `blis replay` of the exported trace replays."""
+        sharing, names = trace_sharing(self.sharing, self.input_tokens)
+        return dataclasses.replace(self, prompt=sharing.prompt, prefix_group=sharing.group,
+                                   group_tokens=sharing.group_tokens), names
+
     def head(self, n: int) -> "Experiment":
         """The experiment cut to its first n requests (in arrival order)."""
         per_request = {f.name: getattr(self, f.name)[:n] for f in dataclasses.fields(self)
-                       if isinstance(getattr(self, f.name), np.ndarray)}
+                       if isinstance(getattr(self, f.name), np.ndarray)}  # group_tokens is a tuple: kept whole
         return dataclasses.replace(self, **per_request)
 
     def split_mask(self, split: str) -> np.ndarray:
@@ -167,6 +195,14 @@ class Experiment:
         if not ok.any():
             return {"e2e_mean_s": math.nan, "ttft_mean_s": math.nan}
         return {"e2e_mean_s": float(self.e2e_s[ok].mean()), "ttft_mean_s": float(self.ttft_s[ok].mean())}
+
+
+def _prompts_consistent(prompt: np.ndarray, inputs: np.ndarray, groups: np.ndarray) -> bool:
+    """Requests that sent one prompt have one length and one group (the replay keys its blocks once)."""
+    order = np.argsort(prompt, kind="stable")
+    p, i, g = prompt[order], inputs[order], groups[order]
+    same = p[1:] == p[:-1]
+    return bool(((i[1:] == i[:-1]) & (g[1:] == g[:-1]))[same].all())
 
 
 def _read_json(exp: str, path: Path):
@@ -306,14 +342,8 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     ok = ~failed
 
     notes = []
-    imputed = failed & (inputs <= 0)
-    if imputed.any():
-        inputs = inputs.copy()
-        inputs[imputed] = int(np.median(inputs[ok]))
-        notes.append(f"{int(imputed.sum())} failed requests without input length: median of successful used")
     if (inputs[ok] <= 0).any():
         raise ExperimentError(exp, "requests.json: a successful request has input_tokens 0")
-
     shared = ((profile.get("data") or {}).get("shared_prefix") or {}) if isinstance(profile, dict) else {}
     out_len_used = None
     if options.output_len == "profile" and isinstance(shared.get("output_len"), int) and shared["output_len"] > 0:
@@ -325,20 +355,10 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
             notes.append("profile.json has no output_len: reported output_tokens used")
 
     sys_len = int(shared.get("system_prompt_len") or cfg.get("system_prompt_len") or 0)
-    groups = int(shared.get("num_unique_system_prompts") or cfg.get("numprefix_groups") or 0)
-    prefix_group = np.full(n, -1, dtype=np.int64)
+    n_system = int(shared.get("num_unique_system_prompts") or cfg.get("numprefix_groups") or 0)
     recorded = _recorded_groups(exp, reqs, order, sys_len)
-    if recorded is not None:
-        prefix_group, sys_len = recorded
-        short = (prefix_group >= 0) & (inputs <= sys_len)
-        if short.any():
-            prefix_group = np.where(short, -1, prefix_group)
-            notes.append(f"{int(short.sum())} requests of a recorded prefix group are not longer than its prefix: "
-                         "replayed without it")
-        if not options.prefix_cache:
-            prefix_group = np.full(n, -1, dtype=np.int64)
-    elif options.prefix_cache and sys_len >= server.block_size:
-        prefix_group = prefix_groups(inputs, sys_len, max(groups, 1))
+    inputs, sharing, reuse, imputed = _prompt_sharing(exp, options.prompt_reuse, recorded, inputs, failed & (inputs <= 0),
+                                                      sys_len, n_system, server.block_size, reqs, order, notes)
 
     measurement = meta.get("measurement", "client")
     if measurement not in MEASUREMENTS:
@@ -369,48 +389,96 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         failed=failed, abort_after_us=abort_after,
         e2e_s=e2e, ttft_s=ttft, split=_temporal_split(n, options.split),
         source_split=str(meta.get("split") or ""), output_len_used=out_len_used,
-        n_imputed_inputs=int(imputed.sum()), summary=_summary_means(path / "summary_lifecycle_metrics.json"),
+        n_imputed_inputs=imputed, summary=_summary_means(path / "summary_lifecycle_metrics.json"),
         synthetic=bool(meta.get("synthetic", False)), notes=notes,
-        prefix_group=prefix_group, prefix_tokens=sys_len if (prefix_group >= 0).any() else 0,
-        recorded_groups=recorded is not None, measurement=measurement,
+        prefix_group=sharing.group, group_tokens=sharing.group_tokens, prompt=sharing.prompt,
+        recorded_groups=recorded is not None, measurement=measurement, prompt_reuse=reuse,
     )
 
 
-def _recorded_groups(exp: str, reqs: list, order: np.ndarray, default_len: int) -> tuple[np.ndarray, int] | None:
+def _prompt_sharing(exp: str, policy: str, recorded: tuple[np.ndarray, tuple[int, ...]] | None, inputs: np.ndarray,
+                    unknown: np.ndarray, sys_len: int, n_system: int, block: int, reqs: list, order: np.ndarray,
+                    notes: list[str]) -> tuple[np.ndarray, Sharing, ReuseReport, int]:
+    """The prompt structure under `policy` (prompt_reuse.py), the input lengths with the unknown ones
+    (failed requests record none) filled in, and how many were filled."""
+    n = len(inputs)
+    inputs = inputs.copy()
+    known = ~unknown
+    cycle = detect_cycle(inputs, known) if policy == "detect" and recorded is None else None
+    assignment = None
+    if cycle is not None:
+        assignment = assign_prompts(inputs, known, cycle.period)
+        inputs = assignment.lengths
+        if assignment.n_imputed:
+            notes.append(f"{assignment.n_imputed} failed requests without input length: their prompt's length in the cycle")
+    rest = unknown & (inputs <= 0)
+    if rest.any():
+        inputs[rest] = int(np.median(inputs[known]))
+        notes.append(f"{int(rest.sum())} failed requests without input length: median of successful used")
+    imputed = int(unknown.sum())
+
+    if policy == "off":
+        sharing, report = Sharing.none(n), ReuseReport(policy, "none")
+    elif recorded is not None:
+        groups, lengths = recorded
+        grouped = groups >= 0
+        over = grouped & known & (inputs < np.array(lengths, dtype=np.int64)[np.maximum(groups, 0)])
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            rec = reqs[int(order[i])]
+            raise ExperimentError(exp, f"requests.json: request {rec.get('index')} has prefix_length "
+                                       f"{lengths[groups[i]]} of group {rec.get('prefix_group')!r} but only "
+                                       f"{int(inputs[i])} input tokens"[:240])
+        short = grouped & ~known
+        inputs[short] = np.maximum(inputs[short], np.array(lengths, dtype=np.int64)[groups[short]])
+        sharing = Sharing(np.arange(n, dtype=np.int64), groups, lengths)
+        report = ReuseReport(policy, "recorded", n_prompts=len(lengths))
+    elif cycle is not None:
+        sharing = cycle_sharing(assignment, cycle.period, sys_len if sys_len >= block else 0, n_system)
+        report = ReuseReport(policy, "cycle", period=cycle.period, share_matched=round(cycle.share, 4),
+                             n_prompts=cycle.period, n_swapped=assignment.n_swapped,
+                             n_unmatched=assignment.n_unmatched, n_imputed=assignment.n_imputed)
+    else:
+        note = "no cycle in the input lengths: system prompts only" if policy == "detect" else ""
+        if sys_len >= block:
+            groups = prefix_groups(inputs, sys_len, max(n_system, 1))
+            sharing = Sharing(np.arange(n, dtype=np.int64), groups, (sys_len,) * max(n_system, 1))
+            report = ReuseReport(policy, "system-prompt", n_prompts=max(n_system, 1), note=note)
+        else:
+            sharing = Sharing.none(n)
+            report = ReuseReport(policy, "none", note=note + ("; " if note else "") + "no system prompt of a block or more")
+    report = dataclasses.replace(report, cached_share=round(expected_cached_share(inputs, sharing, block), 4))
+    return inputs, sharing, report, imputed
+
+
+def _recorded_groups(exp: str, reqs: list, order: np.ndarray, default_len: int) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """The per-request prefix groups the data recorded (arrival order, numbered by first
-    appearance) and their one shared prefix length, or None when no request records a group.
-    Groups of different prefix lengths are refused: the replay has one prefix length."""
+    appearance) and each group's prefix length, or None when no request records a group.
+    Two lengths inside one group are refused: the group's requests share one prefix."""
     names = [reqs[int(i)].get("prefix_group") for i in order]
     if not any(isinstance(g, str) and g for g in names):
         return None
     ids: dict[str, int] = {}
-    lengths: dict[int, tuple[str, int]] = {}
+    lengths: list[int] = []
     groups = np.full(len(names), -1, dtype=np.int64)
     for pos, g in enumerate(names):
         if g is None or g == "":
             continue
         if not isinstance(g, str):
             raise ExperimentError(exp, f"requests.json: prefix_group must be a string, not {g!r}"[:200])
-        groups[pos] = ids.setdefault(g, len(ids))
         rec = reqs[int(order[pos])]
         length = rec.get("prefix_length", default_len)
-        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 < length < 2**31:
             raise ExperimentError(exp, f"requests.json: request {rec.get('index')} has prefix group {g!r} but no "
                                        f"positive prefix_length (nor a profile system_prompt_len)"[:240])
-        lengths.setdefault(length, (g, int(rec.get("index", pos))))
-    if len(lengths) > 1:
-        (l1, (g1, _)), (l2, (g2, i2)) = list(lengths.items())[:2]
-        raise ExperimentError(exp, f"requests.json: recorded prefix groups have different prefix lengths ({l1} for "
-                                   f"{g1!r}, {l2} for {g2!r} at request {i2}); the replay supports one shared prefix "
-                                   "length per experiment")
-    return groups, next(iter(lengths))
-
-
-def prefix_groups(inputs: np.ndarray, prefix_len: int, groups: int) -> np.ndarray:
-    """Which shared system prompt each request starts with: group i % groups for request i (so
-    the first `groups` requests are each group's first), -1 for a prompt no longer than it."""
-    g = np.arange(len(inputs), dtype=np.int64) % groups
-    return np.where(inputs > prefix_len, g, -1)
+        k = ids.setdefault(g, len(ids))
+        if k == len(lengths):
+            lengths.append(length)
+        elif lengths[k] != length:
+            raise ExperimentError(exp, f"requests.json: request {rec.get('index')} has prefix_length {length} but "
+                                       f"group {g!r} started with {lengths[k]} (one group, one shared prefix)"[:240])
+        groups[pos] = k
+    return groups, tuple(lengths)
 
 
 def experiment_dirs(data_dir: str | Path) -> list[Path]:

@@ -14,13 +14,14 @@ import re
 from dataclasses import dataclass
 
 from .numbers import fmt
+from .prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, LEGACY_POLICY
 from .replay import DEFAULT_SEMANTICS
 
 DEFAULT_METHOD = "trust-region"  # fitting.METHODS[0] (fitting imports the engine; this module stays light)
 
 PREFIX = "# fitted: "
 _ARCHIVED = re.compile(r"program #(\d+) of (.*) \(generation (\d+), (.*)\)")
-_KEYS = ("data", "seed", "scope", "group", "restarts", "semantics", "method", "objective", "train_loss_all_groups",
+_KEYS = ("data", "seed", "scope", "group", "restarts", "semantics", "prompt_reuse", "method", "objective", "train_loss_all_groups",
          "train_loss", "evaluations",
          "train", "val", "test")
 # a key=value field, or the bare `quick` flag; values run to the next field (a data label may hold spaces)
@@ -52,6 +53,9 @@ class FittedHeader:
     restarts: int = 0
     quick: bool = False
     semantics: str = DEFAULT_SEMANTICS  # how the replay accounted steps (written only when not the default)
+    # which requests shared prompts (--prompt-reuse; always written: a header without it was
+    # written before the policy existed, when the replay shared system prompts only)
+    prompt_reuse: str = DEFAULT_PROMPT_REUSE
     method: str = DEFAULT_METHOD  # the fitting method (written only when not the default)
     objective: str = "rms"  # the loss fitted: rms, worst3, with "+weights" for a weighted one (ditto)
     train_loss: float | None = None
@@ -73,11 +77,12 @@ class FittedHeader:
     def render(self) -> str:
         if self.program_id is not None:
             return (f"program {self.origin}\n"
-                    f"data={self.data} seed={self.seed} train={_loss(self.train_loss)} "
+                    f"data={self.data} seed={self.seed} prompt_reuse={self.prompt_reuse} train={_loss(self.train_loss)} "
                     f"val={_loss(self.val_loss)} test={_loss(self.test_loss)}")
         return (f"data={self.data} seed={self.seed} scope={self.scope} group={self.group}"
                 + (f" restarts={self.restarts}" if self.restarts else "") + (" quick" if self.quick else "")
                 + (f" semantics={self.semantics}" if self.semantics != DEFAULT_SEMANTICS else "")
+                + f" prompt_reuse={self.prompt_reuse}"
                 + (f" method={self.method}" if self.method != DEFAULT_METHOD else "")
                 + (f" objective={self.objective}" if self.objective != "rms" else "")
                 + f" {'train_loss_all_groups' if self.loss_of_all_groups else 'train_loss'}={_loss(self.train_loss)}"
@@ -85,7 +90,7 @@ class FittedHeader:
 
     def labelled(self) -> dict[str, str]:
         """The archived form as labelled fields, for a comment block (emit-go's Go file header)."""
-        return {"program": self.origin, "data": self.data, "seed": str(self.seed),
+        return {"program": self.origin, "data": self.data, "seed": str(self.seed), "prompt reuse": self.prompt_reuse,
                 "loss": f"train {_loss(self.train_loss)}, validation {_loss(self.val_loss)}, test {_loss(self.test_loss)}"}
 
     @classmethod
@@ -100,11 +105,13 @@ class FittedHeader:
             if archived:
                 return cls(data=fields["data"], seed=int(fields["seed"]), program_id=int(archived[1]), archive=archived[2],
                            generation=int(archived[3]), operator=archived[4], train_loss=_number(fields["train"]),
+                           prompt_reuse=fields.get("prompt_reuse", LEGACY_POLICY),
                            val_loss=_number(fields["val"]), test_loss=_number(fields["test"]))
             all_groups = "train_loss_all_groups" in fields
             return cls(data=fields["data"], seed=int(fields["seed"]), scope=fields["scope"], group=fields["group"],
                        restarts=int(fields.get("restarts", 0)), quick="quick" in fields,
                        semantics=fields.get("semantics", DEFAULT_SEMANTICS),
+                       prompt_reuse=fields.get("prompt_reuse", LEGACY_POLICY),
                        method=fields.get("method", DEFAULT_METHOD), objective=fields.get("objective", "rms"),
                        train_loss=float(fields["train_loss_all_groups" if all_groups else "train_loss"]),
                        loss_of_all_groups=all_groups, evaluations=int(fields["evaluations"]))

@@ -1,7 +1,10 @@
 """Closed-loop replay of a vLLM-v1-like scheduler with one program as the step-time model.
 
 Each step (read top to bottom like vLLM's scheduler):
-  1. requests whose ready time (arrival + queueing_time) has come join the waiting queue;
+  1. a request's queueing_time is computed when it arrives (it may read the duration of the last
+     step started before, r.last_step_us, as BLIS's model sees it: the step in flight, or the last
+     one if the engine is idle); requests whose ready time (arrival + queueing_time) has come
+     join the waiting queue;
      client timeouts remove requests wherever they are and free their KV blocks;
   2. running requests in batch order get tokens under the max_num_batched_tokens budget
      (a prefill chunk min(remaining prompt, budget), a decode 1); a request whose KV blocks
@@ -66,14 +69,55 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
+# ---- requests that arrived and wait out their queueing time: a binary min-heap by (ready, r),
+# so equal ready times keep arrival order (as BLIS orders events of one tick) ----
+
+@njit(cache=True, nogil=True)
+def _before(a, b, ready):
+    return ready[a] < ready[b] or (ready[a] == ready[b] and a < b)
+
+
+@njit(cache=True, nogil=True)
+def _heap_push(heap, size, r, ready):
+    i = size
+    heap[i] = r
+    while i > 0:
+        p = (i - 1) // 2
+        if not _before(heap[i], heap[p], ready):
+            break
+        heap[i], heap[p] = heap[p], heap[i]
+        i = p
+    return size + 1
+
+
+@njit(cache=True, nogil=True)
+def _heap_pop(heap, size, ready):
+    top = heap[0]
+    size -= 1
+    heap[0] = heap[size]
+    i = 0
+    while True:
+        left, right, m = 2 * i + 1, 2 * i + 2, i
+        if left < size and _before(heap[left], heap[m], ready):
+            m = left
+        if right < size and _before(heap[right], heap[m], ready):
+            m = right
+        if m == i:
+            break
+        heap[i], heap[m] = heap[m], heap[i]
+        i = m
+    return top, size
+
+
 # ---- the KV cache: blocks with reference counts, a free list in LRU order, prefix hashes ----
 # As in vLLM and BLIS (sim/kv/cache.go): a request holds a list of blocks; blocks it releases go
 # to the tail of the free list in reverse order and keep their content, so a later request (or
 # the same one, readmitted after a preemption) whose prompt starts with that content hits them
 # until a new allocation pops them from the head and overwrites them. Content identity stands in
-# for the block hash: block i of a shared system prompt (group g) is key g * P + i; block i of a
-# request's own prompt is key G * P + roff[r] + i. Only full prompt blocks filled during prefill
-# are keyed (the others hold output tokens no prompt can match).
+# for the block hash (experiments.py, prompt_reuse.py): block i < gblocks[g] of a request in
+# shared-prefix group g is key goff[g] + i; any other block i of request r is key pkey[r] + i,
+# where requests that sent the same prompt have the same pkey. Only full prompt blocks filled
+# during prefill are keyed (the others hold output tokens no prompt can match).
 
 @njit(cache=True, nogil=True)
 def _fl_remove(b, nxt, prv, head_tail):
@@ -105,21 +149,21 @@ def _fl_append(b, nxt, prv, head_tail):
 
 
 @njit(cache=True, nogil=True)
-def _key_of(r, i, pgroup, prefix_blocks, n_group_keys, roff):
+def _key_of(r, i, pgroup, gblocks, goff, pkey):
     g = pgroup[r]
-    if g >= 0 and i < prefix_blocks:
-        return g * prefix_blocks + i
-    return n_group_keys + roff[r] + i
+    if g >= 0 and i < gblocks[g]:
+        return goff[g] + i
+    return pkey[r] + i
 
 
 @njit(cache=True, nogil=True)
-def _cached_prefix(r, max_blocks, pgroup, prefix_blocks, n_group_keys, roff, keymap, ref):
+def _cached_prefix(r, max_blocks, pgroup, gblocks, goff, pkey, keymap, ref):
     """(blocks at the start of r's prompt whose content is in the cache, stopping at the first
     miss; how many of those sit on the free list, unreferenced, so claiming them uses free blocks)."""
     n = 0
     on_free_list = 0
     while n < max_blocks:
-        b = keymap[_key_of(r, n, pgroup, prefix_blocks, n_group_keys, roff)]
+        b = keymap[_key_of(r, n, pgroup, gblocks, goff, pkey)]
         if b < 0:
             break
         if ref[b] == 0:
@@ -143,7 +187,7 @@ def _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt):
 
 @njit(cache=True, nogil=True)
 def _allocate(r, tok, in_prefill, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail,
-              pgroup, prefix_blocks, n_group_keys, no_prompt):
+              pgroup, gblocks, goff, pkey, no_prompt):
     """Store tok more tokens of r: fill its last block, then take blocks from the free list's head
     (dropping the content they held). Full prompt blocks written during prefill get their key
     (none when no_prompt[r]: its blocks start at its first output token)."""
@@ -154,7 +198,7 @@ def _allocate(r, tok, in_prefill, inputs, block, nb, rtok, rblk, roff, ref, key,
         tok -= fill
         last = nb[r] - 1
         if rtok[r] == nb[r] * block and nb[r] * block <= inputs[r] and not no_prompt[r]:
-            kk = _key_of(r, last, pgroup, prefix_blocks, n_group_keys, roff)
+            kk = _key_of(r, last, pgroup, gblocks, goff, pkey)
             b = rblk[roff[r] + last]
             key[b] = kk
             keymap[kk] = b
@@ -171,16 +215,15 @@ def _allocate(r, tok, in_prefill, inputs, block, nb, rtok, rblk, roff, ref, key,
         rtok[r] += fill
         tok -= fill
         if fill == block and in_prefill and not no_prompt[r]:
-            kk = _key_of(r, nb[r] - 1, pgroup, prefix_blocks, n_group_keys, roff)
+            kk = _key_of(r, nb[r] - 1, pgroup, gblocks, goff, pkey)
             key[b] = kk
             keymap[kk] = b
 
 
 @njit(cache=True, nogil=True)
-def _claim_cached(r, n_cached, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup, prefix_blocks,
-                  n_group_keys):
+def _claim_cached(r, n_cached, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup, gblocks, goff, pkey):
     for i in range(n_cached):
-        b = keymap[_key_of(r, i, pgroup, prefix_blocks, n_group_keys, roff)]
+        b = keymap[_key_of(r, i, pgroup, gblocks, goff, pkey)]
         ref[b] += 1
         if ref[b] == 1:
             _fl_remove(b, nxt, prv, head_tail)
@@ -190,14 +233,24 @@ def _claim_cached(r, n_cached, block, nb, rblk, roff, ref, keymap, nxt, prv, hea
 
 
 @njit(cache=True, nogil=True)
-def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_after, max_seqs, budget_tokens,
+def _next_event(t, arrival, order, nxt_arrival, ready, heap, n_heap):
+    """The earliest of t, the next arrival and the next ready time."""
+    if nxt_arrival < arrival.shape[0] and arrival[order[nxt_arrival]] < t:
+        t = arrival[order[nxt_arrival]]
+    if n_heap > 0 and ready[heap[0]] < t:
+        t = ready[heap[0]]
+    return t
+
+
+@njit(cache=True, nogil=True)
+def _simulate(arrival, inputs, outputs, pgroup, gblocks, goff, pkey, key_space, abort_after, max_seqs, budget_tokens,
               kv_blocks, block, blis, k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec, totals_rec,
               diag):
     n = arrival.shape[0]
     stack = np.zeros(STACK_SIZE)
     local = np.zeros(LOCALS_SIZE)
     comps = np.zeros(N_COMPONENTS)
-    req = np.zeros(2)
+    req = np.zeros(3)  # the request fields queueing_time reads (dsl/program.py REQUEST_FIELDS)
     none = np.zeros(1)
 
     # per-program scalars
@@ -218,17 +271,10 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
             return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
         post_decode = max(0, int(np.round(min(x, MAX_US))))
     ready = arrival.copy()
-    if entries[1] >= 0:
-        for r in range(n):
-            req[0] = inputs[r]
-            req[1] = outputs[r]
-            x = run_code(code, lits, entries[1], none, consts, req, stack, local)
-            if not np.isfinite(x):
-                diag[0] = x
-                diag[1] = 1.0
-                return BAD_QUEUE_TIME, 0, 0, r, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
-            ready[r] = arrival[r] + max(0, int(np.round(min(x, MAX_US))))
-    order = np.argsort(ready, kind="mergesort")
+    order = np.argsort(arrival, kind="mergesort")  # arrival order
+    heap = np.zeros(n, np.int64)  # arrived, waiting out their queueing time
+    n_heap = 0
+    last_dt = np.int64(0)  # duration of the last step started (r.last_step_us)
     deadline = arrival + abort_after
 
     state = np.zeros(n, np.int8)
@@ -247,8 +293,7 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
     nb = np.zeros(n, np.int64)  # blocks held
     rtok = np.zeros(n, np.int64)  # tokens stored in them
     no_prompt = np.zeros(n, np.bool_)  # admitted with its whole prompt cached and unclaimed (BLIS): blocks hold outputs
-    n_group_keys = n_groups * prefix_blocks
-    keymap = np.full(n_group_keys + roff[n], -1, np.int64)  # content key -> block holding it
+    keymap = np.full(key_space, -1, np.int64)  # content key -> block holding it
     key = np.full(kv_blocks, -1, np.int64)  # block -> the content key it holds
     ref = np.zeros(kv_blocks, np.int64)
     nxt = np.arange(1, kv_blocks + 1, dtype=np.int64)
@@ -271,12 +316,25 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
     n_rec = 0
 
     while pending > 0:
-        while nxt_arrival < n and ready[order[nxt_arrival]] <= clock:
+        while nxt_arrival < n and arrival[order[nxt_arrival]] <= clock:
             r = order[nxt_arrival]
+            nxt_arrival += 1
+            if entries[1] >= 0:
+                req[0] = inputs[r]
+                req[1] = outputs[r]
+                req[2] = last_dt
+                x = run_code(code, lits, entries[1], none, consts, req, stack, local)
+                if not np.isfinite(x):
+                    diag[0] = x
+                    diag[1] = 1.0
+                    return BAD_QUEUE_TIME, steps, clock, r, ttft, e2e, state, preempts
+                ready[r] = arrival[r] + max(0, int(np.round(min(x, MAX_US))))
+            n_heap = _heap_push(heap, n_heap, r, ready)
+        while n_heap > 0 and ready[heap[0]] <= clock:
+            r, n_heap = _heap_pop(heap, n_heap, ready)
             state[r] = QUEUED
             queue[qtail % qcap] = r
             qtail += 1
-            nxt_arrival += 1
         # client timeouts among running requests (waiting ones are dropped at the head); the
         # batch is scanned only once the earliest running deadline has passed
         if min_deadline <= clock:
@@ -304,8 +362,8 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
         if pending <= 0:
             break
         if n_running == 0 and qhead == qtail:
-            if nxt_arrival < n:
-                clock = max(clock, ready[order[nxt_arrival]])
+            if nxt_arrival < n or n_heap > 0:
+                clock = max(clock, _next_event(NO_DEADLINE, arrival, order, nxt_arrival, ready, heap, n_heap))
                 continue
             break
 
@@ -353,7 +411,7 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
                 rtok[r] += tok  # fits in the last block, which stays partial or holds output tokens (no key)
             else:
                 _allocate(r, tok, progress[r] < inputs[r], inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt,
-                          prv, head_tail, pgroup, prefix_blocks, n_group_keys, no_prompt)
+                          prv, head_tail, pgroup, gblocks, goff, pkey, no_prompt)
             sched[i] = tok
             budget -= tok
             c = float(progress[r])
@@ -388,7 +446,7 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
                     continue
                 # prompt blocks already cached; vLLM always computes the prompt's last token, BLIS need not
                 hit_limit = inputs[r] // block if blis else (inputs[r] - 1) // block
-                hits, from_free = _cached_prefix(r, hit_limit, pgroup, prefix_blocks, n_group_keys, roff, keymap, ref)
+                hits, from_free = _cached_prefix(r, hit_limit, pgroup, gblocks, goff, pkey, keymap, ref)
                 start = hits * block
                 tok = min(inputs[r] - start, budget)
                 if _ceil_div(tok, block) + from_free > head_tail[2]:
@@ -396,13 +454,15 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
                 qhead += 1
                 if tok > 0:  # BLIS claims cached blocks only along with new tokens
                     rtok[r] = _claim_cached(r, hits, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup,
-                                            prefix_blocks, n_group_keys)
+                                            gblocks, goff, pkey)
                     _allocate(r, tok, True, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail,
-                              pgroup, prefix_blocks, n_group_keys, no_prompt)
+                              pgroup, gblocks, goff, pkey, no_prompt)
                 else:
                     admitted_empty = True
                     no_prompt[r] = True
                 progress[r] = start
+                diag[2] += start  # prompt tokens served from the cache, of diag[3] admitted
+                diag[3] += inputs[r]
                 state[r] = RUNNING
                 running[n_running] = r
                 sched[n_running] = tok
@@ -429,9 +489,7 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
         if budget == budget_tokens and not admitted_empty:
             # nothing could be scheduled (a head that never fits): wait for the next event
             nxt_event = deadline[queue[qhead % qcap]] if qhead < qtail else clock + 1
-            if nxt_arrival < n and ready[order[nxt_arrival]] < nxt_event:
-                nxt_event = ready[order[nxt_arrival]]
-            clock = max(clock + 1, nxt_event)
+            clock = max(clock + 1, _next_event(nxt_event, arrival, order, nxt_arrival, ready, heap, n_heap))
             continue
 
         # 4. the step: components from the batch totals, then the program
@@ -443,6 +501,7 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
             diag[0] = x
             return BAD_STEP_TIME, steps, clock, -1, ttft, e2e, state, preempts
         dt = max(np.int64(1), np.int64(np.round(min(x, MAX_US))))
+        last_dt = dt
         if record:
             if steps >= steps_rec.shape[0]:
                 return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
@@ -492,7 +551,7 @@ def _simulate(arrival, inputs, outputs, pgroup, prefix_blocks, n_groups, abort_a
                     state[r] = FINISHED
                     if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
                         _allocate(r, 1, False, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv,
-                                  head_tail, pgroup, prefix_blocks, n_group_keys, no_prompt)
+                                  head_tail, pgroup, gblocks, goff, pkey, no_prompt)
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -541,6 +600,12 @@ class ReplayResult:
     trajectory: Trajectory | None = None
     bad_value: float = 0.0  # the offending value when status is BAD_STEP_TIME or BAD_QUEUE_TIME
     bad_function: str = "step_time"
+    cached_tokens: int = 0  # prompt tokens the prefix cache served at admissions (re-admissions after preemption too)
+    admitted_prompt_tokens: int = 0  # prompt tokens of those admissions
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.admitted_prompt_tokens if self.admitted_prompt_tokens else 0.0
 
     @property
     def ok(self) -> bool:
@@ -564,6 +629,21 @@ def experiment_coefficients(exp: Experiment) -> np.ndarray:
     return _COEF_CACHE[key]
 
 
+def key_layout(exp: Experiment) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The prefix cache's content keys for `exp` (see above): per group its blocks and first key,
+    per request the first key of its prompt's own blocks, and how many keys there are. Requests
+    that sent one prompt share its keys; each prompt has room for its full prompt blocks."""
+    block = exp.server.block_size
+    gblocks = np.array([t // block for t in exp.group_tokens] or [0], dtype=np.int64)
+    goff = np.concatenate(([0], np.cumsum(gblocks)[:-1])).astype(np.int64)
+    n_group_keys = int(gblocks.sum())
+    ids, which = np.unique(exp.prompt, return_inverse=True)
+    room = np.zeros(len(ids), dtype=np.int64)
+    np.maximum.at(room, which, exp.input_tokens // block + 1)
+    poff = np.concatenate(([0], np.cumsum(room)))
+    return gblocks, goff, (n_group_keys + poff[which]).astype(np.int64), int(n_group_keys + poff[-1])
+
+
 def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | None = None,
            record: bool = False, max_steps: int = 50_000_000, semantics: str = DEFAULT_SEMANTICS) -> ReplayResult:
     """Replay `exp` closed-loop with `program` at `constants` (array in program order).
@@ -581,18 +661,19 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
     if consts.shape != (len(program.constant_names),):
         raise ValueError(f"expected {len(program.constant_names)} constants, got shape {consts.shape}")
     s = exp.server
+    layout = key_layout(exp)
     # trajectory buffers sized for every output token plus a prefill chunk per request (grown on overflow)
     cap = int(exp.output_tokens.sum()) + 4 * n + 1024 if record else 1
     while True:
         traj = np.zeros((cap, 5), np.int64)
         steps_rec = np.zeros((cap, 4), np.int64)
         totals_rec = np.zeros((cap, 7))
-        diag = np.zeros(2)
+        diag = np.zeros(4)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
-            exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.prefix_group, exp.prefix_tokens // s.block_size,
-            int(exp.prefix_group.max(initial=-1)) + 1, exp.abort_after_us, s.max_num_seqs, s.max_num_batched_tokens,
-            s.kv_blocks, s.block_size, semantics == "blis", experiment_coefficients(exp), program.code, program.literals,
-            program.entries, consts, horizon, max_steps, record, traj, steps_rec, totals_rec, diag)
+            exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.prefix_group, *layout, exp.abort_after_us,
+            s.max_num_seqs, s.max_num_batched_tokens, s.kv_blocks, s.block_size, semantics == "blis",
+            experiment_coefficients(exp), program.code, program.literals, program.entries, consts, horizon, max_steps,
+            record, traj, steps_rec, totals_rec, diag)
         if status != TRAJECTORY_FULL:
             break
         cap = max(cap * 4, 1 << 20)
@@ -604,4 +685,5 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
                                 kv_blocks_used=steps_rec[:steps, 2], running=steps_rec[:steps, 3],
                                 totals=totals_rec[:steps])
     which = {1: "queueing_time", 2: "output_token_time", 3: "post_decode_time"}.get(int(diag[1]), "step_time")
-    return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory, float(diag[0]), which)
+    return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory, float(diag[0]), which,
+                        int(diag[2]), int(diag[3]))

@@ -47,15 +47,16 @@ class VectorProgram:
     post_decode_time: VectorFunction | None
     constant_names: tuple[str, ...]
     queue_reads_request: bool  # queueing_time depends on the request (else one value per vector)
+    queue_reads_step: bool = False  # queueing_time reads r.last_step_us (a step's duration: moves with the constants)
 
     @classmethod
     def of(cls, program: Program) -> "VectorProgram":
         def maybe(name):
             return compile_vector(program, name) if name in program.functions else None
         queue = maybe("queueing_time")
-        reads = queue is not None and any("r_" in e for e in [queue.result, *(x for _, x in queue.statements)])
+        text = " ".join([queue.result, *(x for _, x in queue.statements)]) if queue is not None else ""
         return cls(compile_vector(program, "step_time"), queue, maybe("output_token_time"),
-                   maybe("post_decode_time"), tuple(program.constants), reads)
+                   maybe("post_decode_time"), tuple(program.constants), "r_" in text, "r_last_step_us" in text)
 
     def constant_inputs(self, population: np.ndarray) -> dict[str, np.ndarray]:
         """c_<name> as (P, 1) columns, so they broadcast against per-step or per-request rows."""
@@ -88,6 +89,10 @@ class TrajectoryModel:
     output_tokens: np.ndarray
     linear0: np.ndarray  # (2,) linear() at the recorded constants
     gain: np.ndarray = field(default_factory=lambda: np.ones(2))  # see learn_gain
+    # for r.last_step_us: the components of the last step started before each request's arrival
+    # (recorded schedule), and whether there was one (else the field is 0)
+    arrival_components: dict[str, np.ndarray] | None = None
+    arrival_step: np.ndarray | None = None
 
 
 def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, constants: np.ndarray,
@@ -115,6 +120,10 @@ def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, co
 
     start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
     end = start + dt
+    if vector.queue_reads_step:
+        before = np.searchsorted(t.step_start_us, exp.arrival_us, side="left") - 1
+        model.arrival_step = before >= 0
+        model.arrival_components = {k: v[np.maximum(before, 0)] for k, v in model.components.items()}
     ready, out_tok = _recorded_delays(vector, constants, model, exp.arrival_us)
     limit = exp.abort_after_us
     finished = ok & (res.state == FINISHED)
@@ -187,27 +196,30 @@ def _recorded_delays(vector: VectorProgram, constants: np.ndarray, model: Trajec
     consts = vector.constant_inputs(constants[None, :])
     ready = arrival_us.astype(np.float64)
     if vector.queueing_time is not None:
-        ready = ready + _request_queue_us(vector, consts, model, 1)[0]
+        ready = ready + _request_queue_us(vector, constants[None, :], model)[0]
     return ready, float(_scalar_delay(vector.output_token_time, consts, 1)[0])
 
 
-def _request_queue_us(vector: VectorProgram, consts: dict, model: TrajectoryModel, p: int) -> np.ndarray:
+def _request_queue_us(vector: VectorProgram, population: np.ndarray, model: TrajectoryModel) -> np.ndarray:
     """(P, n) queueing_time of every request, rounded as the replay rounds it."""
-    q = evaluate_vector(vector.queueing_time, {**consts, "r_input_tokens": model.input_tokens,
-                                               "r_output_tokens": model.output_tokens})
-    return np.maximum(0.0, _us(np.broadcast_to(q, (p, len(model.input_tokens)))))
+    p, n = len(population), len(model.input_tokens)
+    fields = {"r_input_tokens": model.input_tokens, "r_output_tokens": model.output_tokens}
+    if vector.queue_reads_step:  # the arrival's step in flight, re-timed (rounded as the replay rounds a step)
+        last, _ = step_us(model.arrival_components, vector, population)
+        fields["r_last_step_us"] = np.where(model.arrival_step, np.round(last), 0.0)
+    q = evaluate_vector(vector.queueing_time, {**vector.constant_inputs(population), **fields})
+    return np.maximum(0.0, _us(np.broadcast_to(q, (p, n))))
 
 
 def delay_part(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray,
                shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """(P, 2): the summed E2E and TTFT terms from queueing_time, output_token_time, post_decode_time.
     `shared`: those three per vector when they do not depend on the request (see shared_delays)."""
-    consts = vector.constant_inputs(population)
     p = len(population)
     q, out_tok, post = shared if shared is not None else shared_delays(vector, population)
     sums = np.zeros((p, 2))
     if vector.queue_reads_request:
-        q = _request_queue_us(vector, consts, model, p)
+        q = _request_queue_us(vector, population, model)
         for row in range(2):
             sums[:, row] = q[:, model.queued[row]].sum(axis=1)
     else:

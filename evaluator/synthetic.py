@@ -5,10 +5,14 @@ The oracle (documented here, not shipped as a seed, so the search has something 
     step_time        = 2500 + max(1.7 * (gemm_pf + gemm_dc + attn_pf + attn_dc),
                                   1.45 * (weights + kv_read + kv_write))
                        + 1.2 * allreduce + 12 * n_req                       [us]
-    queueing_time    = 1800 + 0.5 * input_tokens                            [us]
+    queueing_time    = 1800 + 0.5 * input_tokens + 1.2 * last_step_us       [us]
     output_token_time = 35                                                  [us]
 
-Measured E2E and TTFT get independent multiplicative log-normal noise (sigma 2%), the
+The workload follows the real runs' load generator (inference-perf's shared-prefix data): a list
+of 100 prompts, each a system prompt of its group and a question, sent in turn (request i sends
+prompt i % 100; now and then two sends arrive swapped), replayed with the prefix cache serving what
+an earlier send left (evaluator/prompt_reuse.py; the loader finds the cycle again, as on real
+data). Measured E2E and TTFT get independent multiplicative log-normal noise (sigma 2%), the
 reported output token counts are exact, and requests still unfinished at the client timeout
 are recorded as failures, like the real data. Four experiments (dense TP1, GQA TP4, MoE TP2,
 and one overloaded long-output run) of 1,200-2,400 requests keep the default job quick.
@@ -23,14 +27,15 @@ import numpy as np
 
 from .catalog import catalog
 from .dsl import compile_program, parse_program
-from .experiments import Experiment, prefix_groups
+from .experiments import Experiment
 from .model_arch import ModelArch
 from .replay import FINISHED, replay
 
-GENERATOR_VERSION = 2  # 2: prefix caching by blocks (the replay's KV cache), BLIS step semantics
+GENERATOR_VERSION = 3  # 2: prefix caching by blocks (the replay's KV cache), BLIS step semantics; 3: cycled
+# prompts, and the engine's pipeline lag in queueing_time (r.last_step_us), as the real data show
 ORACLE_SOURCE = '''"""Synthetic oracle."""
 CONSTANTS = {"base_us": 2500.0, "c_compute": 1.7, "c_memory": 1.45, "c_comm": 1.2, "per_req_us": 12.0,
-             "queue_us": 1800.0, "queue_per_token_us": 0.5, "out_tok_us": 35.0}
+             "queue_us": 1800.0, "queue_per_token_us": 0.5, "lag_steps": 1.2, "out_tok_us": 35.0}
 
 def step_time(f, c):
     compute = f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc
@@ -38,7 +43,7 @@ def step_time(f, c):
     return c.base_us + max(c.c_compute * compute, c.c_memory * memory) + c.c_comm * f.allreduce + c.per_req_us * f.n_req
 
 def queueing_time(r, c):
-    return c.queue_us + c.queue_per_token_us * r.input_tokens
+    return c.queue_us + c.queue_per_token_us * r.input_tokens + c.lag_steps * r.last_step_us
 
 def output_token_time(c):
     return c.out_tok_us
@@ -51,12 +56,25 @@ SCENARIOS = [
     ("synth-llama-2-7b-tp1-general", "meta-llama/Llama-2-7b-hf", 1, 7462, [(150, 4.0), (150, 10.0)], 100, 450, 248, 9, 300.0),
     ("synth-llama-2-70b-tp4-codegen", "meta-llama/Llama-2-70b-hf", 4, 31356, [(300, 5.0)], 100, 470, 247, 11, 300.0),
     ("synth-mixtral-8x7b-tp2-roleplay", "mistralai/Mixtral-8x7B-v0.1", 2, 27510, [(300, 6.0)], 150, 600, 251, 10, 300.0),
-    ("synth-codellama-34b-tp2-reasoning", "codellama/CodeLlama-34b-Instruct-hf", 2, 26602, [(300, 3.5)], 100, 930, 1448, 23, 90.0),
+    ("synth-codellama-34b-tp2-reasoning", "codellama/CodeLlama-34b-Instruct-hf", 2, 26602, [(300, 4.0)], 100, 930, 1448, 23, 90.0),
 ]
 NOISE_SIGMA = 0.02
+N_PROMPTS = 100  # the prompt list the client cycles through
+SWAP_RATE = 0.005  # share of consecutive sends that arrive in swapped order
 
 
-def _requests(rng: np.random.Generator, stages, sys_len: int, question: int) -> tuple[np.ndarray, np.ndarray]:
+def _prompts(rng: np.random.Generator, n: int, sys_len: int, question: int, groups: int):
+    """(prompt of each request, its input length, its system-prompt group): prompt p is in group
+    p % groups; request i sends prompt i % N_PROMPTS unless it swapped places with a neighbour."""
+    lengths = (sys_len + question + rng.integers(-12, 13, size=N_PROMPTS)).astype(np.int64)
+    prompt = np.arange(n, dtype=np.int64) % N_PROMPTS
+    swaps = np.flatnonzero(rng.random(max(n - 1, 0)) < SWAP_RATE)
+    for i in swaps:
+        prompt[i], prompt[i + 1] = prompt[i + 1], prompt[i]
+    return prompt, lengths[prompt], prompt % groups
+
+
+def _requests(rng: np.random.Generator, stages) -> np.ndarray:
     arrivals, t0 = [], 0.0
     for duration, rate in stages:
         n = int(duration * rate)
@@ -65,9 +83,7 @@ def _requests(rng: np.random.Generator, stages, sys_len: int, question: int) -> 
         arrivals.append(times[times < t0 + duration])
         t0 += duration
     arrival_us = np.round(np.concatenate(arrivals) * 1e6).astype(np.int64)
-    arrival_us -= arrival_us[0]
-    inputs = (sys_len + question + rng.integers(-12, 13, size=len(arrival_us))).astype(np.int64)
-    return arrival_us, inputs
+    return arrival_us - arrival_us[0]
 
 
 def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
@@ -78,12 +94,13 @@ def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
     rng = np.random.default_rng(seed)
     out = []
     for name, model, tp, blocks, stages, sys_len, question, out_len, groups, timeout_s in SCENARIOS:
-        arrival, inputs = _requests(rng, stages, sys_len, question)
+        arrival = _requests(rng, stages)
         n = len(arrival)
+        prompt, inputs, group = _prompts(rng, n, sys_len, question, groups)
         bs = 16
         exp = Experiment.from_arrays(name, arrival, inputs, np.full(n, out_len), arch=ModelArch.from_model_config(MODELS[model]),
-                                     tp=tp, kv_blocks=blocks, block_size=bs, prefix_group=prefix_groups(inputs, sys_len, groups),
-                                     prefix_tokens=sys_len, timeout_s=timeout_s, model=model)
+                                     tp=tp, kv_blocks=blocks, block_size=bs, prefix_group=group, prefix_tokens=sys_len,
+                                     prompt=prompt, timeout_s=timeout_s, model=model)
         res = replay(exp, compiled, consts)
         if not res.ok:
             raise RuntimeError(f"synthetic oracle failed on {name}: {res.failure()}")

@@ -35,7 +35,7 @@ from evaluator.replay import DEFAULT_SEMANTICS
 from .console import Log
 from .inputs import load_usable
 from .progress import fit_progress
-from .search import LEGACY_SETTINGS
+from .search import stored_settings
 
 DEFAULT_PROTOCOL = "lomo"  # `evolve archive cv --protocol` offers crossval.PROTOCOLS (the library takes groups:FILE too)
 
@@ -62,7 +62,7 @@ class RunFitSettings:
 def run_fit_settings(run: RunRecord, seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals) -> RunFitSettings:
     """The run's fit method, objective (with its weights) and semantics, as stored with its settings
     (a run stored before a setting existed ran with its legacy value, as `--resume` assumes)."""
-    search = {**LEGACY_SETTINGS, **((run.config or {}).get("search") or {})}
+    search = stored_settings(run.config)
     weights = tuple((str(p), float(w)) for p, w in (search.get("weights") or ()))
     goal = Objective(search.get("objective") or "rms", weights)
     config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=search["fit_method"]), objective=goal)
@@ -84,7 +84,8 @@ def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, log: L
     if directory is not None and not Path(directory).is_dir():
         raise ArchiveCVError(f"{directory}: the run's data is not there (the run in {archive_dir} searched on "
                              f"{run.data_label}); pass --data DIR with its experiments")
-    loaded = load_usable(directory, "profile", log)
+    search = stored_settings(run.config)
+    loaded = load_usable(directory, "profile", log, search["prompt_reuse"])
     if loaded.fingerprint() != run.data_fingerprint:
         raise ArchiveCVError(f"{loaded.directory}: not the data the run in {archive_dir} searched on ({run.data_label}): "
                              "its experiment files differ; pass --data DIR with the run's experiments")

@@ -14,9 +14,12 @@ Format decisions (BLIS snapshot sim/workload/tracev2.go, replay.go, calibrate.go
     measures the real TTFT/E2E from send_time_us, so both must be the arrival.
   * deadline_us = arrival + abort_after_us (absolute): a failed request is aborted at its observed
     E2E, the others at the client limit, as the tool's replay does.
-  * prompt: a request in a shared-prompt group gets prefix_group "sp<g>", prefix_length =
-    prefix_tokens and input_tokens = its input minus the prefix (BLIS prepends the group's prefix,
-    so its prompt length is the tool's input_tokens); otherwise no group and the whole input.
+  * prompt: the sharing a trace can state (Experiment.trace_view, prompt_reuse.trace_sharing):
+    a request whose prompt was sent more than once gets prefix_group "p<prompt>" with
+    prefix_length = its whole prompt and input_tokens 0 (every send is the same tokens); another
+    request in a shared-prefix group gets "sp<g>", prefix_length = the group's prefix and
+    input_tokens = its input minus the prefix (BLIS prepends the group's prefix, so its prompt
+    length is the tool's input_tokens); otherwise no group and the whole input.
     server_input_tokens = the whole prompt (prefix included, as a server reports prompt_tokens):
     replay ignores it for a grouped request and it equals input_tokens otherwise, and calibrate
     compares it with the simulated prompt length (with 0 it would compare the suffix and count
@@ -47,6 +50,7 @@ import yaml
 
 from evaluator.errors import UserError
 from evaluator.experiments import Experiment, ExperimentError, LoadOptions, load_experiment
+from evaluator.prompt_reuse import DEFAULT_POLICY
 from evaluator.readers import read_json
 
 from .outputs import OutputError, check_outputs, write_atomic
@@ -164,7 +168,8 @@ def server_extras(exp_dir: str | Path) -> dict:
     return out
 
 
-def _rows(e: Experiment, n: int, model: str) -> list[list]:
+def _rows(e: Experiment, names: list[str], n: int, model: str) -> list[list]:
+    """The CSV rows of `e` as its trace view (groups named by `names`)."""
     arrival = e.arrival_us[:n].astype(np.int64)
     deadline = arrival + e.abort_after_us[:n].astype(np.int64)
     groups = e.prefix_group[:n]
@@ -173,8 +178,9 @@ def _rows(e: Experiment, n: int, model: str) -> list[list]:
     for i in range(n):
         arr, inp, out = int(arrival[i]), int(inputs[i]), int(outputs[i])
         g = int(groups[i])
-        if g >= 0 and e.prefix_tokens > 0:
-            group, plen, suffix = f"sp{g}", int(e.prefix_tokens), inp - int(e.prefix_tokens)
+        if g >= 0:
+            group, plen = names[g], int(e.group_tokens[g])
+            suffix = inp - plen
         else:
             group, plen, suffix = "", 0, inp
         if e.failed[i]:
@@ -199,9 +205,10 @@ def _check_experiment(e: Experiment, n: int) -> None:
         bad("arrivals are negative or not in order")
     if (e.abort_after_us[:n] <= 0).any():
         bad("a request has no positive client timeout")
-    grouped = e.prefix_group[:n] >= 0
-    if grouped.any() and (e.prefix_tokens <= 0 or (e.input_tokens[:n][grouped] <= e.prefix_tokens).any()):
-        bad("a request in a shared-prompt group is not longer than the shared prompt")
+    groups = e.prefix_group[:n]
+    lengths = np.array(e.group_tokens + (0,), dtype=np.int64)[groups]
+    if ((groups >= 0) & ((lengths <= 0) | (e.input_tokens[:n] < lengths))).any():
+        bad("a request in a shared-prompt group is shorter than the shared prompt")
     ok = ~e.failed[:n]
     if not (np.isfinite(e.ttft_s[:n][ok]).all() and np.isfinite(e.e2e_s[:n][ok]).all()):
         bad("a successful request lacks its observed TTFT or E2E")
@@ -235,6 +242,7 @@ def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: s
     else:
         defaults, hw_config = "defaults.yaml", "hardware_config.json"
     hardware = blis_hardware(e)
+    e, names = e.trace_view()
     _check_experiment(e, n)
 
     notes = []
@@ -262,7 +270,7 @@ def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: s
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(TRACE_COLUMNS)
-    w.writerows(_rows(e, n, model))
+    w.writerows(_rows(e, names, n, model))
 
     ab = {k: str(v.resolve()) for k, v in paths.items()}
     argv = [binary, "replay", "--trace-header", ab["header"], "--trace-data", ab["data"],
@@ -289,7 +297,7 @@ def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: s
                   max_model_len=max_model_len, horizon_us=horizon, notes=notes)
 
 
-def load_for_export(exp_dir: str | Path, output_len: str = "profile") -> Experiment:
+def load_for_export(exp_dir: str | Path, output_len: str = "profile", prompt_reuse: str = DEFAULT_POLICY) -> Experiment:
     """One experiment directory, as the tool loads it; any problem is one line naming it."""
     d = Path(exp_dir)
     if not d.is_dir():
@@ -297,7 +305,7 @@ def load_for_export(exp_dir: str | Path, output_len: str = "profile") -> Experim
     if not (d / "requests.json").is_file():
         raise BlisTraceError(f"--blis-trace {d}: not an experiment directory (no requests.json)")
     try:
-        return load_experiment(d, LoadOptions(output_len=output_len))
+        return load_experiment(d, LoadOptions(output_len=output_len, prompt_reuse=prompt_reuse))
     except ExperimentError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as ex:
@@ -306,7 +314,7 @@ def load_for_export(exp_dir: str | Path, output_len: str = "profile") -> Experim
 
 
 def export_experiment_dir(exp_dir: str | Path, prefix: str | Path, *, output_len: str = "profile",
-                          experiment: Experiment | None = None, **kwargs) -> Export:
+                          prompt_reuse: str = DEFAULT_POLICY, experiment: Experiment | None = None, **kwargs) -> Export:
     """`evolve data export`: load the experiment at exp_dir (unless the caller has: `experiment`)
     and export it (see export_blis_trace); the experiment's own files are never overwritten."""
     d = Path(exp_dir)
@@ -314,7 +322,7 @@ def export_experiment_dir(exp_dir: str | Path, prefix: str | Path, *, output_len
         raise BlisTraceError(f"--blis-trace {d}: no such experiment directory")
     inputs = [p for p in d.iterdir() if p.is_file()]
     check_prefix(prefix, inputs)  # before the (seconds-long) load
-    e = experiment if experiment is not None else load_for_export(d, output_len)
+    e = experiment if experiment is not None else load_for_export(d, output_len, prompt_reuse)
     extras = server_extras(d)
     return export_blis_trace(e, prefix, server_max_model_len=extras.get("max_model_len"),
                              gpu_memory_utilization=extras.get("gpu_memory_utilization"), inputs=inputs, **kwargs)

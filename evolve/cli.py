@@ -14,6 +14,7 @@ from evaluator.executor import Cluster
 from evaluator.experiments import SCORED_SPLITS
 from evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
 from evaluator.objectives import OBJECTIVES
+from evaluator.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, POLICIES as PROMPT_REUSE_POLICIES
 from evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
 from evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
 
@@ -42,6 +43,7 @@ SEARCH, FIT = SearchConfig(), FitConfig()
 Split = Literal[SCORED_SPLITS]
 Scope = Literal[SCOPES]
 OutputLen = Literal[OUTPUT_LEN_POLICIES]
+PromptReuse = Literal[PROMPT_REUSE_POLICIES]
 Semantics = Literal[SEMANTICS]
 Method = Literal[METHODS]
 ObjectiveName = Literal[OBJECTIVES]
@@ -67,16 +69,22 @@ MethodOpt = typer.Option(FitConfig.method, "--method", help="trust-region (traje
                          "about a tenth of the replays) or cmaes (CMA-ES on the closed loop).")
 OutputLenOpt = typer.Option(OUTPUT_LEN_POLICIES[0], "--output-len",
                             help="Output length policy: profile (server output_len) or reported (client token counts).")
+PromptReuseOpt = typer.Option(DEFAULT_PROMPT_REUSE, "--prompt-reuse",
+                              help="Which requests sent the same prompt, for the replay's prefix cache: detect (a prompt "
+                                   "list the client cycled through, found in the input lengths, plus shared system "
+                                   "prompts; system prompts only when the lengths show no cycle), system-prompt (only "
+                                   "the system prompts are shared) or off (nothing is).")
 
 
 @data_app.command("check")
 def data_check(
     data: Optional[Path] = DataOpt,
     output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
-    """Validate experiments and summarize each: model, TP, requests, observed means, split sizes."""
-    check = check_data(data, output_len)
+    """Validate experiments and summarize each: model, TP, requests, observed means, split sizes, prompt reuse."""
+    check = check_data(data, output_len, prompt_reuse)
     if as_json:
         print(json.dumps(check.to_json(), indent=2))
     else:
@@ -107,10 +115,11 @@ def data_export(
     seed: int = typer.Option(DEFAULT_SEED, "--seed", min=0, help="BLIS --seed (its random token ids)."),
     requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Only the first N requests (quick checks)."),
     output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
 ):
     """Export one experiment as a BLIS trace v2 and print the `blis replay` command that replays it."""
     exp = export_experiment_dir(exp_dir, prefix, output_len=output_len, blis_dir=blis, latency_model=latency_model,
-                                seed=seed, requests=requests)
+                                seed=seed, requests=requests, prompt_reuse=prompt_reuse)
     for note in [*exp.notes, f"wrote {exp.header}, {exp.data} ({exp.n_requests} requests), {exp.config}, {exp.cmd_file}, {exp.deployment}"]:
         err.print(note, markup=False, highlight=False, soft_wrap=True)
     sys.stdout.write(exp.command + "\n")  # plain: one line, never wrapped
@@ -151,13 +160,14 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
     semantics: Semantics = SemanticsOpt,
     objective: ObjectiveName = ObjectiveOpt,
     weights: Optional[Path] = WeightsOpt,
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
     result = evaluate_program(program, data, split, workers, output_len, Log(), semantics=semantics, objective=objective,
-                              weights=weights)
+                              weights=weights, prompt_reuse=prompt_reuse)
     if as_json:
         print(dumps(result.to_json()))
     else:
@@ -185,6 +195,7 @@ def fit_cmd(
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
     semantics: Semantics = SemanticsOpt,
     method: Method = MethodOpt,
     objective: ObjectiveName = ObjectiveOpt,
@@ -195,7 +206,8 @@ def fit_cmd(
     """Fit PROGRAM's constants on the train split, then score validate and test."""
     fitted = fit_program(program, data, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
                          restarts=restarts, workers=workers, output_len=output_len, log=Log(), semantics=semantics,
-                         method=method, objective=objective, weights=weights, cluster=Cluster.of(cluster, remote_workers))
+                         method=method, objective=objective, weights=weights, cluster=Cluster.of(cluster, remote_workers),
+                         prompt_reuse=prompt_reuse)
     if as_json:
         print(dumps(fitted.to_json()))
         return
@@ -223,6 +235,7 @@ def cv_cmd(
     as_json: bool = typer.Option(False, "--json"),
     workers: Optional[int] = WorkersOpt,
     output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
     semantics: Semantics = SemanticsOpt,
     method: Method = MethodOpt,
     objective: ObjectiveName = ObjectiveOpt,
@@ -234,7 +247,7 @@ def cv_cmd(
     done = cross_validate_program(program, protocol, data, seed=seed, max_evals=max_evals, method=method,
                                   objective=objective, weights=weights, workers=workers, output_len=output_len,
                                   semantics=semantics, in_distribution=in_distribution, log=Log(),
-                                  cluster=Cluster.of(cluster, remote_workers))
+                                  cluster=Cluster.of(cluster, remote_workers), prompt_reuse=prompt_reuse)
     if as_json:
         print(dumps(done.to_json()))
         return
@@ -292,6 +305,7 @@ def run_cmd(
                                                "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
     workers: Optional[int] = WorkersOpt,
     semantics: Semantics = SemanticsOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
     cv: Literal[CV_MODES] = typer.Option(SEARCH.cv, "--cv",
                                          help="none: a promoted child's validation loss is its loss on the validation "
                                               "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
@@ -317,6 +331,7 @@ def run_cmd(
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
                           quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
                           max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics,
+                          prompt_reuse=prompt_reuse,
                           fit_method=fit_method, objective=objective, patience=patience, units=units,
                           cv=cv, front_cv=front_cv)
     llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
@@ -380,6 +395,7 @@ def blis_compare_cmd(
     experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these experiments (repeatable)."),
     requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Replay only each experiment's first N requests."),
     backend: Optional[str] = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
+    prompt_reuse: PromptReuse = PromptReuseOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
@@ -390,7 +406,8 @@ def blis_compare_cmd(
     dirs = [d for d in experiment_dirs(data) if not experiment or d.name in experiment]
     if not dirs:
         raise BlisError(f"{data}: no experiment directories{' named ' + ', '.join(experiment) if experiment else ''}")
-    rows = compare_program_in_blis(program, archive_dir, blis, dirs, backend=backend, requests=requests, say=Log().note)
+    rows = compare_program_in_blis(program, archive_dir, blis, dirs, backend=backend, requests=requests, say=Log().note,
+                                   prompt_reuse=prompt_reuse)
     if as_json:
         print(dumps([r.to_json() for r in rows]))
         return

@@ -13,6 +13,7 @@ from evaluator.engine import Engine
 from evaluator.executor import Cluster
 from evaluator.fitting import FitConfig
 from evaluator.objectives import load_objective
+from evaluator.prompt_reuse import DEFAULT_POLICY
 from evaluator.replay import DEFAULT_SEMANTICS
 
 from .console import Log
@@ -26,10 +27,12 @@ class CrossValidatedProgram:
     data: LoadedData
     config: FitConfig
     cv: CrossValidation
+    prompt_reuse: str = DEFAULT_POLICY
 
     def to_json(self) -> dict:
         return {"program": str(self.program), "protocol": self.cv.protocol, "data": self.data.label,
-                "synthetic": self.data.synthetic, "seed": self.config.seed, "method": self.config.method,
+                "synthetic": self.data.synthetic, "prompt_reuse": self.prompt_reuse, "seed": self.config.seed,
+                "method": self.config.method,
                 **self.config.objective.settings(),
                 "folds": [{"name": f.fold.name, "train": list(f.fold.train), "train_loss": f.fit.loss,
                            "evaluations": f.fit.evaluations, "constants": f.constants, "experiments": f.rows}
@@ -49,15 +52,15 @@ def cross_validate_program(path: Path, protocol: str, data: Path | None = None, 
                            objective: str = "rms", weights: Path | None = None, workers: int | None = None,
                            output_len: str = "profile", semantics: str = DEFAULT_SEMANTICS,
                            in_distribution: bool = False, log: Log | None = None,
-                           cluster: Cluster | None = None) -> CrossValidatedProgram:
+                           cluster: Cluster | None = None, prompt_reuse: str = DEFAULT_POLICY) -> CrossValidatedProgram:
     """Folds are made (and a bad protocol or groups file refused) before any fit starts."""
     log = log or Log()
     program = load_program(path)
-    loaded = load_usable(data, output_len, log)
+    loaded = load_usable(data, output_len, log, prompt_reuse)
     folds = make_folds(protocol, loaded.experiments)
     goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
     config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=method), objective=goal)
     with Engine(loaded.experiments, workers, semantics=semantics, cluster=cluster) as engine, fit_progress(log.console) as progress:
         cv = cross_validate(program, loaded.experiments, engine, protocol, folds, config, progress=progress,
                             percentiles=True, in_distribution=in_distribution)
-    return CrossValidatedProgram(path, loaded, config, cv)
+    return CrossValidatedProgram(path, loaded, config, cv, prompt_reuse)

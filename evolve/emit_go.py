@@ -205,6 +205,8 @@ class _GoExpr:
                 return "float64(len(req.InputTokens))"
             if base == "r" and attr == "output_tokens":
                 return "float64(len(req.OutputTokens))"
+            if base == "r" and attr == "last_step_us":
+                return "lastStepUs"
             self.fail(node, f"the attribute {base}.{attr}")
         if isinstance(node, ast.Name) and node.id in self.locals:
             return self.locals[node.id]

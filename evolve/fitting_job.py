@@ -16,6 +16,7 @@ from evaluator.replay import DEFAULT_SEMANTICS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, group_key, quick_config
 from evaluator.metrics import MetricRow
 from evaluator.objectives import load_objective
+from evaluator.prompt_reuse import DEFAULT_POLICY
 
 from .console import Log
 from .inputs import load_usable
@@ -37,6 +38,7 @@ class FittedPrograms:
     result: FitResult
     written: list[Path]
     rows: dict[str, list[MetricRow]]  # SCORED_SPLITS -> one row per experiment
+    prompt_reuse: str = DEFAULT_POLICY
 
     @property
     def losses(self) -> dict[str, float]:
@@ -44,7 +46,8 @@ class FittedPrograms:
 
     def to_json(self) -> dict:
         return {"program": str(self.program), "fitted_programs": [str(p) for p in self.written], "data": self.data.label,
-                "synthetic": self.data.synthetic, "seed": self.config.seed, "scope": self.config.scope,
+                "synthetic": self.data.synthetic, "prompt_reuse": self.prompt_reuse, "seed": self.config.seed,
+                "scope": self.config.scope,
                 "method": self.config.method, **self.config.objective.settings(),
                 "train_loss": self.result.loss, "constants": self.result.constants, "evaluations": self.result.evaluations,
                 "seconds": self.result.seconds,
@@ -55,12 +58,13 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
                 out: Path | None = None, max_evals: int | None = FitConfig.max_evals, quick: bool = False,
                 restarts: int = FitConfig.restarts, workers: int | None = None, output_len: str = "profile",
                 log: Log | None = None, semantics: str = DEFAULT_SEMANTICS, method: str = FitConfig.method,
-                objective: str = "rms", weights: Path | None = None, cluster: Cluster | None = None) -> FittedPrograms:
+                objective: str = "rms", weights: Path | None = None, cluster: Cluster | None = None,
+                prompt_reuse: str = DEFAULT_POLICY) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts."""
     log = log or Log()
     program = load_program(path)
-    loaded = load_usable(data, output_len, log)
+    loaded = load_usable(data, output_len, log, prompt_reuse)
     goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
     config = quick_config(seed, loaded.experiments, method) if quick else FitConfig(seed=seed, scope=scope)
     config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts,
@@ -78,9 +82,10 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
     for group, constants in result.constants.items():
         header = FittedHeader(data=loaded.label, seed=seed, scope=scope, group=group, restarts=restarts, quick=quick,
                               semantics=semantics, method=method, objective=goal.name + ("+weights" if goal.weights else ""),
+                              prompt_reuse=prompt_reuse,
                               train_loss=result.loss, loss_of_all_groups=len(result.constants) != 1,
                               evaluations=result.evaluations)
         target = paths.get(group, base)
         write_atomic(target, program.with_constants(constants, header=header.render()).source)
         written.append(target)
-    return FittedPrograms(path, loaded, config, result, written, rows)
+    return FittedPrograms(path, loaded, config, result, written, rows, prompt_reuse)

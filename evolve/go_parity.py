@@ -83,7 +83,8 @@ def samples(program: Program, n_batches: int = DEFAULT_SAMPLES, seed: int = 0, d
     queue = []
     for _ in range(50):
         inp, out = rng.randint(1, 4000), rng.randint(1, 1500)
-        queue.append([inp, out, micros(sp.queueing_time(inp, out, consts), 0)])
+        last = rng.choice([0, rng.randint(1, 200_000)])  # before the first step, or a step's duration
+        queue.append([inp, out, last, micros(sp.queueing_time(inp, out, consts, last), 0)])
     return {"deployments": deps, "steps": steps, "queue": queue,
             "output_token_us": micros(sp.output_token_time(consts), 0),
             "post_decode_us": micros(sp.post_decode_time(consts), 0)}

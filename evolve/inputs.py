@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from evaluator.datasets import LoadedData, load_data
+from evaluator.prompt_reuse import DEFAULT_POLICY
 
 from .console import Log
 
 
-def load_usable(data: Path | None, output_len: str, log: Log) -> LoadedData:
+def load_usable(data: Path | None, output_len: str, log: Log, prompt_reuse: str = DEFAULT_POLICY) -> LoadedData:
     """The good experiments of `data` (the synthetic sample when None); a DataError if there is none."""
-    loaded = load_data(data, output_len=output_len)
+    loaded = load_data(data, output_len=output_len, prompt_reuse=prompt_reuse)
     for e in loaded.errors:
         log.skipped(str(e))
     loaded.require_experiments()

@@ -132,7 +132,8 @@ def artifacts_of(j: Judgement) -> dict:
 
 
 # OpenEvolve's own failures, as its main process logs them, and the rule each is recorded under
-_FAILURE = re.compile(r"^Iteration (\d+) error: (.*?)(?: \| tokens: .*)?$", re.DOTALL)
+# 0.4.0 logs "Iteration N error: ...", 0.4.1 "Iteration N error [diff]: ..." (its evolution mode)
+_FAILURE = re.compile(r"^Iteration (\d+) error(?: \[[\w-]+\])?: (.*?)(?: \| tokens: .*)?$", re.DOTALL)
 _TIMEOUT = re.compile(r"Iteration (\d+) timed out")
 _RULES = (("No valid code", "llm-no-code"), ("No valid diffs", "llm-diff"), ("SEARCH block", "llm-diff"),
           ("Diff did not change", "llm-unchanged"), ("identical to the parent", "llm-unchanged"),

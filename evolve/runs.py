@@ -182,7 +182,7 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
         check_seed_units(seeds, seed_programs)
     if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
         raise OutputError(f"{archive_dir}: is a file; --archive takes a directory")
-    loaded = load_usable(data, "profile", log)
+    loaded = load_usable(data, "profile", log, config.prompt_reuse)
     if weights is not None:
         goal = load_objective(config.objective, weights, [e.name for e in loaded.experiments])
         config = dataclasses.replace(config, weights=goal.weights)

@@ -11,6 +11,7 @@ from evaluator.dsl import load_program
 from evaluator.engine import Engine
 from evaluator.metrics import MetricRow
 from evaluator.objectives import DEFAULT, Objective, load_objective
+from evaluator.prompt_reuse import DEFAULT_POLICY
 from evaluator.replay import DEFAULT_SEMANTICS
 
 from .console import Log
@@ -24,6 +25,7 @@ class Evaluation:
     split: str
     rows: list[MetricRow]  # one per experiment; a failed replay's row carries its `error`
     objective: Objective = DEFAULT
+    prompt_reuse: str = DEFAULT_POLICY
 
     @property
     def loss(self) -> float:
@@ -35,18 +37,18 @@ class Evaluation:
 
     def to_json(self) -> dict:
         return {"program": str(self.program), "data": self.data.label, "synthetic": self.data.synthetic,
-                "split": self.split, "loss": self.loss, **self.objective.settings(), "experiments": self.rows}
+                "split": self.split, "prompt_reuse": self.prompt_reuse, "loss": self.loss, **self.objective.settings(), "experiments": self.rows}
 
 
 def evaluate_program(path: Path, data: Path | None = None, split: str = "test", workers: int | None = None,
                      output_len: str = "profile", log: Log | None = None,
                      semantics: str = DEFAULT_SEMANTICS, objective: str = "rms",
-                     weights: Path | None = None) -> Evaluation:
+                     weights: Path | None = None, prompt_reuse: str = DEFAULT_POLICY) -> Evaluation:
     """The program's per-experiment metrics on `split`, with the constants it holds."""
     program = load_program(path)
-    loaded = load_usable(data, output_len, log or Log())
+    loaded = load_usable(data, output_len, log or Log(), prompt_reuse)
     goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
     vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
     with Engine(loaded.experiments, workers, semantics=semantics) as engine:
         rows = engine.score(program, vectors, (split,), percentiles=True)[split]
-    return Evaluation(path, loaded, split, rows, goal)
+    return Evaluation(path, loaded, split, rows, goal, prompt_reuse)

@@ -44,6 +44,7 @@ from evaluator.experiments import SPLITS
 from evaluator.fitting import FAILED_LOSS, FAILED_REASON, METHODS, FitConfig, FitResult, fit, fit_experiments, quick_config
 from evaluator.metrics import MetricRow
 from evaluator.objectives import Objective
+from evaluator.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, LEGACY_POLICY as LEGACY_PROMPT_REUSE
 from evaluator.replay import DEFAULT_SEMANTICS
 from seeds import seed_paths
 
@@ -72,6 +73,7 @@ class SearchConfig:
     islands: int = 1
     migration_interval: int = 25
     semantics: str = DEFAULT_SEMANTICS  # how the replay accounts a step: "blis" or "vllm"
+    prompt_reuse: str = DEFAULT_PROMPT_REUSE  # which requests shared prompts (evaluator/prompt_reuse.py)
     fit_method: str = METHODS[0]
     objective: str = "rms"
     weights: tuple[tuple[str, float], ...] = ()  # (experiment-name pattern, weight); see evaluator/objectives.py
@@ -98,7 +100,15 @@ class SearchConfig:
 
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
 # settings added after runs were first stored: an archive without them ran with these values
-LEGACY_SETTINGS = {"fit_method": "cmaes", "objective": "rms", "weights": [], "units": "off", "cv": "none"}
+LEGACY_SETTINGS = {"fit_method": "cmaes", "objective": "rms", "weights": [], "units": "off", "cv": "none",
+                   "prompt_reuse": LEGACY_PROMPT_REUSE}
+
+
+def stored_settings(run_config: dict | None) -> dict:
+    """A stored run's search settings, with the legacy value of each setting it predates."""
+    return {**LEGACY_SETTINGS, **((run_config or {}).get("search") or {})}
+
+
 PATIENCE_GAIN = 0.005  # --patience counts generations since the best validation loss last fell by more than 0.5%
 
 

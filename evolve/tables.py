@@ -62,17 +62,31 @@ def loss_text(x: float) -> str:
     return fmt(x, ".3f", missing="n/a (no experiment has a successful request in this split)", keep_inf=True)
 
 
+def prompts_cell(reuse: dict | None) -> str:
+    """What the loader decided about shared prompts, in a few words: `cycle 100 (99.1%)`, `system 11`, ..."""
+    if not reuse:
+        return ""
+    if reuse["model"] == "cycle":
+        return f"cycle {reuse['period']} ({reuse['share_matched'] * 100:.1f}%)"
+    return {"recorded": f"recorded {reuse['n_prompts']}", "system-prompt": f"system {reuse['n_prompts']}"}.get(reuse["model"], "none")
+
+
 def experiments_table(rows: list[ExperimentSummary], title: str) -> Table:
     t = Table(title=title, caption="measured at: client = TTFT/E2E from the client's send time, server = from the "
-                                   "server's arrival (span start); the replay's arrival is that moment")
-    for col in ("experiment", "model", "TP", "kind", "requests", "failed", "out len", "measured at", "E2E s", "TTFT s",
-                "train/val/test"):
+                                   "server's arrival (span start); the replay's arrival is that moment. prompts: how "
+                                   "requests share prompt blocks (cycle P (share): a list of P prompts sent in turn, "
+                                   "share of requests matching it; system G: G system prompts; recorded G: groups in "
+                                   "the data); cached %: prompt tokens a never-evicting prefix cache would serve")
+    for col in ("experiment", "model", "TP", "kind", "requests", "failed", "out len", "measured at", "prompts",
+                "cached %", "E2E s", "TTFT s", "train/val/test"):
         t.add_column(col, justify="left" if col in ("experiment", "model") else "right")
     for r in rows:
         s = r.split
+        cached = fmt(r.prompt_reuse["cached_share"] * 100, ".1f") if r.prompt_reuse else ""
         t.add_row(r.name, r.model.split("/")[-1], str(r.tp), "MoE" if r.moe else "dense", str(r.n_requests),
-                  str(r.n_failed), str(r.output_len), r.measurement, fmt(r.observed["e2e_mean_s"], ".3f"),
-                  fmt(r.observed["ttft_mean_s"], ".4f"), f"{s['train']}/{s['validate']}/{s['test']}")
+                  str(r.n_failed), str(r.output_len), r.measurement, prompts_cell(r.prompt_reuse), cached,
+                  fmt(r.observed["e2e_mean_s"], ".3f"), fmt(r.observed["ttft_mean_s"], ".4f"),
+                  f"{s['train']}/{s['validate']}/{s['test']}")
     return t
 
 
@@ -102,12 +116,15 @@ def blis_comparison_table(rows) -> Table:
     """blis-compare: per experiment, requests compared, mean E2E/TTFT in the tool and BLIS, exact shares, seconds."""
     t = Table(title="the program in BLIS vs in the tool (BLIS semantics), requests that succeeded in reality")
     for col in ("experiment", "n", "E2E tool ms", "E2E BLIS ms", "diff %", "TTFT tool ms", "TTFT BLIS ms", "diff %",
-                "exact E2E %", "exact TTFT %", "BLIS s", "tool s"):
+                "exact E2E %", "exact TTFT %", "BLIS s", "tool s", "trace gap E2E %", "trace gap TTFT %"):
         t.add_column(col, justify="left" if col == "experiment" else "right")
     for f in rows:
         t.add_row(f.experiment, str(f.n_compared), f"{f.e2e_mean_ms[0]:.3f}", f"{f.e2e_mean_ms[1]:.3f}", f"{f.e2e_diff_pct:+.3f}",
                   f"{f.ttft_mean_ms[0]:.3f}", f"{f.ttft_mean_ms[1]:.3f}", f"{f.ttft_diff_pct:+.3f}", f"{f.exact_e2e * 100:.1f}",
-                  f"{f.exact_ttft * 100:.1f}", f"{f.blis_s:.1f}", f"{f.tool_s:.3f}")
+                  f"{f.exact_ttft * 100:.1f}", f"{f.blis_s:.1f}", f"{f.tool_s:.3f}", f"{f.workload_gap_pct[1]:+.3f}",
+                  f"{f.workload_gap_pct[0]:+.3f}")
+    t.caption = ("trace gap: the tool's own means on the prompts as the trace states them, against the full workload "
+                 "model (a trace cannot say that two prompts share a system prompt)")
     return t
 
 

@@ -6,11 +6,17 @@
 # ../shared/data/replay is 15.8 ms (Mixtral-8x7B general; Llama-2-7B's fastest are 16.3 ms), so
 # queue_us <= 15000; every later token costs a step plus out_tok_us, and the fastest mean
 # inter-token time of any request is 6.16 ms (Llama-2-7B codegen), so out_tok_us <= 6000.
+# lag_steps: vLLM's engine schedules a step ahead of the one running, so a request that arrives
+# mid-step waits out that step and more before its prefill runs; across the real data the median
+# TTFT is 3.0-3.3 mean inter-token times at every light load (docs/results.md, "Where a cached
+# prompt's TTFT goes"), about 1.5 steps more than a replay without it gives. r.last_step_us is the
+# step in flight at the arrival; [0, 4] steps.
 CONSTANTS = {
     "overhead_us": {"start": 2000.0, "min": 0.0},
     "c_compute": {"start": 2.0, "min": 1.0, "max": 100.0},
     "c_memory": {"start": 1.3, "min": 1.0, "max": 100.0},
     "queue_us": {"start": 2000.0, "min": 0.0, "max": 15000.0},
+    "lag_steps": {"start": 1.5, "min": 0.0, "max": 4.0},
     "out_tok_us": {"start": 50.0, "min": 0.0, "max": 6000.0},
 }
 
@@ -22,7 +28,7 @@ def step_time(f, c):
 
 
 def queueing_time(r, c):
-    return c.queue_us
+    return c.queue_us + c.lag_steps * r.last_step_us
 
 
 def output_token_time(c):

@@ -55,10 +55,19 @@ def check_export(exp, e, n=None):
     assert len(t["request_id"]) == n and (t["request_id"] == np.arange(n)).all()
     arrival = e.arrival_us[:n]
     assert (t["arrival_time_us"] == arrival).all() and (t["send_time_us"] == arrival).all()
+    # the prompts as a trace states them (Experiment.trace_view): a resent prompt is one group over the
+    # whole prompt ("p<prompt>", no suffix), another shared prefix its group ("sp<g>"), the rest none
+    view, names = e.trace_view()
+    groups = view.prefix_group[:n]
     grouped = np.array([g != "" for g in t["prefix_group"]])
-    assert (grouped == (e.prefix_group[:n] >= 0)).all()
-    assert all(g == f"sp{int(k)}" for g, k in zip(np.array(t["prefix_group"])[grouped], e.prefix_group[:n][grouped]))
-    assert (t["prefix_length"][grouped] == e.prefix_tokens).all() and (t["prefix_length"][~grouped] == 0).all()
+    assert (grouped == (groups >= 0)).all()
+    assert [g for g in t["prefix_group"] if g] == [names[k] for k in groups[groups >= 0]]
+    lengths = np.array(view.group_tokens + (0,))[groups]
+    assert (t["prefix_length"][grouped] == lengths[grouped]).all() and (t["prefix_length"][~grouped] == 0).all()
+    whole = np.array([g.startswith("p") for g in t["prefix_group"]])
+    assert (t["input_tokens"][whole] == 0).all()
+    if e.prompt_reuse is not None and e.prompt_reuse.model == "cycle":
+        assert whole.mean() > 0.9  # the cycled prompts are sent again and again
     assert (t["prefix_length"] + t["input_tokens"] == e.input_tokens[:n]).all()  # BLIS's prompt length
     assert (t["server_input_tokens"] == e.input_tokens[:n]).all()
     assert (t["output_tokens"] == e.output_tokens[:n]).all()

@@ -129,18 +129,26 @@ def test_bounds_map_to_cma_coordinates_log_for_positive_constants_linear_across_
 # ---- fitting ----
 
 def _oracle_variants():
-    """The synthetic oracle with c_compute bounded below its true value (1.7) and queue_us above
-    its true value (1800), and the same program unbounded, both starting at the same point."""
-    plain = ORACLE_SOURCE.replace('"c_compute": 1.7', '"c_compute": 2.5').replace('"queue_us": 1800.0', '"queue_us": 500.0')
-    bounded = plain.replace('"c_compute": 2.5', '"c_compute": {"start": 2.5, "min": 2.2, "max": 40.0}') \
-                   .replace('"queue_us": 500.0', '"queue_us": {"start": 500.0, "min": 0.0, "max": 900.0}')
+    """The synthetic oracle with its other constants written in as numbers (their true values) and
+    two left to fit, each started off its true value past a bound: base_us above its true 2500 and
+    bounded below at 3800, c_memory below its true 1.45 and bounded above at 1.2; and the same
+    program unbounded, both starting at the same point."""
+    oracle = parse_program(ORACLE_SOURCE)
+    functions = ORACLE_SOURCE[ORACLE_SOURCE.index("def step_time"):]
+    for name, value in oracle.constants.items():
+        if name not in ("base_us", "c_memory"):
+            functions = functions.replace(f"c.{name}", repr(value))
+    plain = 'CONSTANTS = {"base_us": 4000.0, "c_memory": 1.0}\n\n' + functions
+    bounded = plain.replace('"base_us": 4000.0', '"base_us": {"start": 4000.0, "min": 3800.0, "max": 40000.0}') \
+                   .replace('"c_memory": 1.0', '"c_memory": {"start": 1.0, "min": 0.5, "max": 1.2}')
+    assert list(parse_program(plain).constants) == ["base_us", "c_memory"]
     return parse_program(plain), parse_program(bounded)
 
 
 @pytest.mark.parametrize("method, evals", [("trust-region", 12), ("cmaes", 40)])
 def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(synthetic, method, evals, monkeypatch):
     plain, bounded = _oracle_variants()
-    assert set(bounded.bounds) == {"c_compute", "queue_us"}
+    assert set(bounded.bounds) == {"base_us", "c_memory"}
     cfg = FitConfig(seed=3, max_evals=evals, method=method)
     with Engine(synthetic.experiments, 2) as engine:
         free = fit(plain, synthetic.experiments, engine, cfg).constants["all"]
@@ -155,16 +163,17 @@ def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(
 
         monkeypatch.setattr(_Transform, "from_cma", unclipped)
         # a warm start outside the bounds (as a parent's constants may be) is moved inside first
-        held = fit(bounded, synthetic.experiments, engine, cfg, start={"c_compute": 1.0, "queue_us": 5000.0})
-    assert free["c_compute"] < 2.2 and free["queue_us"] > 900.0, free  # the unbounded optimum lies outside
+        held = fit(bounded, synthetic.experiments, engine, cfg, start={"base_us": 1000.0, "c_memory": 3.0})
+    assert free["base_us"] < 3800.0 and free["c_memory"] > 1.2, free  # the unbounded optimum lies outside
     names = list(bounded.constants)
-    i, j = names.index("c_compute"), names.index("queue_us")
+    i, j = names.index("base_us"), names.index("c_memory")
     assert len(proposed) > evals
-    assert all(2.2 * (1 - 1e-12) <= v[i] <= 40.0 * (1 + 1e-12) and 0.0 <= v[j] <= 900.0 * (1 + 1e-12) for v in proposed)
-    assert min(v[i] for v in proposed) < 2.3 and max(v[j] for v in proposed) > 850.0  # the search pressed on them
-    assert held.start["c_compute"] == 2.2 and held.start["queue_us"] == 900.0
+    assert all(3800.0 * (1 - 1e-12) <= v[i] <= 40000.0 * (1 + 1e-12) and 0.5 * (1 - 1e-12) <= v[j] <= 1.2 * (1 + 1e-12)
+               for v in proposed)
+    assert min(v[i] for v in proposed) < 3900.0 and max(v[j] for v in proposed) > 1.15  # the search pressed on them
+    assert held.start["base_us"] == 3800.0 and held.start["c_memory"] == 1.2
     c = held.constants["all"]
-    assert 2.2 <= c["c_compute"] <= 40.0 and 0.0 <= c["queue_us"] <= 900.0, c
+    assert 3800.0 <= c["base_us"] <= 40000.0 and 0.5 <= c["c_memory"] <= 1.2, c
     assert all(h[1] <= held.history[0][1] for h in held.history)
     bounded.with_constants(c)  # fitted values always write back
 

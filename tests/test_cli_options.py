@@ -14,7 +14,7 @@ RUN_OPTIONS = {"--generations": "generations", "--seed": "seed", "--children": "
                "--full-fit-evals": "full_fit_evals", "--max-promotions": "max_promotions", "--islands": "islands",
                "--migration-interval": "migration_interval", "--llm-ratio": "llm_ratio", "--semantics": "semantics",
                "--fit-method": "fit_method", "--objective": "objective", "--patience": "patience", "--units": "units",
-               "--cv": "cv", "--front-cv": "front_cv"}
+               "--cv": "cv", "--front-cv": "front_cv", "--prompt-reuse": "prompt_reuse"}
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 
 

@@ -48,13 +48,16 @@ def assert_same_figures(a: dict, b: dict):
 
 
 def assert_same_replay(e1, e2):
-    """What the replay sees is the same (group numbers may be renamed)."""
+    """What the replay sees is the same (group numbers may be renamed): e2 imported from the trace
+    of e1 is e1 as the trace states its prompts (Experiment.trace_view)."""
+    e1, _ = e1.trace_view()
     for f in ("arrival_us", "input_tokens", "output_tokens", "failed", "abort_after_us", "split"):
         assert np.array_equal(getattr(e1, f), getattr(e2, f)), f
-    assert e1.prefix_tokens == e2.prefix_tokens and e1.server == e2.server and e1.arch == e2.arch and e1.tp == e2.tp
+    assert e1.server == e2.server and e1.arch == e2.arch and e1.tp == e2.tp
     assert np.array_equal(e1.prefix_group >= 0, e2.prefix_group >= 0)
-    pairs = set(zip(e1.prefix_group.tolist(), e2.prefix_group.tolist()))
+    pairs = set(zip(e1.prefix_group.tolist(), e2.prefix_group.tolist())) - {(-1, -1)}
     assert len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs})  # a bijection
+    assert all(e1.group_tokens[a] == e2.group_tokens[b] for a, b in pairs)  # of groups of the same lengths
     ok = ~e1.failed
     assert np.allclose(e1.e2e_s, e2.e2e_s, atol=1e-6) and np.allclose(e1.ttft_s[ok], e2.ttft_s[ok], atol=1e-6)
 
@@ -149,7 +152,7 @@ def check_blis_import(e):
     assert e.n_requests == 6 and e.n_failed == 1 and e.measurement == "client"
     assert list(e.arrival_us) == [0, 100_000, 200_000, 300_000, 400_000, 500_000]
     assert list(e.input_tokens) == [200, 264, 200, 200, 264, 264]  # prefix + suffix for a group
-    assert list(e.prefix_group) == [-1, 0, -1, -1, 0, 1] and e.prefix_tokens == 64 and e.recorded_groups
+    assert list(e.prefix_group) == [-1, 0, -1, -1, 0, 1] and e.group_tokens == (64, 64) and e.recorded_groups
     assert e.abort_after_us[2] == 20_000_000 and e.abort_after_us[0] == 60_000_000  # deadline - arrival
     assert math.isclose(e.ttft_s[1], 0.04) and math.isclose(e.e2e_s[1], 1.5) and math.isclose(e.e2e_s[2], 20.0)
     assert e.output_tokens[3] == 1 and e.reported_output_tokens[3] == 0  # zero-output request replays one token
@@ -256,8 +259,9 @@ BAD_BLIS = [
     ("bad status", dict(rows=mutate(0, status="weird")), ("row 1", "status 'weird'")),
     ("short row", dict(rows=mutate(0, finish_reason="x")), None),  # a valid value: must import
     ("failed without times", dict(rows=mutate(2, deadline_us=0)), ("row 3", "how long it lasted is unknown")),
-    ("prefix lengths differ", dict(rows=mutate(5, prefix_length=32)),
-     ("t.csv", "different prefix lengths", "one shared prefix length")),
+    ("one group, two prefix lengths", dict(rows=mutate(4, prefix_length=32)),
+     ("t.csv", "prefix group 'g1' has prefix_length 32, an earlier one 64", "one group, one shared prefix")),
+    ("groups of different lengths", dict(rows=mutate(5, prefix_length=32)), None),  # each group its own length
 ]
 
 
@@ -291,16 +295,24 @@ def test_truncated_row_and_bad_out_dir(tmp_path):
 
 # ---- the loader: recorded groups --------------------------------------------------------------
 
-def test_loader_refuses_recorded_groups_of_different_lengths(tmp_path):
+def test_loader_keeps_each_recorded_group_s_length_and_refuses_inconsistent_ones(tmp_path):
     import_experiment("blis-trace", write_blis(tmp_path), tmp_path / "exp")
     p = tmp_path / "exp" / "requests.json"
     meta = json.loads(p.read_text())
-    grouped = [r for r in meta["requests"] if r["prefix_group"]]
-    grouped[-1]["prefix_length"] = 32
+    grouped = [r for r in meta["requests"] if r["prefix_group"]]  # g1, g1, g2
+    grouped[2]["prefix_length"] = 32  # g2 has its own length
     p.write_text(json.dumps(meta))
-    with pytest.raises(ExperimentError, match="different prefix lengths .* one shared prefix length"):
+    e = load_experiment(tmp_path / "exp")
+    assert e.group_tokens == (64, 32) and e.prompt_reuse.model == "recorded"
+    grouped[1]["prefix_length"] = 32  # g1's second request: two lengths in one group
+    p.write_text(json.dumps(meta))
+    with pytest.raises(ExperimentError, match="request 4 has prefix_length 32 but group 'g1' started with 64"):
         load_experiment(tmp_path / "exp")
-    grouped[-1]["prefix_length"] = 64
+    grouped[0]["prefix_length"] = grouped[1]["prefix_length"] = 300  # longer than the prompts (264 tokens)
+    p.write_text(json.dumps(meta))
+    with pytest.raises(ExperimentError, match="request 1 has prefix_length 300 of group 'g1' but only 264 input tokens"):
+        load_experiment(tmp_path / "exp")
+    grouped[0]["prefix_length"] = grouped[1]["prefix_length"] = 64
     meta["measurement"] = "proxy"
     p.write_text(json.dumps(meta))
     with pytest.raises(ExperimentError, match="measurement must be one of client, server"):

@@ -59,18 +59,24 @@ def test_failed_requests_are_client_timeouts_kept_with_their_observed_time(real_
 
 
 @needs_real_data
-def test_requests_share_their_groups_system_prompt_and_hit_its_full_blocks(real_experiments):
+def test_system_prompt_policy_shares_each_group_s_system_prompt_and_hits_its_full_blocks(real_data):
+    """--prompt-reuse system-prompt: the replay's model before cycles were detected (each request's
+    question its own, groups dealt in turn)."""
     import numpy as np
 
     from evaluator.dsl import compile_program, load_program
     from evaluator.replay import replay
     from seeds import seed_path
 
-    codegen = next(x for x in real_experiments if "7b-tp1-codegen" in x.name)  # system prompt 100, 11 groups
-    assert codegen.prefix_tokens == 100
+    def load(name):
+        return load_experiment(real_data / name, LoadOptions(prompt_reuse="system-prompt"))
+
+    codegen = load("20260217-155451-llama-2-7b-tp1-codegen")  # system prompt 100, 11 groups
+    assert codegen.group_tokens == (100,) * 11 and codegen.prompt_reuse.model == "system-prompt"
     assert list(codegen.prefix_group[:12]) == list(range(11)) + [0]  # each group's first request comes first
-    roleplay = next(x for x in real_experiments if "7b-tp1-roleplay" in x.name)  # system prompt 150, 10 groups
-    assert roleplay.prefix_tokens == 150 and roleplay.prefix_group.max() == 9
+    assert len(set(codegen.prompt.tolist())) == codegen.n_requests  # no prompt is sent twice
+    roleplay = load("20260217-162547-llama-2-7b-tp1-roleplay")  # system prompt 150, 10 groups
+    assert roleplay.group_tokens == (150,) * 10 and roleplay.prefix_group.max() == 9
     assert (roleplay.input_tokens[roleplay.prefix_group >= 0] > 150).all()
     # replayed, the first request of each group computes its whole prompt; the rest hit the 6 full blocks
     prog = load_program(seed_path("roofline"))

@@ -38,9 +38,19 @@ def test_render_then_parse_gives_the_same_fields_and_text(header):
 
 def test_the_two_forms_as_written_today():
     assert FIT.render() == ("data=synthetic sample (/tmp/with space/synthetic-v1-seed0) seed=5 scope=model "
-                            "group=meta-llama/Llama-2-7b-hf restarts=2 quick train_loss_all_groups=12.3457 evaluations=161")
+                            "group=meta-llama/Llama-2-7b-hf restarts=2 quick prompt_reuse=detect train_loss_all_groups=12.3457 "
+                            "evaluations=161")
     assert ARCHIVED.render() == ("program #266 of runs/real seed7 (generation 58, llm:openai/gpt-4o-mini)\n"
-                                 "data=../shared/data/replay seed=7 train=25.1234 val=n/a test=inf")
+                                 "data=../shared/data/replay seed=7 prompt_reuse=detect train=25.1234 val=n/a test=inf")
+
+
+def test_a_header_from_before_prompt_reuse_reads_as_system_prompts_only():
+    """Fits and archives written before --prompt-reuse existed replayed the shared system prompts only."""
+    old_fit = "# fitted: data=d seed=7 scope=global group=all train_loss=1.0000 evaluations=3\nCONSTANTS = {}\n"
+    old_archived = "# fitted: program #3 of runs/x (generation 1, seed:roofline)\n# fitted: data=d seed=7 train=1 val=2 test=3\n"
+    assert FittedHeader.parse(old_fit).prompt_reuse == "system-prompt"
+    assert FittedHeader.parse(old_archived).prompt_reuse == "system-prompt"
+    assert FittedHeader.parse(in_source(dataclasses.replace(FIT, prompt_reuse="off"))).prompt_reuse == "off"
 
 
 def test_a_program_without_a_header_or_with_a_foreign_one_parses_to_none():
@@ -55,8 +65,8 @@ def test_the_file_evolve_fit_writes_parses(tmp_path):
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     header = FittedHeader.parse(out.read_text())
-    assert (header.data, header.seed, header.scope, header.group, header.evaluations) == (
-        payload["data"], 3, "global", "all", payload["evaluations"])
+    assert (header.data, header.seed, header.scope, header.group, header.evaluations, header.prompt_reuse) == (
+        payload["data"], 3, "global", "all", payload["evaluations"], payload["prompt_reuse"])
     assert header.train_loss == pytest.approx(payload["train_loss"], abs=5e-5) and header.program_id is None
 
 
@@ -72,12 +82,14 @@ def test_the_file_archive_show_source_prints_parses(tmp_path):
     res = CliRunner().invoke(app, ["archive", "show", str(pid), "--source", "--archive", str(tmp_path)])
     assert res.exit_code == 0, res.output
     header = FittedHeader.parse(res.stdout)
+    # a run stored without the setting replayed system prompts only
     assert header == FittedHeader(data="data dir", seed=11, program_id=pid, archive=str(tmp_path), generation=0,
-                                  operator="seed:roofline", train_loss=1.5, val_loss=2.25, test_loss=3.125)
+                                  operator="seed:roofline", train_loss=1.5, val_loss=2.25, test_loss=3.125,
+                                  prompt_reuse="system-prompt")
     assert parse_program(res.stdout).constants == prog.constants
 
 
 def test_the_labelled_form_for_a_go_header():
     assert ARCHIVED.labelled() == {"program": "#266 of runs/real seed7 (generation 58, llm:openai/gpt-4o-mini)",
-                                   "data": "../shared/data/replay", "seed": "7",
+                                   "data": "../shared/data/replay", "seed": "7", "prompt reuse": "detect",
                                    "loss": "train 25.1234, validation n/a, test inf"}

@@ -188,7 +188,11 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     assert res.exit_code == 2 and "objective: run rms, now worst3" in res.stderr, res.output
     assert snapshot(d) == before  # nothing ran
 
-    res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--units", "off", "--json"])  # units: also legacy
+    # units and prompt reuse are legacy settings too: such a run checked no units and shared system prompts only
+    res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--units", "off"])
+    assert res.exit_code == 2 and "prompt-reuse: run system-prompt, now detect" in res.stderr, res.output
+    res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--units", "off", "--prompt-reuse", "system-prompt",
+                                   "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["generations"] == 1
     after = snapshot(d)

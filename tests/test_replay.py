@@ -61,6 +61,57 @@ def test_prefix_cache_hits_are_not_recomputed():
     assert list(t.new_tokens[t.step == 0]) == [600, 600]
 
 
+def test_a_resent_prompt_hits_all_its_full_blocks_and_another_prompt_of_its_group_the_system_prompt():
+    _, cp, c = _program("1000.0")
+    # prompts 0, 0, 1 of one system-prompt group (100 tokens: 6 full blocks); the resend hits every
+    # full block vLLM may use ((600 - 1) // 16 = 37 of them, the last token is always computed), the
+    # other prompt only the system prompt's 6
+    exp = _exp([0, 5000, 10000], [600, 600, 610], [2, 2, 2], prefix_group=[0, 0, 0], prefix_tokens=100, prompt=[0, 0, 1])
+    res = replay(exp, cp, c, record=True, semantics="vllm")
+    t = res.trajectory
+    firsts = [np.flatnonzero(t.request == r)[0] for r in range(3)]
+    assert [int(t.context[i]) for i in firsts] == [0, 592, 96]
+    assert [int(t.new_tokens[i]) for i in firsts] == [600, 8, 514]
+    assert res.cached_tokens == 592 + 96 and res.admitted_prompt_tokens == 1810
+    # BLIS needs not compute a last token: 37 full blocks of 600 hold 592 tokens there too, 8 left
+    t = replay(exp, cp, c, record=True, semantics="blis").trajectory
+    assert [int(t.new_tokens[np.flatnonzero(t.request == r)[0]]) for r in range(3)] == [600, 8, 514]
+    # prompts that differ share nothing but their group's prefix; without groups, nothing at all
+    alone = _exp([0, 5000], [600, 600], [2, 2], prompt=[0, 1])
+    assert replay(alone, cp, c).cached_tokens == 0
+
+
+def test_requests_of_one_prompt_need_one_length_and_one_group():
+    with pytest.raises(ValueError, match="one input length and one group"):
+        _exp([0, 10], [600, 601], [2, 2], prompt=[3, 3])
+    with pytest.raises(ValueError, match="one input length and one group"):
+        _exp([0, 10], [600, 600], [2, 2], prompt=[3, 3], prefix_group=[0, -1], prefix_tokens=100)
+
+
+def test_queueing_time_reads_the_step_in_flight_at_the_arrival():
+    """r.last_step_us: the duration of the last step started before the request arrived, as BLIS's
+    model sees it at the arrival (0 before the first step; the last one, stale, when idle)."""
+    _, cp, c = _program("1000.0", queue="r.last_step_us")
+    # request 0 keeps the engine busy with 1000 us steps from 0; request 1 arrives at 500, in the
+    # first step: ready at 1500, so it misses the step at 1000 and joins the one at 2000
+    res = replay(_exp([0, 500], [16, 16], [10, 2]), cp, c)
+    assert res.ttft_us[0] == 1000  # arrived before any step: last_step_us = 0
+    assert res.ttft_us[1] == 3000 - 500
+    _, cp0, c0 = _program("1000.0")
+    assert replay(_exp([0, 500], [16, 16], [10, 2]), cp0, c0).ttft_us[1] == 2000 - 500  # no wait: next step
+    # an arrival at a step's start sees the step before it (BLIS orders arrivals first in a tick)
+    res = replay(_exp([0, 1000], [16, 16], [10, 2]), cp, c)
+    assert res.ttft_us[1] == (2000 + 1000) - 1000
+    # idle engine: the last step's duration, however long ago
+    res = replay(_exp([0, 100_000], [16, 16], [2, 2]), cp, c)
+    assert res.ttft_us[1] == 1000 + 1000
+    # a step time that depends on the batch: the step in flight, not a constant
+    _, cp2, c2 = _program("1000.0 + 500.0 * f.n_req", queue="2 * r.last_step_us")
+    res = replay(_exp([0, 0, 1200], [16, 16, 16], [10, 10, 2]), cp2, c2)
+    # arrives in the first step (2 requests: 2000 us), ready at 1200 + 4000, joins the step at 6000 (3 requests)
+    assert res.ttft_us[2] == (6000 + 2500) - 1200
+
+
 def test_a_preempted_request_hits_its_own_prompt_blocks_until_they_are_reused():
     _, cp, c = _program("1000.0")
     # 12 blocks: three 32-token prompts (2 blocks each) grow to 5 blocks: the tail is preempted, and
@@ -218,7 +269,7 @@ def test_preemption_happens_when_kv_is_scarce():
 def test_replay_components_equal_vectorized_trajectory_components(arch, tp, component):
     exp = _random_workload(5, scarce_kv=False)
     exp = Experiment.from_arrays("t", exp.arrival_us, exp.input_tokens, exp.output_tokens, arch=arch, tp=tp,
-                                 prefix_group=exp.prefix_group, prefix_tokens=exp.prefix_tokens, max_num_seqs=32)
+                                 prefix_group=exp.prefix_group, group_tokens=exp.group_tokens, max_num_seqs=32)
     # the step time exposes one component: duration = round(3000 + 0.25 * component)
     prog, cp, c = _program(f"3000.0 + 0.25 * f.{component}")
     res = replay(exp, cp, c, record=True)
@@ -228,9 +279,9 @@ def test_replay_components_equal_vectorized_trajectory_components(arch, tp, comp
     np.testing.assert_array_equal(t.step_us, expected)
 
 
-@pytest.mark.parametrize("groups, prefix", [([0], 16), ([0], 100), ([-2], 8), ([0, 1], 8)])
+@pytest.mark.parametrize("groups, prefix", [([0], 17), ([0], 100), ([-2], 8), ([0, 1], 8)])
 def test_in_memory_experiments_reject_what_the_replay_cannot_schedule(groups, prefix):
-    """A grouped prompt no longer than the shared prefix, or groups that do not match the requests."""
+    """A grouped prompt shorter than the shared prefix, or groups that do not match the requests."""
     with pytest.raises(ValueError, match="prefix_group"):
         Experiment.from_arrays("t", [0], [16], [4], arch=TINY, prefix_group=groups, prefix_tokens=prefix)
     with pytest.raises(ValueError, match="output_tokens >= 1"):

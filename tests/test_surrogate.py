@@ -48,8 +48,9 @@ def test_surrogate_equals_the_closed_loop_where_it_was_recorded(synthetic, name,
         for split in ("train", "test"):
             row, model = record(exp, compiled, vector, c0, split)
             e2e, ttft = retime(model, vector, c0[None, :])
-            assert e2e[0] == pytest.approx(row.ape.e2e, abs=1e-6), (exp.name, split)
-            assert ttft[0] == pytest.approx(row.ape.ttft, abs=1e-6), (exp.name, split)
+            # NaN for both where the split measures no request (the overloaded run's test window)
+            assert e2e[0] == pytest.approx(row.ape.e2e, abs=1e-6, nan_ok=True), (exp.name, split)
+            assert ttft[0] == pytest.approx(row.ape.ttft, abs=1e-6, nan_ok=True), (exp.name, split)
 
 
 @needs_real_data

@@ -39,7 +39,11 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "output_token_time": ("c",),
     "post_decode_time": ("c",),
 }
-REQUEST_FIELDS = ("input_tokens", "output_tokens")
+# What queueing_time(r, c) may read of a request: its prompt and output lengths (counts), and
+# last_step_us, the duration of the last step the engine started before the request arrived (0
+# before the first step). The engine's pipeline makes a new request wait for steps already under
+# way (vLLM schedules one step ahead), which no request field can tell; the step in flight can.
+REQUEST_FIELDS = ("input_tokens", "output_tokens", "last_step_us")
 MAX_SOURCE_BYTES = 64_000
 MAX_CONSTANTS = 32
 MAX_LOCALS = 32

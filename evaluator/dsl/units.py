@@ -3,7 +3,7 @@ and every DSL function returns a time.
 
 A unit is us^k: k = 1 a time, k = 0 a count (dimensionless), k = 2 us^2, k = 1/2 sqrt(us).
 Components carry theirs (`COMPONENTS` in evaluator/components.py: "us" or "count"); request
-fields (r.input_tokens, r.output_tokens) are counts. Each operator's rule is the `units` column of
+fields r.input_tokens and r.output_tokens are counts, r.last_step_us a time. Each operator's rule is the `units` column of
 its row in operators.py (UNIT_RULES there says what each means): a + b, a - b, max, min, the two
 sides of a comparison and the two branches of an if-else need one unit; a * b adds exponents,
 a / b subtracts them, a ** p multiplies by p, sqrt halves; log and exp take and give counts. A
@@ -34,7 +34,7 @@ RULE = "units"
 COUNT, TIME = 0, 1  # exponents of microseconds
 _COMPONENT_UNIT_NAMES = {"us": TIME, "count": COUNT}  # the unit column of COMPONENTS
 COMPONENT_UNITS: dict[str, int] = {name: _COMPONENT_UNIT_NAMES[unit] for name, unit, _ in COMPONENTS}
-REQUEST_FIELD_UNITS: dict[str, int] = {name: COUNT for name in REQUEST_FIELDS}
+REQUEST_FIELD_UNITS: dict[str, int] = {name: TIME if name.endswith("_us") else COUNT for name in REQUEST_FIELDS}
 RETURN_UNITS: dict[str, int] = {name: TIME for name in FUNCTIONS}
 
 # what a rejected operation does, for the message ({0}, {1}: the two units); by symbol, then by rule

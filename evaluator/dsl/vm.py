@@ -254,8 +254,9 @@ class ScalarProgram:
     def step_time(self, comps, consts) -> float:
         return self._run("step_time", comps, consts, self._empty)
 
-    def queueing_time(self, input_tokens, output_tokens, consts) -> float:
-        return self._run("queueing_time", self._empty, consts, np.array([input_tokens, output_tokens], dtype=np.float64))
+    def queueing_time(self, input_tokens, output_tokens, consts, last_step_us: float = 0.0) -> float:
+        return self._run("queueing_time", self._empty, consts,
+                         np.array([input_tokens, output_tokens, last_step_us], dtype=np.float64))
 
     def output_token_time(self, consts) -> float:
         return self._run("output_token_time", self._empty, consts, self._empty)

@@ -172,5 +172,4 @@ def _parse_row(data: Path, k: int, row: list[str], col: dict, width: int):
     end = next((t for t in ends if t > arrival), None)
     if end is None:
         bad(f"a failed request ({status}) without deadline_us or chunk times: how long it lasted is unknown")
-    return arrival, prompt, v["output_tokens"], True, (end - arrival) / 1e6, None, group if prompt > plen else "", \
-        plen if prompt > plen else 0, None
+    return arrival, prompt, v["output_tokens"], True, (end - arrival) / 1e6, None, group, plen if group else 0, None

@@ -214,13 +214,12 @@ def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dic
     arrival = np.asarray(m.arrival_us, dtype=np.float64)
     order = np.argsort(arrival, kind="stable")
     t0 = arrival[order[0]]
-    grouped = sorted({m.prefix_length[i] for i in range(n) if m.prefix_group[i]})
-    if len(grouped) > 1:
-        i = next(i for i in range(n) if m.prefix_group[i] and m.prefix_length[i] != m.prefix_length[
-            next(j for j in range(n) if m.prefix_group[j])])
-        raise DataImportError(f"{m.path}: prefix groups have different prefix lengths ({grouped[0]} and "
-                              f"{grouped[1]}, e.g. group {m.prefix_group[i]!r}); the replay supports one shared "
-                              "prefix length per experiment")
+    group_length: dict[str, int] = {}
+    for i in range(n):
+        g = m.prefix_group[i]
+        if g and group_length.setdefault(g, m.prefix_length[i]) != m.prefix_length[i]:
+            raise DataImportError(f"{m.path}: request {i + 1} of prefix group {g!r} has prefix_length "
+                                  f"{m.prefix_length[i]}, an earlier one {group_length[g]} (one group, one shared prefix)")
     requests, truth = [], []
     for k, i in enumerate(order):
         i = int(i)
@@ -245,8 +244,7 @@ def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dic
             "profile": m.source, "split": "", "measurement": m.measurement,
             "imported_from": {"format": m.source, "path": str(m.path)},
             "config": config, "model_config": model_config, "requests": requests}
-    shared = {"system_prompt_len": grouped[0] if grouped else 0,
-              "num_unique_system_prompts": len({g for g in m.prefix_group if g})}
+    shared = {"num_unique_system_prompts": len(group_length)}
     out_len = _uniform_output_len(m)
     if out_len is not None:
         shared["output_len"] = out_len  # every successful request generated this many tokens

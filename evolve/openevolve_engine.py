@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import re
+import signal
 import threading
 import time
 from importlib import metadata
@@ -364,6 +365,9 @@ def run_openevolve(search: Search, client: LLMClient, budget: Budget, output_dir
     judge.start_from(initial, NewProgram(start, search.archive.metric_rows(start.id)), start.val_loss)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    # OpenEvolve's controller installs SIGINT/SIGTERM handlers that call into itself and never
+    # restores them: a signal after the run would raise inside a dead controller
+    signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     failures = _FailureLog(judge)
     logging.getLogger("openevolve.process_parallel").addHandler(failures)
     try:
@@ -377,6 +381,8 @@ def run_openevolve(search: Search, client: LLMClient, budget: Budget, output_dir
                                      population_strategy=PopulationStrategy(admit=judge.admit))
     finally:
         logging.getLogger("openevolve.process_parallel").removeHandler(failures)
+        for s, handler in signals.items():
+            signal.signal(s, handler)
         for h in [h for h in root.handlers if h not in handlers]:  # OpenEvolve's file and console handlers
             root.removeHandler(h)
             h.close()

@@ -96,7 +96,7 @@ def run_summary_tables(summary: dict) -> list:
     if not best:
         return ["no program was fully evaluated"]
     headline = (f"best program by validation loss: #{best['id']} (generation {best['generation']}, {best['operator']}), "
-                f"val loss {best['val_loss']:.3f}, test loss {best['test_loss']:.3f}, complexity {best['complexity']}")
+                f"val loss {fmt(best['val_loss'], '.3f')}, test loss {fmt(best['test_loss'], '.3f')}, complexity {best['complexity']}")
     t = Table(title=f"program #{best['id']}: test split, absolute % error of means")
     for col in ("experiment", "n", "E2E", "TTFT", "ITL"):
         t.add_column(col, justify="left" if col == "experiment" else "right")

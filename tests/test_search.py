@@ -15,7 +15,7 @@ from conftest import FixedEmitter, snapshot
 from archive.store import Archive
 from evolve.cli import app
 
-SMALL = ["--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "5", "--front-cv", "none"]
+SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5", "--front-cv", "none"]
 
 
 def run(archive, generations, *extra, seed=3):
@@ -203,7 +203,7 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
     from evolve.search import Search, SearchConfig
 
     loaded = load_data(None)
-    cfg = SearchConfig(generations=6, seed=3, children=6, seed_fit_evals=40, full_fit_evals=24, quick_evals=16)
+    cfg = SearchConfig(generations=6, seed=3, children=6, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
     with Engine(loaded.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
         live = Search(archive, loaded, engine, cfg)
@@ -217,12 +217,12 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
 
 
 def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(tmp_path):
-    run(tmp_path / "whole", 6, "--children", "6")
+    run(tmp_path / "whole", 4, "--children", "6")
     whole = snapshot(tmp_path / "whole")
-    for stop in (0, 3):
+    for stop in (0, 2):
         d = tmp_path / f"stop{stop}"
         run(d, stop, "--children", "6")
-        run(d, 6, "--children", "6", "--resume")
+        run(d, 4, "--children", "6", "--resume")
         assert snapshot(d) == whole, f"stopped after generation {stop}"
 
 

@@ -200,26 +200,32 @@ def _recorded_delays(vector: VectorProgram, constants: np.ndarray, model: Trajec
     return ready, float(_scalar_delay(vector.output_token_time, consts, 1)[0])
 
 
-def _request_queue_us(vector: VectorProgram, population: np.ndarray, model: TrajectoryModel) -> np.ndarray:
-    """(P, n) queueing_time of every request, rounded as the replay rounds it."""
+def _request_queue_us(vector: VectorProgram, population: np.ndarray, model: TrajectoryModel,
+                      last: np.ndarray | None = None) -> np.ndarray:
+    """(P, n) queueing_time of every request, rounded as the replay rounds it. `last`: the step in
+    flight at each arrival re-timed, (P, n), when the caller has it (SurrogateSet: from its one
+    step_time pass); else it is computed here."""
     p, n = len(population), len(model.input_tokens)
     fields = {"r_input_tokens": model.input_tokens, "r_output_tokens": model.output_tokens}
     if vector.queue_reads_step:  # the arrival's step in flight, re-timed (rounded as the replay rounds a step)
-        last, _ = step_us(model.arrival_components, vector, population)
+        if last is None:
+            last, _ = step_us(model.arrival_components, vector, population)
         fields["r_last_step_us"] = np.where(model.arrival_step, np.round(last), 0.0)
     q = evaluate_vector(vector.queueing_time, {**vector.constant_inputs(population), **fields})
     return np.maximum(0.0, _us(np.broadcast_to(q, (p, n))))
 
 
 def delay_part(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray,
-               shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+               shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+               last: np.ndarray | None = None) -> np.ndarray:
     """(P, 2): the summed E2E and TTFT terms from queueing_time, output_token_time, post_decode_time.
-    `shared`: those three per vector when they do not depend on the request (see shared_delays)."""
+    `shared`: those three per vector when they do not depend on the request (see shared_delays);
+    `last`: see _request_queue_us."""
     p = len(population)
     q, out_tok, post = shared if shared is not None else shared_delays(vector, population)
     sums = np.zeros((p, 2))
     if vector.queue_reads_request:
-        q = _request_queue_us(vector, population, model)
+        q = _request_queue_us(vector, population, model, last)
         for row in range(2):
             sums[:, row] = q[:, model.queued[row]].sum(axis=1)
     else:
@@ -251,13 +257,15 @@ def linear(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray
     return (dt @ model.weight.T) + delay_part(model, vector, population)
 
 
-def step_us(components: dict[str, np.ndarray], vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def step_us(components: dict[str, np.ndarray], vector: VectorProgram, population: np.ndarray,
+            judged: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(P, G) step durations of each class of `components` (not rounded: a class stands for many
-    steps), and (P,) whether every one is valid (finite and positive, as the replay requires)."""
+    steps), and (P,) whether every one (of the first `judged`, if given) is valid (finite and
+    positive, as the replay requires)."""
     width = len(next(iter(components.values())))
     x = np.broadcast_to(evaluate_vector(vector.step_time, {**components, **vector.constant_inputs(population)}),
                         (len(population), width))
-    valid = np.all(np.isfinite(x) & (x > 0), axis=1)
+    valid = np.all(np.isfinite(x[:, :judged]) & (x[:, :judged] > 0), axis=1)
     return np.maximum(1.0, np.minimum(np.where(np.isfinite(x), x, 1.0), MAX_US)), valid
 
 
@@ -313,6 +321,17 @@ class SurrogateSet:
         self.bounds = np.stack([ends - sizes, ends], axis=1) if parts else np.zeros((0, 2), np.int64)
         self.weight = np.concatenate([m.weight for m in parts], axis=1) if parts else np.zeros((2, 0))
         self.nonempty = np.flatnonzero(sizes > 0) if parts else np.zeros(0, np.int64)
+        self.n_classes = int(ends[-1]) if parts else 0
+        # a queueing_time reading r.last_step_us re-times each arrival's step in flight: those steps
+        # join the same pass, after the classes (model j's are columns arrivals[j])
+        self.arrivals: list[tuple[int, int]] = []
+        if parts and vector.queue_reads_step:
+            start = self.n_classes
+            for m in parts:
+                self.arrivals.append((start, start + len(m.arrival_step)))
+                start += len(m.arrival_step)
+            self.components = {k: np.concatenate([v, *(m.arrival_components[k] for m in parts)])
+                               for k, v in self.components.items()}
 
     def apes(self, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P, E) predicted APE of mean E2E and of mean TTFT for every model (NaN where a model
@@ -321,7 +340,8 @@ class SurrogateSet:
         e2e, ttft = np.full((p, e), np.nan), np.full((p, e), np.nan)
         if not self.live:
             return e2e, ttft
-        dt, valid = step_us(self.components, self.vector, population)
+        every, valid = step_us(self.components, self.vector, population, judged=self.n_classes)
+        dt = every[:, :self.n_classes]
         sums = np.zeros((p, len(self.live), 2))
         if len(self.nonempty):  # per-model segment sums (a model may have no weighted class at all)
             for row, w in enumerate(self.weight):
@@ -329,7 +349,8 @@ class SurrogateSet:
         shared = shared_delays(self.vector, population)
         for j, i in enumerate(self.live):
             m = self.models[i]
-            lin = sums[:, j] + delay_part(m, self.vector, population, shared)
+            last = every[:, slice(*self.arrivals[j])] if self.arrivals else None
+            lin = sums[:, j] + delay_part(m, self.vector, population, shared, last)
             ok = valid & np.all(np.isfinite(lin), axis=1)
             means = m.recorded_us + m.gain * (lin - m.linear0) / m.n_ok
             ape = np.abs(means - m.observed_us) / m.observed_us * 100.0

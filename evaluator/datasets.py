@@ -103,16 +103,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("STEPML_CACHE", Path.home() / ".cache" / "stepml-evolve"))
 
 
+def sample_size() -> str:
+    """STEPML_SAMPLE_SIZE picks the built-in sample: full (the default) or small (the same four
+    scenarios in a fifth of the requests: quick demos and the test suite)."""
+    from .synthetic import SAMPLE_SIZES
+
+    size = os.environ.get("STEPML_SAMPLE_SIZE", "full")
+    if size not in SAMPLE_SIZES:
+        raise DataError(f"STEPML_SAMPLE_SIZE={size!r}: use one of {', '.join(SAMPLE_SIZES)}")
+    return size
+
+
 def synthetic_dir() -> Path:
     """The synthetic sample on disk, generated on first use (atomically, safe for parallel runs)."""
     from .synthetic import GENERATOR_VERSION, write_sample
 
-    target = cache_dir() / f"synthetic-v{GENERATOR_VERSION}-seed{SYNTHETIC_SEED}"
+    size = sample_size()
+    target = cache_dir() / f"synthetic-v{GENERATOR_VERSION}-seed{SYNTHETIC_SEED}{'' if size == 'full' else '-' + size}"
     if (target / ".complete").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".synthetic-", dir=target.parent))
-    write_sample(tmp, seed=SYNTHETIC_SEED)
+    write_sample(tmp, seed=SYNTHETIC_SEED, size=size)
     (tmp / ".complete").write_text("ok\n")
     try:
         tmp.rename(target)
@@ -143,10 +155,11 @@ def load_data(data: str | Path | None = None, output_len: str = "profile",
     return LoadedData(str(directory), False, directory, good, bad)
 
 
-def write_synthetic_sample(out_dir: Path, seed: int = SYNTHETIC_SEED) -> list[Path]:
-    """The synthetic sample (hidden oracle + noise) written into a new or empty directory."""
+def write_synthetic_sample(out_dir: Path, seed: int = SYNTHETIC_SEED, size: str | None = None) -> list[Path]:
+    """The synthetic sample (hidden oracle + noise) written into a new or empty directory; its size
+    is the built-in sample's (STEPML_SAMPLE_SIZE) unless given."""
     from .synthetic import write_sample
 
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise DataError(f"{out_dir}: exists and is not an empty directory; the sample goes into a new one (nothing written)")
-    return write_sample(out_dir, seed=seed)
+    return write_sample(out_dir, seed=seed, size=size or sample_size())

@@ -144,13 +144,13 @@ class RayExecutor:
         return held[1], None
 
     def map(self, fn: Callable[..., Any], jobs: list[Job]) -> list:
-        items = []
-        for exp, args in jobs:
-            ref, split = self._handle(exp)
-            items.append(([ref], split, args))
-        n_tasks = min(len(items), self.workers * TASKS_PER_WORKER)
-        bounds = np.linspace(0, len(items), n_tasks + 1).round().astype(int)
         try:
+            items = []
+            for exp, args in jobs:
+                ref, split = self._handle(exp)
+                items.append(([ref], split, args))
+            n_tasks = min(len(items), self.workers * TASKS_PER_WORKER)
+            bounds = np.linspace(0, len(items), n_tasks + 1).round().astype(int)
             refs, in_flight = [], []
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 if len(in_flight) >= self.workers:
@@ -160,7 +160,11 @@ class RayExecutor:
             return [r for chunk in ray.get(refs) for r in chunk]
         except RayTaskError as e:  # the replay itself raised: the same error a thread would have raised
             raise e.cause if isinstance(e.cause, BaseException) else e from None
-        except (RayError, ConnectionError) as e:
+        except Exception as e:
+            # Ray Client reports a connection lost mid-call as a plain Exception ("Client Wait
+            # request failed. Reference invalid?"), not as a RayError
+            if not isinstance(e, (RayError, ConnectionError)) and _connected():
+                raise
             raise ClusterError(f"lost the Ray cluster at {self.cluster} ({_one_line(e)}); every completed generation "
                                "is in the archive: run the same command with --resume, here or on a new cluster") from None
 
@@ -170,6 +174,18 @@ class RayExecutor:
             ray.shutdown()
         except Exception:  # a cluster already gone has nothing left to shut down
             pass
+
+
+def _connected() -> bool:
+    """Whether this driver still reaches its cluster (through Ray Client or as a node of it)."""
+    try:
+        from ray.util.client import ray as client
+
+        if client.is_connected():
+            return bool(client.cluster_resources())
+        return ray.is_initialized() and bool(ray.cluster_resources())
+    except Exception:
+        return False
 
 
 def _one_line(e: BaseException) -> str:

@@ -21,6 +21,7 @@ Everything is a deterministic function of the generator seed.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -60,14 +61,30 @@ SCENARIOS = [
 ]
 NOISE_SIGMA = 0.02
 N_PROMPTS = 100  # the prompt list the client cycles through
+
+
+@dataclass(frozen=True)
+class SampleSize:
+    """How much of each scenario the sample holds. The small one keeps what the full one shows
+    (several rounds of a cycled prompt list, one overloaded experiment with time-outs) in a fifth
+    of the requests: a shorter load, a shorter prompt list, and the reasoning run's client limit
+    set where its shorter overload times out about the same share of requests."""
+
+    scale: float  # share of every load stage's duration
+    n_prompts: int
+    timeouts: dict = field(default_factory=dict)  # scenario -> client time-out (s), where not the scenario's
+
+
+SAMPLE_SIZES = {"full": SampleSize(1.0, N_PROMPTS),
+                "small": SampleSize(0.2, 25, {"synth-codellama-34b-tp2-reasoning": 41.0})}
 SWAP_RATE = 0.005  # share of consecutive sends that arrive in swapped order
 
 
-def _prompts(rng: np.random.Generator, n: int, sys_len: int, question: int, groups: int):
+def _prompts(rng: np.random.Generator, n: int, sys_len: int, question: int, groups: int, n_prompts: int = N_PROMPTS):
     """(prompt of each request, its input length, its system-prompt group): prompt p is in group
-    p % groups; request i sends prompt i % N_PROMPTS unless it swapped places with a neighbour."""
-    lengths = (sys_len + question + rng.integers(-12, 13, size=N_PROMPTS)).astype(np.int64)
-    prompt = np.arange(n, dtype=np.int64) % N_PROMPTS
+    p % groups; request i sends prompt i % n_prompts unless it swapped places with a neighbour."""
+    lengths = (sys_len + question + rng.integers(-12, 13, size=n_prompts)).astype(np.int64)
+    prompt = np.arange(n, dtype=np.int64) % n_prompts
     swaps = np.flatnonzero(rng.random(max(n - 1, 0)) < SWAP_RATE)
     for i in swaps:
         prompt[i], prompt[i + 1] = prompt[i + 1], prompt[i]
@@ -86,17 +103,20 @@ def _requests(rng: np.random.Generator, stages) -> np.ndarray:
     return arrival_us - arrival_us[0]
 
 
-def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
+def generate(seed: int = 0, size: str = "full") -> list[tuple[dict, list, dict, dict]]:
     """(requests.json, ground_truth.json, profile.json, summary) for each synthetic experiment."""
+    sizing = SAMPLE_SIZES[size]
     oracle = parse_program(ORACLE_SOURCE)
     compiled = compile_program(oracle)
     consts = np.array(list(oracle.constants.values()))
     rng = np.random.default_rng(seed)
     out = []
     for name, model, tp, blocks, stages, sys_len, question, out_len, groups, timeout_s in SCENARIOS:
+        stages = [(duration * sizing.scale, rate) for duration, rate in stages]
+        timeout_s = sizing.timeouts.get(name, timeout_s)
         arrival = _requests(rng, stages)
         n = len(arrival)
-        prompt, inputs, group = _prompts(rng, n, sys_len, question, groups)
+        prompt, inputs, group = _prompts(rng, n, sys_len, question, groups, sizing.n_prompts)
         bs = 16
         exp = Experiment.from_arrays(name, arrival, inputs, np.full(n, out_len), arch=ModelArch.from_model_config(MODELS[model]),
                                      tp=tp, kv_blocks=blocks, block_size=bs, prefix_group=group, prefix_tokens=sys_len,
@@ -132,11 +152,11 @@ def generate(seed: int = 0) -> list[tuple[dict, list, dict, dict]]:
     return out
 
 
-def write_sample(out_dir: str | Path, seed: int = 0) -> list[Path]:
+def write_sample(out_dir: str | Path, seed: int = 0, size: str = "full") -> list[Path]:
     """Write the synthetic sample in the replay format; returns the experiment directories."""
     out_dir = Path(out_dir)
     dirs = []
-    for requests, truth, profile, summary in generate(seed):
+    for requests, truth, profile, summary in generate(seed, size):
         d = out_dir / requests["experiment"]
         d.mkdir(parents=True, exist_ok=True)
         (d / "requests.json").write_text(json.dumps(requests))

@@ -99,9 +99,11 @@ def data_check(
 def data_synth(
     out_dir: Path = typer.Option(..., "--out", help="Directory to write the synthetic experiments into."),
     seed: int = typer.Option(SYNTHETIC_SEED, min=0, help=f"Generator seed ({SYNTHETIC_SEED} is the built-in sample)."),
+    size: Optional[Literal["full", "small"]] = typer.Option(
+        None, help="full, or small (a fifth of the requests); default: the built-in sample's (STEPML_SAMPLE_SIZE, else full)."),
 ):
     """Write the built-in synthetic sample (hidden oracle + noise) in the replay format."""
-    dirs = write_synthetic_sample(out_dir, seed=seed)
+    dirs = write_synthetic_sample(out_dir, seed=seed, size=size)
     out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
 
 

@@ -22,7 +22,7 @@ from archive.records import GenerationRecord, LLMCallRecord, NewProgram, Program
 from archive.store import Archive
 from evolve.cli import app as main_app
 
-SMALL = ["--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "5"]
+SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
 
 @pytest.fixture(scope="module")
 def archive_dir(tmp_path_factory):

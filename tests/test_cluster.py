@@ -32,7 +32,7 @@ except ImportError:
 
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install '.[ray]')")
 
-SMALL = ["--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "5", "--front-cv", "none"]
+SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5", "--front-cv", "none"]
 GENERATIONS = "2"
 SEED = "3"
 ROOFLINE = str(ROOT / "seeds" / "roofline.py")

@@ -16,6 +16,7 @@ from evolve.llm_operator import Budget, LLMOperator, extract_code
 from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
 
 from evaluator.components import COMPONENT_NAMES
+from seeds import seed_path
 
 
 class _Parent:
@@ -24,7 +25,7 @@ class _Parent:
     complexity = 25
     constants = {}
     components = ["weights"]
-    source = open(__import__("seeds").seed_path("roofline")).read()
+    source = open(seed_path("roofline")).read()
 
 
 ROWS = [{"experiment": "exp-a", "split": "train", "e2e_obs": 2.0, "e2e_err": 12.0, "ttft_obs": 0.03, "ttft_err": -40.0}]
@@ -173,7 +174,9 @@ def _variety(n: int) -> str:
     return program_reply(COMPONENT_NAMES[n % len(COMPONENT_NAMES)], note=f"variant {n}")
 
 
-SMALL = ["--seed-fit-evals", "30", "--full-fit-evals", "16", "--quick-evals", "16", "--children", "4", "--front-cv", "none"]
+# two seeds are parents enough for the scripted replies; what is tested is the LLM's side of the loop
+SMALL = ["--seeds", str(seed_path("roofline")), "--seeds", str(seed_path("trained_physics")),
+         "--seed-fit-evals", "12", "--full-fit-evals", "8", "--quick-evals", "8", "--children", "4", "--front-cv", "none"]
 
 
 def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):

@@ -118,11 +118,15 @@ def test_the_replay_serves_resent_prompts_from_the_cache_unless_kv_binds(real_da
 # ---- the command line -----------------------------------------------------------------------------
 
 def test_data_check_shows_the_cycle_and_the_policy_changes_it(synthetic):
+    from evaluator.datasets import sample_size
+    from evaluator.synthetic import SAMPLE_SIZES
+
+    period = SAMPLE_SIZES[sample_size()].n_prompts  # the prompt list the generator cycled
     res = cli("data", "check", "--json")
     assert res.exit_code == 0, res.output
     for e in json.loads(res.stdout)["experiments"]:
         r = e["prompt_reuse"]
-        assert r["policy"] == "detect" and r["model"] == "cycle" and r["period"] == 100
+        assert r["policy"] == "detect" and r["model"] == "cycle" and r["period"] == period
         assert 0.9 < r["share_matched"] <= 1 and r["cached_share"] > 0.85
     res = cli("data", "check", "--json", "--prompt-reuse", "system-prompt")
     shares = [e["prompt_reuse"]["cached_share"] for e in json.loads(res.stdout)["experiments"]]
@@ -130,7 +134,7 @@ def test_data_check_shows_the_cycle_and_the_policy_changes_it(synthetic):
     res = cli("data", "check", "--json", "--prompt-reuse", "off")
     assert {e["prompt_reuse"]["model"] for e in json.loads(res.stdout)["experiments"]} == {"none"}
     table = cli("data", "check")
-    assert "cycle 100" in table.stdout and "cached %" in table.stdout
+    assert f"cycle {period}" in table.stdout and "cached %" in table.stdout
     bad = cli("data", "check", "--prompt-reuse", "sometimes")
     assert bad.exit_code == 2 and "sometimes" in bad.output
 

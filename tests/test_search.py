@@ -203,7 +203,7 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
     from evolve.search import Search, SearchConfig
 
     loaded = load_data(None)
-    cfg = SearchConfig(generations=6, seed=3, children=6, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
+    cfg = SearchConfig(generations=3, seed=3, children=5, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
     with Engine(loaded.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
         live = Search(archive, loaded, engine, cfg)
@@ -216,14 +216,17 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
     assert len(live.structures) > 5
 
 
-def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(tmp_path):
-    run(tmp_path / "whole", 4, "--children", "6")
-    whole = snapshot(tmp_path / "whole")
+def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(reference, tmp_path):
+    """Stopped after generation 0 (the seeds alone), resumed and stopped after generation 2, then
+    resumed to the end: each stop keeps what the uninterrupted run had, the end is that run."""
+    _, ref = reference
     for stop in (0, 2):
-        d = tmp_path / f"stop{stop}"
-        run(d, stop, "--children", "6")
-        run(d, 4, "--children", "6", "--resume")
-        assert snapshot(d) == whole, f"stopped after generation {stop}"
+        run(tmp_path, stop, *(["--resume"] if stop else []))
+        partial = snapshot(tmp_path)
+        assert partial["generations"][-1][0] == stop, f"stopped after generation {stop}"
+        assert partial["programs"] == [p for p in ref["programs"] if p[1] <= stop], f"stopped after generation {stop}"
+    run(tmp_path, 5, "--resume")
+    assert snapshot(tmp_path) == ref
 
 
 def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children(tmp_path):

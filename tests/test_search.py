@@ -200,15 +200,20 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
     seeds and children that failed evaluation included, or the two runs diverge."""
     from evaluator.datasets import load_data
     from evaluator.engine import Engine
+    from evolve.emitters import SymbolicEmitter
     from evolve.search import Search, SearchConfig
 
     loaded = load_data(None)
-    cfg = SearchConfig(generations=3, seed=3, children=5, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
+    cfg = SearchConfig(generations=2, seed=3, children=5, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
+    # beside the symbolic children, one whose every step time is 0/0: it fails evaluation
+    failing = FixedEmitter('CONSTANTS = {"base_us": 2000.0}\n\n'
+                           "def step_time(f, c):\n    return c.base_us * f.n_req / (f.n_req - f.n_req)\n")
+    failing.share = 0.3
     with Engine(loaded.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
-        live = Search(archive, loaded, engine, cfg)
+        live = Search(archive, loaded, engine, cfg, [SymbolicEmitter(), failing])
         live.run()
-        resumed = Search(archive, loaded, engine, cfg, resume=True)
+        resumed = Search(archive, loaded, engine, cfg, [SymbolicEmitter(), failing], resume=True)
         rules = {r.rule for r in archive.rejections(live.run_id)}
         archive.close()
     assert "evaluation" in rules  # the case that used to be forgotten is exercised

@@ -146,12 +146,13 @@ def _oracle_variants():
 
 
 @pytest.mark.parametrize("method, evals", [("trust-region", 12), ("cmaes", 40)])
-def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(synthetic, method, evals, monkeypatch):
+def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(synthetic_full, method, evals, monkeypatch):
+    exps = synthetic_full.experiments  # where the unbounded optimum lies outside the bounds (not so on the small sample)
     plain, bounded = _oracle_variants()
     assert set(bounded.bounds) == {"base_us", "c_memory"}
     cfg = FitConfig(seed=3, max_evals=evals, method=method)
-    with Engine(synthetic.experiments, 2) as engine:
-        free = fit(plain, synthetic.experiments, engine, cfg).constants["all"]
+    with Engine(exps, 2) as engine:
+        free = fit(plain, exps, engine, cfg).constants["all"]
         # every point CMA-ES proposes is inside the bounds before the final ulp clip: pycma's bound
         # handling keeps it there, not a clip of the candidates
         raw_from_cma, proposed = _Transform.from_cma, []
@@ -163,7 +164,7 @@ def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(
 
         monkeypatch.setattr(_Transform, "from_cma", unclipped)
         # a warm start outside the bounds (as a parent's constants may be) is moved inside first
-        held = fit(bounded, synthetic.experiments, engine, cfg, start={"base_us": 1000.0, "c_memory": 3.0})
+        held = fit(bounded, exps, engine, cfg, start={"base_us": 1000.0, "c_memory": 3.0})
     assert free["base_us"] < 3800.0 and free["c_memory"] > 1.2, free  # the unbounded optimum lies outside
     names = list(bounded.constants)
     i, j = names.index("base_us"), names.index("c_memory")

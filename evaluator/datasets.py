@@ -114,11 +114,12 @@ def sample_size() -> str:
     return size
 
 
-def synthetic_dir() -> Path:
-    """The synthetic sample on disk, generated on first use (atomically, safe for parallel runs)."""
+def synthetic_dir(size: str | None = None) -> Path:
+    """The synthetic sample on disk, generated on first use (atomically, safe for parallel runs);
+    its size is the built-in sample's (STEPML_SAMPLE_SIZE) unless given."""
     from .synthetic import GENERATOR_VERSION, write_sample
 
-    size = sample_size()
+    size = size or sample_size()
     target = cache_dir() / f"synthetic-v{GENERATOR_VERSION}-seed{SYNTHETIC_SEED}{'' if size == 'full' else '-' + size}"
     if (target / ".complete").exists():
         return target

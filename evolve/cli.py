@@ -17,6 +17,7 @@ from evaluator.objectives import OBJECTIVES
 from evaluator.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, POLICIES as PROMPT_REUSE_POLICIES
 from evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
 from evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
+from evaluator.synthetic import SAMPLE_SIZES
 
 from .archive_cli import archive_app
 from .bench import run_bench
@@ -99,7 +100,7 @@ def data_check(
 def data_synth(
     out_dir: Path = typer.Option(..., "--out", help="Directory to write the synthetic experiments into."),
     seed: int = typer.Option(SYNTHETIC_SEED, min=0, help=f"Generator seed ({SYNTHETIC_SEED} is the built-in sample)."),
-    size: Optional[Literal["full", "small"]] = typer.Option(
+    size: Optional[Literal[tuple(SAMPLE_SIZES)]] = typer.Option(
         None, help="full, or small (a fifth of the requests); default: the built-in sample's (STEPML_SAMPLE_SIZE, else full)."),
 ):
     """Write the built-in synthetic sample (hidden oracle + noise) in the replay format."""

@@ -44,14 +44,9 @@ def synthetic():
 @pytest.fixture(scope="session")
 def synthetic_full():
     """The full built-in sample, for the few claims made about it rather than about behaviour."""
-    from evaluator.datasets import load_data
+    from evaluator.datasets import load_data, synthetic_dir
 
-    size = os.environ["STEPML_SAMPLE_SIZE"]
-    os.environ["STEPML_SAMPLE_SIZE"] = "full"
-    try:
-        return load_data(None)
-    finally:
-        os.environ["STEPML_SAMPLE_SIZE"] = size
+    return load_data(synthetic_dir("full"))
 
 
 @pytest.fixture(autouse=True, scope="session")

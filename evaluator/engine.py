@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from .dsl import CompiledProgram, Program, compile_program
-from .executor import Cluster, open_executor
+from .executor import Cluster, LocalExecutor, check_cluster
 from .experiments import SPLITS, Experiment
 from .metrics import MetricRow, failed_row, split_horizon, split_metrics
 from .objectives import DEFAULT, Objective
@@ -22,6 +22,16 @@ from .surrogate import TrajectoryModel, VectorProgram, record
 
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def open_executor(experiments: list[Experiment], workers: int, cluster: Cluster | None = None):
+    """`workers` threads without a cluster; else a Ray executor connected to it (Ray imported only then)."""
+    if cluster is None:
+        return LocalExecutor(workers)
+    check_cluster(cluster.address)
+    from .ray_executor import RayExecutor
+
+    return RayExecutor(experiments, cluster.address, cluster.remote_workers)
 
 
 def windowed(exp: Experiment, fraction: float) -> Experiment:

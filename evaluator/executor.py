@@ -70,13 +70,3 @@ def check_cluster(cluster: str | None) -> None:
     except ImportError:
         raise ClusterError("--cluster needs Ray, an optional extra: pip install 'stepml-evolve[ray]' "
                            "(from a checkout: pip install '.[ray]')") from None
-
-
-def open_executor(experiments: list[Experiment], workers: int, cluster: Cluster | None = None):
-    """`workers` threads without a cluster; else a Ray executor connected to it."""
-    if cluster is None:
-        return LocalExecutor(workers)
-    check_cluster(cluster.address)
-    from .ray_executor import RayExecutor
-
-    return RayExecutor(experiments, cluster.address, cluster.remote_workers)

@@ -16,7 +16,6 @@ import numpy as np
 from .experiments import ALL, SPLITS, Experiment
 from .replay import FINISHED, TIMED_OUT, ReplayResult
 
-METRIC_KEYS = ("e2e_mean_s", "ttft_mean_s", "itl_mean_ms")
 APE_KEYS = {"e2e": "e2e_mean_s", "ttft": "ttft_mean_s", "itl": "itl_mean_ms"}
 
 

@@ -133,17 +133,6 @@ def cross_validate_programs(archive: Archive, programs: list[ProgramRecord], loa
     return out
 
 
-def cross_validate_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engine, protocol: str = DEFAULT_PROTOCOL,
-                         *, seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals, again: bool = False,
-                         progress: ProgressFn | None = None, say: Callable[[str], None] = lambda s: None) -> list[ProgramCV]:
-    """The run's Pareto front cross-validated and stored, with the run's fit settings (what
-    `evolve run` calls at its end, with its own data and engine)."""
-    run = archive.run(run_id)
-    front = pareto_front(archive.programs(run_id))
-    return cross_validate_programs(archive, front, loaded, engine, protocol, run_fit_settings(run, seed, max_evals),
-                                   again=again, progress=progress, say=say)
-
-
 # ---- `evolve archive cv` and `evolve archive migrate` ----
 
 def open_writable(directory: Path | None) -> Archive:

@@ -25,7 +25,8 @@ def extract_code(reply: str) -> str | None:
     return blocks[0] if blocks else None
 
 
-def _templates() -> jinja2.Environment:
+def prompt_templates() -> jinja2.Environment:
+    """The jinja2 environment over prompts/ (the system and mutation prompts)."""
     root = resources.files("prompts")
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, autoescape=False)
@@ -76,7 +77,7 @@ class LLMOperator:
         """units: a reply whose functions do not return times is a rejection fed back for a retry
         (as the search would reject it; `evolve run --units check`)."""
         self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
-        env = _templates()
+        env = prompt_templates()
         self.system = env.get_template("system.j2").render(
             components=COMPONENTS, budget_tokens=(server or {}).get("budget_tokens", 2048),
             max_seqs=(server or {}).get("max_seqs", 128))

@@ -39,7 +39,7 @@ from evaluator.components import COMPONENTS
 
 from .emitters import Proposal, signed_errors
 from .llm_client import LLMClient, LLMUnavailable
-from .llm_operator import Budget, _templates
+from .llm_operator import Budget, prompt_templates
 from .local_server import LocalServer, chat_completion
 from .openevolve_evaluator import FAILED, JUDGE_URL_ENV, SEED_ENV
 from .search import Judgement, Search, SearchError
@@ -335,7 +335,7 @@ def openevolve_config(model: str, url: str, seed: int, islands: int, migration_i
                                timeout=int(llm_timeout_s * 5 + 60), retries=0)  # our client retries
     cfg.llm.models = [model_cfg]
     cfg.llm.evaluator_models = [model_cfg]
-    cfg.prompt.system_message = _templates().get_template("system.j2").render(
+    cfg.prompt.system_message = prompt_templates().get_template("system.j2").render(
         components=COMPONENTS, budget_tokens=server["budget_tokens"], max_seqs=server["max_seqs"], reply_format=REPLY_FORMAT)
     cfg.database.random_seed = seed
     cfg.database.num_islands = islands

@@ -213,10 +213,10 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
                 with run_progress(log.console, config.generations, start) as progress:
                     search.progress = progress
                     if outside:
-                        from .openevolve_engine import run_openevolve
+                        from .openevolve_engine import OUTPUT_DIR, run_openevolve
 
                         client, budget = _llm_client(llm, archive_dir)
-                        summary = run_openevolve(search, client, budget, archive_dir / "openevolve", config.generations,
+                        summary = run_openevolve(search, client, budget, archive_dir / OUTPUT_DIR, config.generations,
                                                  islands=config.islands, migration_interval=config.migration_interval,
                                                  server=_server(loaded), llm_timeout_s=llm.timeout_s, diffs=diffs)
                     else:

@@ -291,8 +291,8 @@ def test_emit_go_of_a_bounded_program_equals_that_of_the_same_program_with_plain
 
 
 def test_the_llm_is_told_what_bounds_mean():
-    from evolve.llm_operator import _templates
+    from evolve.llm_operator import prompt_templates
     from evaluator.components import COMPONENTS
 
-    text = _templates().get_template("system.j2").render(components=COMPONENTS, budget_tokens=2048, max_seqs=128)
+    text = prompt_templates().get_template("system.j2").render(components=COMPONENTS, budget_tokens=2048, max_seqs=128)
     assert '{"start": 1.5, "min": 1.0, "max": 50.0}' in text and ">= 1" in text and ">= 0" in text

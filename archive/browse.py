@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,15 +58,8 @@ def _last_write(directory: Path) -> float:
 
 
 def open_archive(directory: Path | None) -> Archive:
-    """Open an archive read-only (a browse never writes, even to a run in progress)."""
-    directory = Path(directory) if directory is not None else latest_archive_dir()
-    path = directory / Archive.FILE
-    if not path.is_file():
-        raise BrowseError(f"{directory}: no archive here ({Archive.FILE} not found)")
-    try:
-        return Archive(directory, read_only=True)
-    except sqlite3.Error as e:
-        raise BrowseError(f"{path}: not a readable archive ({e})") from None
+    """The archive in `directory` (default: the newest under runs/), read-only."""
+    return Archive.open(directory if directory is not None else latest_archive_dir())
 
 
 def run_programs(archive: Archive) -> tuple[RunRecord, list[ProgramRecord]]:

@@ -67,6 +67,20 @@ class ArchiveError(UserError):
 class Archive:
     FILE = "archive.sqlite"
 
+    @classmethod
+    def open(cls, directory: str | Path, writable: bool = False) -> "Archive":
+        """An existing archive: read-only (browsing never writes, even to a run in progress) or
+        writable (which migrates an older schema in place). No archive there, or one that cannot
+        be read: a one-line ArchiveError naming the file."""
+        directory = Path(directory)
+        path = directory / cls.FILE
+        if not path.is_file():
+            raise ArchiveError(f"{directory}: no archive here ({cls.FILE} not found)")
+        try:
+            return cls(directory, read_only=not writable)
+        except sqlite3.Error as e:
+            raise ArchiveError(f"{path}: not a readable archive ({e})") from None
+
     def __init__(self, directory: str | Path, create: bool = False, read_only: bool = False):
         """Open (or with create=True, make) the archive in `directory`. read_only opens the
         database without writing anything, so browsing never waits on a running search.

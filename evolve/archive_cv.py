@@ -13,17 +13,16 @@ same settings (seed, max-evals, method, objective, semantics) is skipped unless 
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from archive.browse import BrowseError, latest_archive_dir, resolve, run_programs
+from archive.browse import latest_archive_dir, resolve, run_programs
 from archive.grid import pareto_front
 from archive.records import CVScoreRecord, ProgramRecord, RunRecord
 from archive.store import SCHEMA_VERSION, Archive
-from evaluator.crossval import PROTOCOLS, cross_validate, make_folds
+from evaluator.crossval import cross_validate, make_folds
 from evaluator.datasets import LoadedData
 from evaluator.dsl import parse_program
 from evaluator.engine import Engine
@@ -138,14 +137,7 @@ def cross_validate_programs(archive: Archive, programs: list[ProgramRecord], loa
 def open_writable(directory: Path | None) -> Archive:
     """The archive in `directory` (default: the newest under runs/) opened for writing, which
     migrates an older schema in place (`Archive.migrated_from` says from which)."""
-    directory = Path(directory) if directory is not None else latest_archive_dir()
-    path = directory / Archive.FILE
-    if not path.is_file():
-        raise BrowseError(f"{directory}: no archive here ({Archive.FILE} not found)")
-    try:
-        return Archive(directory)
-    except sqlite3.Error as e:
-        raise BrowseError(f"{path}: not a readable archive ({e})") from None
+    return Archive.open(directory if directory is not None else latest_archive_dir(), writable=True)
 
 
 @dataclass

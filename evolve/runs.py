@@ -7,6 +7,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from archive.browse import RUNS_DIR
 from archive.grid import pareto_front
 from archive.store import Archive
 from evaluator.crossval import FoldError, make_folds
@@ -80,7 +81,7 @@ def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engin
 def default_archive_dir(loaded: LoadedData, seed: int) -> Path:
     """runs/<data directory name>-seed<seed> (runs/synthetic-seed<seed> for the sample)."""
     tag = "synthetic" if loaded.synthetic else slug(Path(loaded.label).name)
-    return Path("runs") / f"{tag}-seed{seed}"
+    return RUNS_DIR / f"{tag}-seed{seed}"
 
 
 def check_seed_units(paths: list[Path], seeds: list[tuple[str, str]]) -> None:
@@ -146,7 +147,7 @@ def _check_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
     if not resume or not (archive_dir / Archive.FILE).is_file():
         return
     try:
-        stored = Archive(archive_dir, read_only=True)
+        stored = Archive.open(archive_dir)
         try:
             existing = stored.run()
         finally:

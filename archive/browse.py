@@ -18,12 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluator.errors import UserError
-from evaluator.experiments import SPLITS
-from evaluator.fitted_header import FittedHeader
-from evaluator.metrics import MetricRow
-from evaluator.numbers import fmt
-from evaluator.prompt_reuse import LEGACY_POLICY
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.experiments import SPLITS
+from stepml_evolve.evaluator.fitted_header import FittedHeader
+from stepml_evolve.evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.numbers import fmt
+from stepml_evolve.evaluator.prompt_reuse import LEGACY_POLICY
 
 from .grid import cell_label, cell_of, pareto_front, scored
 from .grid import best as best_program
@@ -290,7 +290,7 @@ def fitted_header(archive: Archive, program: ProgramRecord) -> FittedHeader:
 def program_file_text(archive: Archive, program: ProgramRecord) -> str:
     """The program as a DSL file with its fitted constants and a `# fitted:` header naming where it
     came from: input for `evolve fit`, `eval`, `emit-go` and `run --seeds`."""
-    from evaluator.dsl import parse_program
+    from stepml_evolve.evaluator.dsl import parse_program
 
     prog = parse_program(program.source)
     return prog.with_constants(program.constants or prog.constants, header=fitted_header(archive, program).render()).source

@@ -14,8 +14,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from evaluator.experiments import ALL
-from evaluator.metrics import Errors, Means, MetricRow, Timeouts
+from stepml_evolve.evaluator.experiments import ALL
+from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
 
 
 def column(sql: str, *, json_text: bool = False, sort_keys: bool = False, boolean: bool = False,

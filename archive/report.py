@@ -17,8 +17,8 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup, escape
 
-from evaluator.metrics import MetricRow
-from evaluator.numbers import finite, fmt
+from stepml_evolve.evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.numbers import finite, fmt
 
 from .browse import cv_by_program, operator_label, preferred_protocol, protocol_order, run_programs, select_rows, split_rows
 from .grid import COMPLEXITY_BIN, MAX_COMPLEXITY_BIN, best, cell_label, elites, pareto_front, scored
@@ -430,5 +430,5 @@ def _environment() -> jinja2.Environment:
 
 
 def render(archive: Archive) -> str:
-    template = (files("archive") / "templates" / "report.html.j2").read_text(encoding="utf-8")
+    template = (files(__package__) / "templates" / "report.html.j2").read_text(encoding="utf-8")
     return _environment().from_string(template).render(**build_context(archive))

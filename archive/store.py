@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from evaluator.errors import UserError
-from evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.metrics import MetricRow
 
 from .records import (CVEvaluationRecord, CVScoreRecord, EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram,
                       ProgramRecord, RejectionRecord, RunRecord, ddl, encode, insert, select)

@@ -92,7 +92,7 @@ def _model(name: str, config) -> ServedModel:
 
 def load(path: str | Path | None = None) -> Catalog:
     """Read and check a catalog file (default: the packaged catalog.yaml); ValueError on bad data."""
-    text = Path(path).read_text() if path else (resources.files("evaluator") / "catalog.yaml").read_text()
+    text = Path(path).read_text() if path else (resources.files(__package__) / "catalog.yaml").read_text()
     raw = yaml.safe_load(text)
     if not isinstance(raw, dict) or set(raw) != {"hardware", "models"}:
         raise ValueError("catalog: expected exactly the top-level keys hardware and models")

@@ -75,7 +75,7 @@ def coefficients(arch: ModelArch, hw: Hardware, tp: int) -> np.ndarray:
 
 
 # ---- Translated to Go ---------------------------------------------------------------------
-# `coefficient_values` and `component_values` are also the Go model's physics: evolve/go_physics.py
+# `coefficient_values` and `component_values` are also the Go model's physics: evolve/go/physics.py
 # parses their source (inspect.getsource) and translates the AST, and the emitted Go must match
 # Python to the microsecond (tests/test_emit_go.py). Their bodies may contain only:
 #   * a docstring, then assignments `name = expr` (one target, each name assigned once);

@@ -3,7 +3,7 @@ user's own seeds (`evolve run --seeds`): found, read and validated here."""
 from importlib import resources
 from pathlib import Path
 
-from evaluator.errors import UserError
+from stepml_evolve.evaluator.errors import UserError
 
 
 class SeedError(UserError):
@@ -26,7 +26,7 @@ def seed_path(name: str) -> Path:
 def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:
     """(name, source) of every seed program under `paths` (files, or directories of *.py files
     not starting with "_"), each parsed and validated; names are the file stems and must be unique."""
-    from evaluator.dsl import ProgramError, parse_program
+    from stepml_evolve.evaluator.dsl import ProgramError, parse_program
 
     files = []
     for path in paths:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from archive.store import Archive
+from stepml_evolve.archive.store import Archive
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(os.environ.get("STEPML_REAL_DATA", ROOT.parent / "shared" / "data" / "replay"))
@@ -27,7 +27,7 @@ def real_data() -> Path:
 
 @pytest.fixture(scope="session")
 def real_experiments(real_data):
-    from evaluator.experiments import load_experiments
+    from stepml_evolve.evaluator.experiments import load_experiments
 
     good, bad = load_experiments(real_data)
     assert not bad, bad
@@ -36,7 +36,7 @@ def real_experiments(real_data):
 
 @pytest.fixture(scope="session")
 def synthetic():
-    from evaluator.datasets import load_data
+    from stepml_evolve.evaluator.datasets import load_data
 
     return load_data(None)
 
@@ -44,7 +44,7 @@ def synthetic():
 @pytest.fixture(scope="session")
 def synthetic_full():
     """The full built-in sample, for the few claims made about it rather than about behaviour."""
-    from evaluator.datasets import load_data, synthetic_dir
+    from stepml_evolve.evaluator.datasets import load_data, synthetic_dir
 
     return load_data(synthetic_dir("full"))
 
@@ -64,7 +64,7 @@ BLIS_SNAPSHOT = Path(os.environ.get("STEPML_BLIS", ROOT.parent / "shared" / "bli
 
 
 def _go() -> str | None:
-    from evolve.emit_go import find_go_tool
+    from stepml_evolve.evolve.go.emit import find_go_tool
 
     return find_go_tool("go")
 
@@ -144,7 +144,7 @@ class FixedEmitter:
         pass
 
     def ask(self, ctx):
-        from evolve.emitters import Proposal
+        from stepml_evolve.evolve.search.emitters import Proposal
 
         return Proposal("fixed", [ctx.parent.id], self.source, "the same child every time")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from evolve.local_server import LocalServer, chat_completion
+from stepml_evolve.evolve.openevolve.local_server import LocalServer, chat_completion
 
 
 class ScriptedLLM:

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from archive.browse import BrowseError, latest_archive_dir
-from archive.grid import cell_of, pareto_front
-from archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
-from archive.store import Archive
-from evolve.cli import app as main_app
+from stepml_evolve.archive.browse import BrowseError, latest_archive_dir
+from stepml_evolve.archive.grid import cell_of, pareto_front
+from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evolve.cli.app import app as main_app
 
 SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
 

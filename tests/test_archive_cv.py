@@ -1,4 +1,4 @@
-"""CV scores in the archive (`evolve archive cv`, evolve/archive_cv.py, archive/store.py schema 2):
+"""CV scores in the archive (`evolve archive cv`, evolve/commands/archive.py, archive/store.py schema 2):
 stored scores are the numbers `cross_validate` gives with the run's data and settings, a second
 call skips, list/show/pareto/report carry them, `emit-go best` prefers the lowest CV loss and
 `simplest --within` the simplest program within the margin, bad inputs are one `error:` line that
@@ -14,21 +14,21 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from archive.browse import BrowseError, choose, select_rows, cv_by_program
-from archive.records import CVEvaluationRecord, CVScoreRecord, GenerationRecord, NewProgram, ProgramRecord
-from archive.store import SCHEMA_VERSION, Archive, ArchiveError
+from stepml_evolve.archive.browse import BrowseError, choose, select_rows, cv_by_program
+from stepml_evolve.archive.records import CVEvaluationRecord, CVScoreRecord, GenerationRecord, NewProgram, ProgramRecord
+from stepml_evolve.archive.store import SCHEMA_VERSION, Archive, ArchiveError
 from conftest import downgrade_to_schema_1, only_error_line, table_schemas
-from evaluator.crossval import cross_validate, make_folds
-from evaluator.datasets import load_data
-from evaluator.dsl import parse_program
-from evaluator.engine import Engine
-from evaluator.fitting import FitConfig
-from evaluator.metrics import Errors, Means, MetricRow, Timeouts
-from evaluator.objectives import Objective
-from evolve.archive_cv import run_fit_settings
-from evolve.cli import app
-from evolve.emission import choose_for_emission
-from evolve.emit_go import find_go_tool
+from stepml_evolve.evaluator.crossval import cross_validate, make_folds
+from stepml_evolve.evaluator.datasets import load_data
+from stepml_evolve.evaluator.dsl import parse_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.fitting import FitConfig
+from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
+from stepml_evolve.evaluator.objectives import Objective
+from stepml_evolve.evolve.commands.archive import run_fit_settings
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.commands.emit_go import choose_for_emission
+from stepml_evolve.evolve.go.emit import find_go_tool
 
 SMALL_RUN = ["--generations", "1", "--seed", "2", "--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "3",
              "--children", "3"]
@@ -89,7 +89,7 @@ def test_archive_cv_scores_the_front_with_the_numbers_cross_validate_gives(score
     a = Archive(directory, read_only=True)
     run = a.run()
     programs = a.programs(run.id)
-    from archive.grid import pareto_front
+    from stepml_evolve.archive.grid import pareto_front
 
     front = pareto_front(programs)
     assert [p["id"] for p in out["programs"]] == [p.id for p in front] and len(front) >= 2

@@ -11,13 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import downgrade_to_schema_1, table_schemas
-import archive.store as store
-from archive.grid import AddStatus, Elites, cell_of
-from archive.records import (EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord,
+import stepml_evolve.archive.store as store
+from stepml_evolve.archive.grid import AddStatus, Elites, cell_of
+from stepml_evolve.archive.records import (EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord,
                              column_names)
-from archive.store import TABLES, Archive, ArchiveError
-from evaluator.metrics import Errors, Means, MetricRow, Timeouts
-from evolve.cli import app
+from stepml_evolve.archive.store import TABLES, Archive, ArchiveError
+from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
+from stepml_evolve.evolve.cli.app import app
 
 
 def _program(i: int, complexity: int = 10, n_components: int = 1, val: float | None = 5.0, screen: float | None = 4.0,

@@ -5,7 +5,7 @@ import json
 
 from typer.testing import CliRunner
 
-from evolve.cli import app
+from stepml_evolve.evolve.cli.app import app
 
 
 def test_bench_json_has_the_documented_keys(synthetic):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import REAL_DATA, needs_real_data
-from evaluator.dsl import load_program
-from evolve.blis_compare import compare_with_blis
-from evolve.blis_install import install_into_blis
-from seeds import seed_path
+from stepml_evolve.evaluator.dsl import load_program
+from stepml_evolve.evolve.blis.compare import compare_with_blis
+from stepml_evolve.evolve.blis.install import install_into_blis
+from stepml_evolve.seeds import seed_path
 
 # experiment, requests replayed (None: all)
 CASES = [
@@ -49,8 +49,8 @@ def test_blis_compare_installs_the_program_and_reports_per_request_agreement(bli
 
     from typer.testing import CliRunner
 
-    from evaluator.datasets import synthetic_dir
-    from evolve.cli import app
+    from stepml_evolve.evaluator.datasets import synthetic_dir
+    from stepml_evolve.evolve.cli.app import app
 
     data = synthetic_dir()
     name = sorted(d.name for d in data.iterdir() if d.is_dir())[0]

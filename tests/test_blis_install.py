@@ -11,9 +11,9 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from evolve.blis_install import DEFAULT_CASE, interface_methods
-from evolve.cli import app
-from seeds import seed_path
+from stepml_evolve.evolve.blis.install import DEFAULT_CASE, interface_methods
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.seeds import seed_path
 
 NARROW = ["--go-test", "./sim/ ./sim/latency/"]
 

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from evaluator.experiments import load_experiment
-from evaluator.model_arch import ModelArch
-from evolve.blis_trace import (TRACE_COLUMNS, BlisTraceError, export_blis_trace, export_experiment_dir,
+from stepml_evolve.evaluator.experiments import load_experiment
+from stepml_evolve.evaluator.model_arch import ModelArch
+from stepml_evolve.evaluator.importers.blis_trace_export import (TRACE_COLUMNS, BlisTraceError, export_blis_trace, export_experiment_dir,
                                read_blis_results)
 
 CODEGEN = "20260217-155451-llama-2-7b-tp1-codegen"
@@ -31,7 +31,7 @@ INT_COLUMNS = {"request_id", "round_index", "prefix_length", "input_tokens", "ou
 
 
 def cli(*args):
-    from evolve.cli import app
+    from stepml_evolve.evolve.cli.app import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 

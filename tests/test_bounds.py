@@ -11,15 +11,15 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import only_error_line
-from evaluator.dsl import ProgramError, load_program, parse_program
-from evaluator.dsl.program import render_constants
-from evaluator.engine import Engine
-from evaluator.fitting import FitConfig, _Transform, fit
-from evaluator.synthetic import ORACLE_SOURCE
-from evolve.cli import app
-from evolve.emit_go import emit_go
-from evolve.symbolic import OPERATORS, NotRepresentable, mutate
-from seeds import seed_path, seed_paths
+from stepml_evolve.evaluator.dsl import ProgramError, load_program, parse_program
+from stepml_evolve.evaluator.dsl.program import render_constants
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.fitting import FitConfig, _Transform, fit
+from stepml_evolve.evaluator.synthetic import ORACLE_SOURCE
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.go.emit import emit_go
+from stepml_evolve.evolve.search.symbolic import OPERATORS, NotRepresentable, mutate
+from stepml_evolve.seeds import seed_path, seed_paths
 
 BOUNDED = '''"""Bounded."""
 CONSTANTS = {
@@ -291,8 +291,8 @@ def test_emit_go_of_a_bounded_program_equals_that_of_the_same_program_with_plain
 
 
 def test_the_llm_is_told_what_bounds_mean():
-    from evolve.llm_operator import prompt_templates
-    from evaluator.components import COMPONENTS
+    from stepml_evolve.evolve.search.llm_operator import prompt_templates
+    from stepml_evolve.evaluator.components import COMPONENTS
 
     text = prompt_templates().get_template("system.j2").render(components=COMPONENTS, budget_tokens=2048, max_seqs=128)
     assert '{"start": 1.5, "min": 1.0, "max": 50.0}' in text and ">= 1" in text and ">= 0" in text

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import only_error_line
-from evolve.cli import app
-from seeds import seed_path
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.seeds import seed_path
 
 ZERO = 'CONSTANTS = {"a": 1.0}\ndef step_time(f, c):\n    return c.a - c.a\n'
 
@@ -83,7 +83,7 @@ def alone(res, *texts):
 def _archive(directory, version=None):
     import sqlite3
 
-    from archive.store import Archive
+    from stepml_evolve.archive.store import Archive
 
     Archive(directory, create=True).close()
     if version is not None:
@@ -115,7 +115,7 @@ def test_corrupt_and_newer_schema_archives_for_every_reader(tmp_path):
     corrupt.mkdir()
     (corrupt / "archive.sqlite").write_bytes(b"not sqlite at all" * 300)
     newer.mkdir()
-    from archive.store import SCHEMA_VERSION
+    from stepml_evolve.archive.store import SCHEMA_VERSION
     _archive(newer, SCHEMA_VERSION + 1)
     readers = (["archive", "list"], ["archive", "show", "best"], ["archive", "show", "best", "--source"], ["archive", "pareto"],
                ["archive", "diff", "1", "2"], ["archive", "report", "--out", tmp_path / "r.html"],
@@ -166,6 +166,6 @@ def test_main_reports_a_user_error_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "evolve", "eval", str(tmp_path / "missing.py")], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "stepml_evolve", "eval", str(tmp_path / "missing.py")], capture_output=True, text=True)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr

@@ -6,9 +6,9 @@ import dataclasses
 import typer
 from typer.testing import CliRunner
 
-from evaluator.fitting import FitConfig
-from evolve.cli import app
-from evolve.search import SearchConfig
+from stepml_evolve.evaluator.fitting import FitConfig
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.search.loop import SearchConfig
 
 RUN_OPTIONS = {"--generations": "generations", "--seed": "seed", "--children": "children", "--quick-evals": "quick_evals",
                "--full-fit-evals": "full_fit_evals", "--max-promotions": "max_promotions", "--islands": "islands",

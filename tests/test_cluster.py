@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import ROOT, only_error_line, snapshot
-from archive.store import Archive
-from evolve.cli import app
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evolve.cli.app import app
 
 try:
     import ray  # noqa: F401
@@ -44,7 +44,7 @@ def run_args(archive, *extra):
 
 def evolve_process(args, **env):
     """`evolve ARGS` in its own process, as a user runs it (Ray's driver state stays out of pytest's)."""
-    return subprocess.Popen([sys.executable, "-m", "evolve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "stepml_evolve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **env})
 
 
@@ -173,7 +173,7 @@ def test_bench_compares_threads_and_each_count_of_remote_workers(cluster):
 
 
 def _synthetic_dir():
-    from evaluator.datasets import load_data
+    from stepml_evolve.evaluator.datasets import load_data
 
     return load_data(None).directory
 
@@ -222,7 +222,7 @@ def test_an_unreachable_cluster_is_one_line(tmp_path):
 @needs_ray
 def test_a_cluster_running_other_evaluator_code_is_refused(cluster, monkeypatch, tmp_path):
     """This process's evaluator hash is changed; the workers compute theirs from the installed source."""
-    from evaluator import ray_executor
+    from stepml_evolve.evaluator import ray_executor
 
     monkeypatch.setattr(ray_executor, "code_fingerprint", lambda: "0123456789abcdef")
     res = CliRunner().invoke(app, ["fit", ROOFLINE, "--cluster", cluster.client, "--max-evals", "2",

@@ -1,5 +1,5 @@
 """Analytical components against hand calculations, scalar == vectorized; the catalog; the coefficient
-function and the contract that lets evolve/go_physics.py translate the physics to Go."""
+function and the contract that lets evolve/go/physics.py translate the physics to Go."""
 from __future__ import annotations
 
 from importlib import resources
@@ -7,19 +7,19 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from evaluator import components
-from evaluator.catalog import catalog
-from evaluator.catalog import load as load_catalog
-from evaluator.components import (
+from stepml_evolve.evaluator import components
+from stepml_evolve.evaluator.catalog import catalog
+from stepml_evolve.evaluator.catalog import load as load_catalog
+from stepml_evolve.evaluator.components import (
     COMPONENT_INDEX, K_ALLREDUCE_US_PER_TOKEN, K_ATTN_US_PER_PAIR, K_DENSE_WEIGHT_US, K_EXPERT_WEIGHT_US,
     K_GEMM_US_PER_TOKEN, K_KV_US_PER_TOKEN, K_LAYERS, K_NUM_EXPERTS, K_TOPK_FRACTION, K_TP, coefficient_values,
     coefficients, component_values, from_trajectory,
 )
-from evaluator.hardware import get_hardware
-from evaluator.model_arch import ModelArch
-from evaluator.synthetic import MODELS
-from evolve.emit_go import EmitError
-from evolve.go_physics import coefficient_function_go, component_formulas_go, hardware_presets
+from stepml_evolve.evaluator.hardware import get_hardware
+from stepml_evolve.evaluator.model_arch import ModelArch
+from stepml_evolve.evaluator.synthetic import MODELS
+from stepml_evolve.evolve.go.emit import EmitError
+from stepml_evolve.evolve.go.physics import coefficient_function_go, component_formulas_go, hardware_presets
 
 H100 = get_hardware("H100")
 LLAMA7 = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
@@ -164,7 +164,7 @@ def test_catalog_models_are_the_replay_model_configs():
      "Llama-2-70b-hf: model_config.num_heads is not a multiple of num_kv_heads"),
 ])
 def test_catalog_loader_rejects_bad_entries(tmp_path, edit, message):
-    text = (resources.files("evaluator") / "catalog.yaml").read_text()
+    text = (resources.files("stepml_evolve.evaluator") / "catalog.yaml").read_text()
     bad = edit(text)
     assert bad != text
     (tmp_path / "c.yaml").write_text(bad)

@@ -12,14 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import only_error_line
-from evaluator.crossval import Fold, FoldError, cross_validate, make_folds
-from evaluator.dsl import load_program
-from evaluator.engine import Engine
-from evaluator.experiments import ALL, SPLITS
-from evaluator.fitting import FitConfig, fit
-from evaluator.objectives import DEFAULT
-from evolve.cli import app
-from seeds import seed_path
+from stepml_evolve.evaluator.crossval import Fold, FoldError, cross_validate, make_folds
+from stepml_evolve.evaluator.dsl import load_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.experiments import ALL, SPLITS
+from stepml_evolve.evaluator.fitting import FitConfig, fit
+from stepml_evolve.evaluator.objectives import DEFAULT
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.seeds import seed_path
 
 SMALL = ["--max-evals", "6"]
 

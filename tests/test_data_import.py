@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from evaluator.experiments import ExperimentError, load_experiment
-from evaluator.importers import DataImportError, import_experiment
-from evolve.blis_trace import TRACE_COLUMNS, export_experiment_dir
+from stepml_evolve.evaluator.experiments import ExperimentError, load_experiment
+from stepml_evolve.evaluator.importers import DataImportError, import_experiment
+from stepml_evolve.evaluator.importers.blis_trace_export import TRACE_COLUMNS, export_experiment_dir
 
 from conftest import REAL_DATA, needs_real_data
 
@@ -24,7 +24,7 @@ OLD_22 = tuple(c for c in TRACE_COLUMNS
 
 
 def cli(*args):
-    from evolve.cli import app
+    from stepml_evolve.evolve.cli.app import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evaluator.components import COMPONENT_NAMES, N_COMPONENTS
-from evaluator.dsl import ProgramError, ScalarProgram, compile_program, compile_vector, evaluate_vector, load_program, parse_program, step_times
-from evaluator.dsl.operators import OPERATORS, Kind, Operator
-from seeds import seed_paths
+from stepml_evolve.evaluator.components import COMPONENT_NAMES, N_COMPONENTS
+from stepml_evolve.evaluator.dsl import ProgramError, ScalarProgram, compile_program, compile_vector, evaluate_vector, load_program, parse_program, step_times
+from stepml_evolve.evaluator.dsl.operators import OPERATORS, Kind, Operator
+from stepml_evolve.seeds import seed_paths
 
 SEED_NAMES = {"blackbox", "roofline", "phase_decomposed", "regime_switch", "trained_physics"}
 
@@ -189,7 +189,7 @@ def _both_backends(expression: str, a, b) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("op", OPERATORS, ids=lambda op: f"{op.kind.name}{op.symbol}{op.exponent or ''}")
 def test_every_operator_validates_and_compiles_everywhere_and_the_backends_agree_at_edges(op):
-    from evolve.emit_go import _GoExpr, _Names
+    from stepml_evolve.evolve.go.emit import _GoExpr, _Names
 
     expression = _row_expression(op)
     a, b = (np.array(x) for x in zip(*[(x, y) for x in EDGES for y in EDGES]))
@@ -235,7 +235,7 @@ def test_protected_semantics_hold_in_the_vm_and_numexpr(expression, a, b, expect
 
 def test_gp_primitives_follow_the_order_deap_was_seeded_with():
     """DEAP's random choices depend on the order of the primitive set: the table must keep it."""
-    from evolve.symbolic import PRIMITIVES, primitive_set
+    from stepml_evolve.evolve.search.symbolic import PRIMITIVES, primitive_set
 
     assert PRIMITIVES == [("add", 2), ("sub", 2), ("mul", 2), ("div", 2), ("max2", 2), ("min2", 2), ("neg", 1), ("abs", 1),
                           ("sqrt", 1), ("log", 1), ("exp", 1), ("pow2", 1), ("pow3", 1), ("pow0_5", 1), ("pow1_5", 1),

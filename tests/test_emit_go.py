@@ -10,12 +10,12 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from evaluator.dsl import load_program, parse_program
-from evaluator.synthetic import ORACLE_SOURCE
-from evolve.cli import app
-from evolve.emit_go import TARGETS, EmitError, emit_go, emit_go_test, find_go_tool, gofmt
-from evolve.go_parity import DEFAULT_DEPLOYMENTS, samples
-from seeds import seed_paths
+from stepml_evolve.evaluator.dsl import load_program, parse_program
+from stepml_evolve.evaluator.synthetic import ORACLE_SOURCE
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.go.emit import TARGETS, EmitError, emit_go, emit_go_test, find_go_tool, gofmt
+from stepml_evolve.evolve.go.parity import DEFAULT_DEPLOYMENTS, samples
+from stepml_evolve.seeds import seed_paths
 from test_dsl import _random_program
 
 GO = find_go_tool("go")
@@ -98,10 +98,10 @@ def go(root, *args):
 
 def _fitted(seed_name: str):
     """A seed fitted by CMA-ES on the synthetic sample (small budget: the constants are real fits)."""
-    from evaluator.datasets import load_data
-    from evaluator.engine import Engine
-    from evaluator.fitting import FitConfig, fit
-    from seeds import seed_path
+    from stepml_evolve.evaluator.datasets import load_data
+    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evaluator.fitting import FitConfig, fit
+    from stepml_evolve.seeds import seed_path
 
     prog = load_program(seed_path(seed_name))
     data = load_data(None)

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import needs_real_data
-from evaluator.experiments import ExperimentError, LoadOptions, load_experiment, load_experiments
-from evolve.cli import app
+from stepml_evolve.evaluator.experiments import ExperimentError, LoadOptions, load_experiment, load_experiments
+from stepml_evolve.evolve.cli.app import app
 
 REAL_PROFILE_OUTPUT_LENS = {247, 248, 251, 1448}
 
@@ -64,9 +64,9 @@ def test_system_prompt_policy_shares_each_group_s_system_prompt_and_hits_its_ful
     question its own, groups dealt in turn)."""
     import numpy as np
 
-    from evaluator.dsl import compile_program, load_program
-    from evaluator.replay import replay
-    from seeds import seed_path
+    from stepml_evolve.evaluator.dsl import compile_program, load_program
+    from stepml_evolve.evaluator.replay import replay
+    from stepml_evolve.seeds import seed_path
 
     def load(name):
         return load_experiment(real_data / name, LoadOptions(prompt_reuse="system-prompt"))

@@ -9,12 +9,12 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from archive.records import GenerationRecord, NewProgram, ProgramRecord
-from archive.store import Archive
-from evaluator.dsl import load_program, parse_program
-from evaluator.fitted_header import FittedHeader, header_lines
-from evolve.cli import app
-from seeds import seed_path
+from stepml_evolve.archive.records import GenerationRecord, NewProgram, ProgramRecord
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.dsl import load_program, parse_program
+from stepml_evolve.evaluator.fitted_header import FittedHeader, header_lines
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.seeds import seed_path
 
 FIT = FittedHeader(data="synthetic sample (/tmp/with space/synthetic-v1-seed0)", seed=5, scope="model",
                    group="meta-llama/Llama-2-7b-hf", restarts=2, quick=True, train_loss=12.3457, loss_of_all_groups=True,

@@ -8,12 +8,12 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import needs_real_data
-from evaluator.dsl import load_program, parse_program
-from evaluator.engine import Engine
-from evaluator.fitting import FitConfig, fit, quick_config
-from evaluator.synthetic import ORACLE_SOURCE
-from evolve.cli import app
-from seeds import seed_path
+from stepml_evolve.evaluator.dsl import load_program, parse_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.fitting import FitConfig, fit, quick_config
+from stepml_evolve.evaluator.synthetic import ORACLE_SOURCE
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.seeds import seed_path
 
 ROOFLINE = seed_path("roofline")
 
@@ -39,7 +39,7 @@ def test_fit_recovers_the_synthetic_oracle_from_perturbed_constants(synthetic_fu
     perturbed = {k: v * (1.4 if i % 2 else 0.7) for i, (k, v) in enumerate(oracle.constants.items())}
     start = oracle.with_constants(perturbed)
     with Engine(exps) as engine:
-        before = engine.population_losses(__import__("evaluator.dsl", fromlist=["compile_program"]).compile_program(start),
+        before = engine.population_losses(__import__("stepml_evolve.evaluator.dsl", fromlist=["compile_program"]).compile_program(start),
                                           [np.array(list(perturbed.values()))], exps)[0]
         result = fit(start, exps, engine, FitConfig(seed=1, max_evals=600))
     assert before > 20

@@ -9,14 +9,14 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from archive.store import Archive
-from evolve.cli import app
-from evolve.llm_client import LLMClient, LLMUnavailable
-from evolve.llm_operator import Budget, LLMOperator, extract_code
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
+from stepml_evolve.evolve.search.llm_operator import Budget, LLMOperator, extract_code
 from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
 
-from evaluator.components import COMPONENT_NAMES
-from seeds import seed_path
+from stepml_evolve.evaluator.components import COMPONENT_NAMES
+from stepml_evolve.seeds import seed_path
 
 
 class _Parent:

@@ -12,14 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import only_error_line
-from archive.store import Archive
-from evaluator.dsl import compile_program, load_program
-from evaluator.engine import Engine
-from evaluator.fitted_header import FittedHeader
-from evaluator.metrics import Errors, Means, MetricRow, Timeouts, rms
-from evaluator.objectives import DEFAULT, OBJECTIVES, Objective, ObjectiveError, load_objective
-from evolve.cli import app
-from seeds import seed_path
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.dsl import compile_program, load_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.fitted_header import FittedHeader
+from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts, rms
+from stepml_evolve.evaluator.objectives import DEFAULT, OBJECTIVES, Objective, ObjectiveError, load_objective
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.seeds import seed_path
 
 NAN = math.nan
 

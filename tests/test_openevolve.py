@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from archive.store import Archive
+from stepml_evolve.archive.store import Archive
 from conftest import ROOT, needs_real_data
-from evolve.cli import app
-from evolve.openevolve_engine import HEADER, failure_rule, unwrap, wrap
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.openevolve.engine import HEADER, failure_rule, unwrap, wrap
 from llm_server import PROSE_REPLY, ScriptedLLM, program_reply
 
 ROOFLINE = str(ROOT / "seeds" / "roofline.py")
@@ -121,8 +121,7 @@ def test_openevolve_refusals_are_one_line_with_exit_2(tmp_path, monkeypatch):
     no_llm = CliRunner().invoke(app, ["run", "--engine", "openevolve", "--archive", str(tmp_path / "x"), *SMALL])
     assert no_llm.exit_code == 2 and "needs an LLM: pass --llm" in no_llm.output
     assert not (tmp_path / "x").exists()
-    import evolve.openevolve_engine as engine
-
+    import stepml_evolve.evolve.openevolve.engine as engine
     monkeypatch.setattr(engine.metadata, "version", lambda name: "0.3.9")
     old = CliRunner().invoke(app, ["run", "--engine", "openevolve", "--llm", "openai/m", "--archive", str(tmp_path / "y"),
                                    *SMALL])

@@ -1,11 +1,12 @@
-"""Seeds and prompts are package data: found after a regular (non-editable) install."""
+"""Seeds and prompts are package data: found after a regular (non-editable) install; the wheel
+installs one top-level name, stepml_evolve, and nothing generic (archive, evaluator, ...)."""
 from __future__ import annotations
 
 from importlib import metadata
 
 import pytest
 
-from seeds import seed_paths
+from stepml_evolve.seeds import seed_paths
 
 
 def test_seed_files_are_found_through_the_package():
@@ -14,9 +15,22 @@ def test_seed_files_are_found_through_the_package():
     assert all(p.is_file() for p in seed_paths())
 
 
-def test_installed_distribution_ships_seeds_and_prompts():
+def _installed_files() -> list[str]:
     files = [str(f) for f in (metadata.files("stepml-evolve") or [])]
-    if not any(f.startswith("seeds/") for f in files):
+    if not any(f.startswith("stepml_evolve/seeds/") for f in files):
         pytest.skip("editable install: package data is read from the source tree")
-    assert sum(f.startswith("seeds/") and f.endswith(".py") for f in files) >= 6
-    assert any(f.startswith("prompts/") and f.endswith(".j2") for f in files)
+    return files
+
+
+def test_installed_distribution_ships_seeds_prompts_and_templates():
+    files = _installed_files()
+    assert sum(f.startswith("stepml_evolve/seeds/") and f.endswith(".py") for f in files) >= 6
+    assert any(f.startswith("stepml_evolve/prompts/") and f.endswith(".j2") for f in files)
+    assert any(f.startswith("stepml_evolve/evolve/go/templates/") for f in files)
+    assert "stepml_evolve/evaluator/catalog.yaml" in files
+
+
+def test_the_wheel_installs_one_top_level_name():
+    tops = {f.split("/")[0] for f in _installed_files()
+            if not f.startswith("..") and ".dist-info" not in f.split("/")[0] and "__pycache__" not in f}
+    assert tops == {"stepml_evolve"}, tops

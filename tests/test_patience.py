@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import snapshot
-from archive.records import GenerationRecord
-from archive.store import Archive
-from evaluator.engine import Engine
-from evolve.cli import app
-from evolve.search import LEGACY_SETTINGS, PATIENCE_GAIN, Search, SearchConfig
+from stepml_evolve.archive.records import GenerationRecord
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.search.loop import LEGACY_SETTINGS, PATIENCE_GAIN, Search, SearchConfig
 
 # cmaes: the plain closed loop, small budgets; no promotions, so no child is fully evaluated and
 # the best validation loss is the seeds' from generation 0 on (patience must run out)

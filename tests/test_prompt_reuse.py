@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import needs_real_data
-from evaluator.experiments import LoadOptions, load_experiment
-from evaluator.prompt_reuse import Sharing, assign_prompts, detect_cycle, expected_cached_share
-from evolve.cli import app
+from stepml_evolve.evaluator.experiments import LoadOptions, load_experiment
+from stepml_evolve.evaluator.prompt_reuse import Sharing, assign_prompts, detect_cycle, expected_cached_share
+from stepml_evolve.evolve.cli.app import app
 
 
 def cli(*args):
@@ -99,9 +99,9 @@ def test_every_real_run_cycles_100_prompts_and_the_cache_serves_most_prompt_toke
 
 @needs_real_data
 def test_the_replay_serves_resent_prompts_from_the_cache_unless_kv_binds(real_data, real_experiments):
-    from evaluator.dsl import compile_program, load_program
-    from evaluator.replay import replay
-    from seeds import seed_path
+    from stepml_evolve.evaluator.dsl import compile_program, load_program
+    from stepml_evolve.evaluator.replay import replay
+    from stepml_evolve.seeds import seed_path
 
     prog = load_program(seed_path("roofline"))
     cp, c = compile_program(prog), np.array(list(prog.constants.values()))
@@ -118,8 +118,8 @@ def test_the_replay_serves_resent_prompts_from_the_cache_unless_kv_binds(real_da
 # ---- the command line -----------------------------------------------------------------------------
 
 def test_data_check_shows_the_cycle_and_the_policy_changes_it(synthetic):
-    from evaluator.datasets import sample_size
-    from evaluator.synthetic import SAMPLE_SIZES
+    from stepml_evolve.evaluator.datasets import sample_size
+    from stepml_evolve.evaluator.synthetic import SAMPLE_SIZES
 
     period = SAMPLE_SIZES[sample_size()].n_prompts  # the prompt list the generator cycled
     res = cli("data", "check", "--json")
@@ -158,8 +158,8 @@ def test_lengths_without_a_cycle_are_replayed_as_before_and_data_check_says_so(s
 
 
 def test_fit_stores_the_policy_in_its_header_and_its_json(tmp_path):
-    from evaluator.fitted_header import FittedHeader
-    from seeds import seed_path
+    from stepml_evolve.evaluator.fitted_header import FittedHeader
+    from stepml_evolve.seeds import seed_path
 
     out = tmp_path / "rf.py"
     res = cli("fit", seed_path("roofline"), "--max-evals", "4", "--prompt-reuse", "system-prompt", "--out", out, "--json")

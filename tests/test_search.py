@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FixedEmitter, snapshot
-from archive.store import Archive
-from evolve.cli import app
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evolve.cli.app import app
 
 SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5", "--front-cv", "none"]
 
@@ -64,7 +64,7 @@ def test_archive_records_programs_evaluations_and_rejections(reference):
 def test_sigkill_then_resume_continues_from_last_completed_generation(reference, tmp_path):
     _, ref = reference
     env = dict(os.environ)
-    proc = subprocess.Popen([sys.executable, "-m", "evolve", "run", "--generations", "5", "--seed", "3", "--archive",
+    proc = subprocess.Popen([sys.executable, "-m", "stepml_evolve", "run", "--generations", "5", "--seed", "3", "--archive",
                              str(tmp_path), *SMALL], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db_path = tmp_path / Archive.FILE
     deadline = time.time() + 300
@@ -159,7 +159,7 @@ def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     seeds_dir.mkdir()
     (seeds_dir / "winner.py").write_text(shown.stdout)
     (seeds_dir / "_ignored.py").write_text("not a program")
-    from seeds import seed_path
+    from stepml_evolve.seeds import seed_path
     extra = tmp_path / "rf.py"
     extra.write_text(seed_path("roofline").read_text())
     run(tmp_path / "run", 1, "--seeds", str(seeds_dir), "--seeds", str(extra))
@@ -171,8 +171,8 @@ def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     ref = Archive(d)
     best = min((p for p in ref.programs(ref.run().id) if p.full), key=lambda p: (p.val_loss, p.id))
     ref.close()
-    from evolve.search import structure_hash
-    from evaluator.dsl import parse_program
+    from stepml_evolve.evolve.search.loop import structure_hash
+    from stepml_evolve.evaluator.dsl import parse_program
     assert structure_hash(parse_program(gen0[0].source)) == structure_hash(parse_program(best.source))
     assert set(run_row.config["seeds"]) == {"winner", "rf"}
     # resuming needs the same seeds: the shipped ones are not the ones this run started from
@@ -198,10 +198,10 @@ def test_a_bad_seed_is_a_one_line_error_naming_the_file(tmp_path, content, messa
 def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
     """What a resumed run knows must equal what the uninterrupted run knew at that generation,
     seeds and children that failed evaluation included, or the two runs diverge."""
-    from evaluator.datasets import load_data
-    from evaluator.engine import Engine
-    from evolve.emitters import SymbolicEmitter
-    from evolve.search import Search, SearchConfig
+    from stepml_evolve.evaluator.datasets import load_data
+    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
+    from stepml_evolve.evolve.search.loop import Search, SearchConfig
 
     loaded = load_data(None)
     cfg = SearchConfig(generations=2, seed=3, children=5, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
@@ -235,11 +235,11 @@ def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(ref
 
 
 def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children(tmp_path):
-    from evaluator.datasets import load_data
-    from evaluator.engine import Engine
-    from evolve.emitters import SymbolicEmitter
-    from evolve.search import Search, SearchConfig
-    from seeds import seed_path
+    from stepml_evolve.evaluator.datasets import load_data
+    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
+    from stepml_evolve.evolve.search.loop import Search, SearchConfig
+    from stepml_evolve.seeds import seed_path
 
     child = ('CONSTANTS = {"base_us": 2000.0, "c": 1.5}\n\n'
              "def step_time(f, c):\n    return c.base_us + c.c * (f.weights + f.kv_read + f.gemm_pf)\n")

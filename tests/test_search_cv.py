@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import only_error_line
-from archive.grid import pareto_front
-from archive.store import Archive
-from evolve.cli import app
+from stepml_evolve.archive.grid import pareto_front
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evolve.cli.app import app
 
 TINY = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "3", "--children", "3", "--seed", "4"]
 

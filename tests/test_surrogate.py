@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from conftest import needs_real_data
-from evaluator.dsl import compile_program, load_program, parse_program
-from evaluator.engine import Engine
-from evaluator.fitting import FitConfig, fit
-from evaluator.surrogate import SurrogateSet, VectorProgram, record, retime
-from seeds import seed_path, seed_paths
+from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.fitting import FitConfig, fit
+from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record, retime
+from stepml_evolve.seeds import seed_path, seed_paths
 
 QUEUE_BY_REQUEST = '''
 CONSTANTS = {"a": 1.2, "b": 0.8, "base": 300.0, "q": 0.5, "tok": 20.0, "post": 100.0}

@@ -12,13 +12,13 @@ import typer
 from typer.testing import CliRunner
 
 from conftest import FixedEmitter
-from archive.store import Archive
-from evaluator.components import COMPONENTS
-from evaluator.dsl import ProgramError, check_units, infer_units, parse_program
-from evaluator.dsl.operators import OPERATORS, UNIT_RULES
-from evolve.cli import app
-from evolve.search import LEGACY_SETTINGS, UNITS_MODES, SearchConfig
-from seeds import seed_path, seed_paths
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.components import COMPONENTS
+from stepml_evolve.evaluator.dsl import ProgramError, check_units, infer_units, parse_program
+from stepml_evolve.evaluator.dsl.operators import OPERATORS, UNIT_RULES
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.search.loop import LEGACY_SETTINGS, UNITS_MODES, SearchConfig
+from stepml_evolve.seeds import seed_path, seed_paths
 
 HEADER = 'CONSTANTS = {"k": 2.0, "j": 3.0, "q": 100.0}\n\n\ndef step_time(f, c):\n'  # step_time's body starts on line 5
 
@@ -159,9 +159,9 @@ def stored_search(d) -> dict:
 
 @pytest.mark.parametrize("units", UNITS_MODES)
 def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless_units_off(synthetic, tmp_path, units):
-    from evaluator.engine import Engine
-    from evolve.emitters import SymbolicEmitter
-    from evolve.search import Search
+    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
+    from stepml_evolve.evolve.search.loop import Search
 
     child = BAD.replace("return", "return c.k * f.tok_pf +")
     fixed = FixedEmitter(child)
@@ -214,7 +214,7 @@ def test_a_checked_search_archives_only_unit_consistent_programs_and_records_the
     assert units, "this run (seed 5) proposes children that mix units"  # deterministic: same seed, same archive
     assert all(r.reason.endswith("[units]") and r.source and not _consistent(r.source) for r in units)
     assert stored_search(d)["units"] == "check"
-    from archive.report import run_summary  # the run summary of `evolve archive report`
+    from stepml_evolve.archive.report import run_summary  # the run summary of `evolve archive report`
 
     a = Archive(d)
     try:
@@ -275,8 +275,8 @@ def test_a_seed_that_is_not_unit_consistent_is_a_one_line_error_naming_the_file(
 
 
 def test_the_library_refuses_such_a_seed_too_before_storing_a_run(synthetic, tmp_path):
-    from evaluator.engine import Engine
-    from evolve.search import Search, SearchError
+    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evolve.search.loop import Search, SearchError
 
     with Engine(synthetic.experiments, 1) as engine:
         archive = Archive(tmp_path, create=True)

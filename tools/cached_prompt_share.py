@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluator.dsl import compile_program, load_program  # noqa: E402
-from evaluator.experiments import LoadOptions, load_experiments  # noqa: E402
-from evaluator.prompt_reuse import DEFAULT_POLICY, POLICIES  # noqa: E402
-from evaluator.replay import replay  # noqa: E402
+from stepml_evolve.evaluator.dsl import compile_program, load_program  # noqa: E402
+from stepml_evolve.evaluator.experiments import LoadOptions, load_experiments  # noqa: E402
+from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY, POLICIES  # noqa: E402
+from stepml_evolve.evaluator.replay import replay  # noqa: E402
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from evolve.local_server import LocalServer, chat_completion  # noqa: E402
+from stepml_evolve.evolve.openevolve.local_server import LocalServer, chat_completion  # noqa: E402
 COMPONENTS = ["n_req", "n_dc", "tok_pf", "tokens", "n_pf", "layers", "ctx_max"]  # counts: c.k * count is a time
 FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluator.experiments import LoadOptions, experiment_dirs, load_experiment  # noqa: E402
-from evaluator.readers import read_json  # noqa: E402
+from stepml_evolve.evaluator.experiments import LoadOptions, experiment_dirs, load_experiment  # noqa: E402
+from stepml_evolve.evaluator.readers import read_json  # noqa: E402
 
 
 def stages(profile: dict) -> list[tuple[float, float, float]]:

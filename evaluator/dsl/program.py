@@ -29,8 +29,8 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
-from ..components import COMPONENT_NAMES
-from ..errors import UserError
+from stepml_evolve.evaluator.components import COMPONENT_NAMES
+from stepml_evolve.evaluator.errors import UserError
 from .operators import Kind, float_or_inf, literal_number, operands, operator_of, symbols
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {

@@ -26,7 +26,7 @@ import ast
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..components import COMPONENTS
+from stepml_evolve.evaluator.components import COMPONENTS
 from .operators import Operator, literal_number, operands, operator_of
 from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
 

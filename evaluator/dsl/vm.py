@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from ..components import COMPONENT_INDEX
+from stepml_evolve.evaluator.components import COMPONENT_INDEX
 from .operators import AND, EXP_CLAMP, OPERATORS, Kind, Operator, literal_number, operands, operator_of
 from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
 

@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..catalog import catalog
-from ..errors import UserError
-from ..experiments import ExperimentError, LoadOptions, load_experiment
-from ..hardware import get_hardware
-from ..model_arch import ModelArch
-from ..readers import read_json
+from stepml_evolve.evaluator.catalog import catalog
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.experiments import ExperimentError, LoadOptions, load_experiment
+from stepml_evolve.evaluator.hardware import get_hardware
+from stepml_evolve.evaluator.model_arch import ModelArch
+from stepml_evolve.evaluator.readers import read_json
 
 
 class DataImportError(UserError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..readers import read_json
+from stepml_evolve.evaluator.readers import read_json
 from .common import DataImportError, Measured
 
 

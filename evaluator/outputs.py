@@ -1,0 +1,74 @@
+"""Files the commands write: named, checked before any work is done, written atomically, never
+over an input. A bad output path is a one-line error, not a traceback after minutes of fitting."""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from .errors import UserError
+
+
+class OutputError(UserError, ValueError):
+    """An output path that cannot or must not be written; the message names it."""
+
+
+def slug(text: str, keep_org: bool = False) -> str:
+    """A file-name-safe form of a model id or directory name; keep_org keeps "org/" so that two orgs' models differ."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", text if keep_org else text.split("/")[-1]).strip("-").lower()
+
+
+def per_group_paths(base: Path, groups: list[str]) -> dict[str, Path]:
+    """One file per group: `base` itself for a single group, else base.<group slug>.py (the org is
+    kept in the slug when two orgs' models share a name)."""
+    slugs = {g: slug(g) for g in groups}
+    if len(set(slugs.values())) < len(slugs):  # e.g. orgA/Foo and orgB/Foo
+        slugs = {g: slug(g, keep_org=True) for g in groups}
+    if len(groups) == 1:
+        return {groups[0]: base}
+    return {g: base.with_name(f"{base.stem}.{slugs[g]}{base.suffix or '.py'}") for g in groups}
+
+
+def check_outputs(outputs: list[Path], inputs: list[Path] = ()) -> None:
+    """Every output writable (its directory exists, it is not a directory), distinct from the
+    others and from every input file."""
+    seen: dict[Path, Path] = {}
+    protected = {Path(p).resolve() for p in inputs}
+    for out in outputs:
+        out = Path(out)
+        resolved = out.resolve()
+        if resolved in protected:
+            raise OutputError(f"{out}: is an input of this command; choose another output file")
+        if resolved in seen:
+            raise OutputError(f"{out}: given for two outputs ({seen[resolved]} and {out})")
+        seen[resolved] = out
+        if out.is_dir():
+            raise OutputError(f"{out}: is a directory; give a file name")
+        if not out.parent.is_dir():
+            raise OutputError(f"{out}: directory {out.parent} does not exist")
+
+
+def write_atomic(path: Path, text: str, fsync: bool = False) -> None:
+    """Write through a temporary file and rename: a crash never leaves half a file. fsync makes
+    the content durable before the rename (for caches that a killed run must find intact)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,470 @@
+"""The `evolve` command line: each command parses its options, calls one library function and
+prints the result. User errors (`UserError`) are reported once, by `console.CommandGroup`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
+from stepml_evolve.evaluator.executor import Cluster
+from stepml_evolve.evaluator.experiments import SCORED_SPLITS
+from stepml_evolve.evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
+from stepml_evolve.evaluator.objectives import OBJECTIVES
+from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, POLICIES as PROMPT_REUSE_POLICIES
+from stepml_evolve.evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
+from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
+from stepml_evolve.evaluator.synthetic import SAMPLE_SIZES
+
+from .archive import archive_app
+from stepml_evolve.evolve.commands.bench import run_bench
+from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
+from stepml_evolve.evaluator.importers.blis_trace_export import DEFAULT_LATENCY_MODEL, DEFAULT_SEED, export_experiment_dir
+from .console import CommandGroup, Log, err, error, out
+from stepml_evolve.evolve.commands.emit_go import emit_program
+from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
+from stepml_evolve.evolve.commands.cv import cross_validate_program
+from stepml_evolve.evolve.commands.fit import fit_program
+from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
+from stepml_evolve.evolve.commands.run import ENGINES, LLMSettings, run_search
+from stepml_evolve.evolve.commands.eval import evaluate_program
+from stepml_evolve.evolve.search.loop import CV_MODES, FRONT_CV_MODES, SearchConfig
+from .tables import blis_comparison_table, cluster_bench_table, cv_summary_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
+
+app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
+                  help="Discover step-time programs for LLM-inference simulators.")
+data_app = typer.Typer(cls=CommandGroup, no_args_is_help=True, help="Inspect and generate experiment data.")
+app.add_typer(data_app, name="data")
+app.add_typer(archive_app, name="archive")
+
+SEARCH, FIT = SearchConfig(), FitConfig()
+Split = Literal[SCORED_SPLITS]
+Scope = Literal[SCOPES]
+OutputLen = Literal[OUTPUT_LEN_POLICIES]
+PromptReuse = Literal[PROMPT_REUSE_POLICIES]
+Semantics = Literal[SEMANTICS]
+Method = Literal[METHODS]
+ObjectiveName = Literal[OBJECTIVES]
+GoTarget = Literal[tuple(TARGETS)]
+ImportFormat = Literal[IMPORT_FORMATS]
+
+DataOpt = typer.Option(None, "--data", help="Directory of replay experiments (default: the built-in synthetic sample).")
+WorkersOpt = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores).")
+ClusterOpt = typer.Option(None, "--cluster", help="Replay on a Ray cluster instead of local threads: ray://HOST:PORT (its "
+                          "Ray Client server), HOST:PORT (its GCS, from one of its nodes) or auto (the cluster `ray start "
+                          "--head` runs on this machine). Needs the extra: pip install '.[ray]'. Same results as threads.")
+RemoteWorkersOpt = typer.Option(None, "--remote-workers", min=1,
+                                help="With --cluster: replays in flight at once on it (default: the cluster's CPUs).")
+SemanticsOpt = typer.Option(DEFAULT_SEMANTICS, "--semantics",
+                            help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
+                                 "in the simulator) or vllm (see docs/design-notes.md).")
+ObjectiveOpt = typer.Option("rms", "--objective",
+                            help="The loss: rms (RMS APE of mean E2E + RMS APE of mean TTFT over experiments) or worst3 "
+                                 "(mean of the three worst experiments' APE of mean E2E).")
+WeightsOpt = typer.Option(None, "--weights", help="YAML file of experiment-name pattern -> weight (first match wins, "
+                          "others weigh 1), e.g. '\"*mixtral*\": 2'.")
+MethodOpt = typer.Option(FitConfig.method, "--method", help="trust-region (trajectory surrogate judged by the closed loop; "
+                         "about a tenth of the replays) or cmaes (CMA-ES on the closed loop).")
+OutputLenOpt = typer.Option(OUTPUT_LEN_POLICIES[0], "--output-len",
+                            help="Output length policy: profile (server output_len) or reported (client token counts).")
+PromptReuseOpt = typer.Option(DEFAULT_PROMPT_REUSE, "--prompt-reuse",
+                              help="Which requests sent the same prompt, for the replay's prefix cache: detect (a prompt "
+                                   "list the client cycled through, found in the input lengths, plus shared system "
+                                   "prompts; system prompts only when the lengths show no cycle), system-prompt (only "
+                                   "the system prompts are shared) or off (nothing is).")
+
+
+@data_app.command("check")
+def data_check(
+    data: Optional[Path] = DataOpt,
+    output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """Validate experiments and summarize each: model, TP, requests, observed means, split sizes, prompt reuse."""
+    check = check_data(data, output_len, prompt_reuse)
+    if as_json:
+        print(json.dumps(check.to_json(), indent=2))
+    else:
+        out.print(experiments_table(check.experiments, f"experiments in {check.label}"))
+    for e in check.errors:
+        error(str(e))
+    if check.errors:
+        raise typer.Exit(2)
+
+
+@data_app.command("synth")
+def data_synth(
+    out_dir: Path = typer.Option(..., "--out", help="Directory to write the synthetic experiments into."),
+    seed: int = typer.Option(SYNTHETIC_SEED, min=0, help=f"Generator seed ({SYNTHETIC_SEED} is the built-in sample)."),
+    size: Optional[Literal[tuple(SAMPLE_SIZES)]] = typer.Option(
+        None, help="full, or small (a fifth of the requests); default: the built-in sample's (STEPML_SAMPLE_SIZE, else full)."),
+):
+    """Write the built-in synthetic sample (hidden oracle + noise) in the replay format."""
+    dirs = write_synthetic_sample(out_dir, seed=seed, size=size)
+    out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
+
+
+@data_app.command("export")
+def data_export(
+    exp_dir: Path = typer.Option(..., "--blis-trace", help="Experiment directory (replay format) to export as a BLIS trace v2."),
+    prefix: Path = typer.Option(..., "--out", help="Output prefix: writes PREFIX.yaml, PREFIX.csv, PREFIX.model/config.json, PREFIX.cmd."),
+    blis: Optional[Path] = typer.Option(None, "--blis", help="BLIS checkout for --defaults-filepath/--hardware-config "
+                                        "(default: relative paths, to run from a checkout)."),
+    latency_model: str = typer.Option(DEFAULT_LATENCY_MODEL, "--latency-model", help="BLIS --latency-model backend."),
+    seed: int = typer.Option(DEFAULT_SEED, "--seed", min=0, help="BLIS --seed (its random token ids)."),
+    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Only the first N requests (quick checks)."),
+    output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
+):
+    """Export one experiment as a BLIS trace v2 and print the `blis replay` command that replays it."""
+    exp = export_experiment_dir(exp_dir, prefix, output_len=output_len, blis_dir=blis, latency_model=latency_model,
+                                seed=seed, requests=requests, prompt_reuse=prompt_reuse)
+    for note in [*exp.notes, f"wrote {exp.header}, {exp.data} ({exp.n_requests} requests), {exp.config}, {exp.cmd_file}, {exp.deployment}"]:
+        err.print(note, markup=False, highlight=False, soft_wrap=True)
+    sys.stdout.write(exp.command + "\n")  # plain: one line, never wrapped
+
+
+@data_app.command("import")
+def data_import(
+    src: Path = typer.Argument(..., help="The measurements: a BLIS trace header (.yaml), per_request_lifecycle_metrics.json, "
+                                         "or OTLP JSON lines of vLLM spans."),
+    fmt: ImportFormat = typer.Option(..., "--from", help="Format of SRC."),
+    out_dir: Path = typer.Option(..., "--out", help="New experiment directory to write (must not exist or be empty)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Served model (Hugging Face id)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU: H100 or A100-80GB."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Tensor parallelism."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1),
+    kv_blocks: Optional[int] = typer.Option(None, "--kv-blocks", min=1, help="GPU KV-cache blocks."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="KV-cache block size in tokens."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json (architecture)."),
+    trace_data: Optional[Path] = typer.Option(None, "--trace-data", help="BLIS trace CSV (default: SRC's stem + .csv)."),
+):
+    """Import measurements (BLIS trace, inference-perf, vLLM OTel spans) as one experiment."""
+    path, measured = import_experiment(fmt, src, out_dir, trace_data=trace_data, model=model, hardware=hardware, tp=tp,
+                                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                       kv_blocks=kv_blocks, block_size=block_size,
+                                       model_config=str(model_config) if model_config else None)
+    n, failed = len(measured.failed), sum(measured.failed)
+    out.print(f"wrote {path}: {n} requests ({failed} failed), measured at the {measured.measurement} "
+              f"(the replay's arrival is the {'send time' if measured.measurement == 'client' else 'server arrival'})",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("eval")
+def eval_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    data: Optional[Path] = DataOpt,
+    split: Split = typer.Option("test", "--split", help="Split to score: a temporal window, or all (whole experiments)."),
+    as_json: bool = typer.Option(False, "--json"),
+    workers: Optional[int] = WorkersOpt,
+    output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
+    semantics: Semantics = SemanticsOpt,
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
+):
+    """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
+    result = evaluate_program(program, data, split, workers, output_len, Log(), semantics=semantics, objective=objective,
+                              weights=weights, prompt_reuse=prompt_reuse)
+    if as_json:
+        print(dumps(result.to_json()))
+    else:
+        out.print(metrics_table(result.rows, f"{program} on {result.data.label}, {split} split"))
+        out.print(f"loss ({split}): {loss_text(result.loss)}  ({result.objective.describe()})")
+    for r in result.failed:
+        error(f"{program} on {r.name}: {r.error}")
+    if result.failed:
+        raise typer.Exit(2)
+
+
+@app.command("fit")
+def fit_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    data: Optional[Path] = DataOpt,
+    seed: int = typer.Option(FIT.seed, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."),
+    scope: Scope = typer.Option(FIT.scope, "--scope", help="One constant set (global), one per model, or one per experiment."),
+    out_path: Optional[Path] = typer.Option(None, "--out", help="Fitted program file (default: <program>.fitted.py here)."),
+    max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1,
+                                            help="Closed-loop evaluations per group (default by method and size; "
+                                                 "cmaes rounds up to whole generations)."),
+    quick: bool = typer.Option(False, "--quick", help="Screening fit: subset of experiments, short window, small budget."),
+    restarts: int = typer.Option(FIT.restarts, "--restarts", min=0,
+                                 help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget)."),
+    as_json: bool = typer.Option(False, "--json"),
+    workers: Optional[int] = WorkersOpt,
+    output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
+    semantics: Semantics = SemanticsOpt,
+    method: Method = MethodOpt,
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
+    cluster: Optional[str] = ClusterOpt,
+    remote_workers: Optional[int] = RemoteWorkersOpt,
+):
+    """Fit PROGRAM's constants on the train split, then score validate and test."""
+    fitted = fit_program(program, data, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
+                         restarts=restarts, workers=workers, output_len=output_len, log=Log(), semantics=semantics,
+                         method=method, objective=objective, weights=weights, cluster=Cluster.of(cluster, remote_workers),
+                         prompt_reuse=prompt_reuse)
+    if as_json:
+        print(dumps(fitted.to_json()))
+        return
+    for split, rows in fitted.rows.items():
+        out.print(metrics_table(rows, f"fitted {program.name} ({scope} scope), {split} split"))
+        out.print(f"loss ({split}): {loss_text(fitted.losses[split])}")
+    r = fitted.result
+    out.print(f"train loss {r.loss:.3f} after {r.evaluations} closed-loop evaluations ({fitted.config.method}) in {r.seconds:.1f} s; "
+              f"fitted program: {', '.join(map(str, fitted.written))}")
+
+
+@app.command("cv")
+def cv_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    protocol: str = typer.Option(..., "--protocol",
+                                 help="lomo (leave one model out), lowo (leave one workload out) or groups:FILE "
+                                      "(YAML: fold name -> experiment names it holds out)."),
+    data: Optional[Path] = DataOpt,
+    seed: int = typer.Option(FIT.seed, "--seed", min=0, help="Fit seed: same seed and data give the same numbers."),
+    max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1,
+                                            help="Closed-loop evaluations per fold fit (default by method and size)."),
+    in_distribution: bool = typer.Option(False, "--in-distribution",
+                                         help="Also fit on every experiment and score them all on all requests: "
+                                              "the errors when nothing is held out, beside the CV errors."),
+    as_json: bool = typer.Option(False, "--json"),
+    workers: Optional[int] = WorkersOpt,
+    output_len: OutputLen = OutputLenOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
+    semantics: Semantics = SemanticsOpt,
+    method: Method = MethodOpt,
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
+    cluster: Optional[str] = ClusterOpt,
+    remote_workers: Optional[int] = RemoteWorkersOpt,
+):
+    """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
+    done = cross_validate_program(program, protocol, data, seed=seed, max_evals=max_evals, method=method,
+                                  objective=objective, weights=weights, workers=workers, output_len=output_len,
+                                  semantics=semantics, in_distribution=in_distribution, log=Log(),
+                                  cluster=Cluster.of(cluster, remote_workers), prompt_reuse=prompt_reuse)
+    if as_json:
+        print(dumps(done.to_json()))
+        return
+    for f in done.cv.folds:
+        out.print(metrics_table(f.rows, f"fold {f.fold.name}: fitted on {len(f.fold.train)} experiments "
+                                        f"(train loss {f.fit.loss:.3f}, {f.fit.evaluations} evaluations), held out on all requests"))
+    out.print(cv_summary_table(done.cv.summary(), f"{program.name}, {done.cv.protocol}: held-out experiments"))
+    if done.cv.in_distribution:
+        inside = done.in_distribution()
+        out.print(cv_summary_table(inside["summary"], f"{program.name}, in-distribution: fitted on all "
+                                                      f"{len(done.cv.in_distribution.fold.train)} experiments"))
+        out.print(f"in-distribution loss: {loss_text(inside['loss'])}")
+    out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}  ({done.config.objective.describe()})")
+
+
+@app.command("run")
+def run_cmd(
+    generations: int = typer.Option(SEARCH.generations, "--generations", min=0,
+                                    help="Generations to complete (generation 0 fits the seeds)."),
+    seed: int = typer.Option(SEARCH.seed, "--seed", min=0, help="Same seed and data give the same archive (offline)."),
+    data: Optional[Path] = DataOpt,
+    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: runs/<data>-seed<seed>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --archive from its last completed generation "
+                                "(a new run if there is none)."),
+    llm: Optional[str] = typer.Option(None, "--llm", help="litellm model string, e.g. openai/gpt-4o-mini, ollama/qwen2.5-coder."),
+    llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url",
+                                               help="OpenAI-compatible server URL (e.g. http://127.0.0.1:8000/v1)."),
+    llm_ratio: float = typer.Option(SEARCH.llm_ratio, "--llm-ratio", min=0.0, max=1.0,
+                                    help="Share of children asked of the LLM; the rest are symbolic."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", min=0.0, help="Stop LLM calls once this much is spent."),
+    max_llm_calls: Optional[int] = typer.Option(None, "--max-llm-calls", min=0, help="Stop LLM calls after this many."),
+    max_llm_tokens: Optional[int] = typer.Option(None, "--max-llm-tokens", min=0, help="Stop LLM calls after this many tokens."),
+    llm_timeout: float = typer.Option(LLMSettings.timeout_s, "--llm-timeout",
+                                      help="Seconds before an LLM call is abandoned (then retried)."),
+    llm_offline: bool = typer.Option(False, "--llm-offline", help="Replay LLM replies from the cache only; never call out."),
+    children: int = typer.Option(SEARCH.children, "--children", min=1, help="Children per generation."),
+    quick_evals: Optional[int] = typer.Option(SEARCH.quick_evals, "--quick-evals", min=1,
+                                              help="Screening-fit budget per child (closed-loop evaluations; default by "
+                                                   "--fit-method: " + ", ".join(f"{n} {m}" for m, n in QUICK_EVALS.items()) + ")."),
+    full_fit_evals: Optional[int] = typer.Option(SEARCH.full_fit_evals, "--full-fit-evals", min=1,
+                                                 help="Full-fit budget for promoted children (default by --fit-method)."),
+    fit_method: Method = typer.Option(SEARCH.fit_method, "--fit-method", help="How constants are fitted (see evolve fit --method)."),
+    objective: ObjectiveName = ObjectiveOpt,
+    weights: Optional[Path] = WeightsOpt,
+    patience: Optional[int] = typer.Option(SEARCH.patience, "--patience", min=1,
+                                           help="Stop once the best validation loss has not improved by more than 0.5% "
+                                                "for this many generations."),
+    seed_fit_evals: Optional[int] = typer.Option(SEARCH.seed_fit_evals, "--seed-fit-evals", min=1,
+                                                 help="Fit budget for the seeds (default: the standard fit)."),
+    max_promotions: int = typer.Option(SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."),
+    islands: int = typer.Option(SEARCH.islands, "--islands", min=1, help="Independent islands with periodic migration of their best."),
+    migration_interval: int = typer.Option(SEARCH.migration_interval, "--migration-interval", min=1,
+                                           help="Generations between migrations (with --islands > 1)."),
+    seeds: Optional[list[Path]] = typer.Option(None, "--seeds", help="Seed program files, or directories of them, instead of the "
+                                               "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
+    workers: Optional[int] = WorkersOpt,
+    semantics: Semantics = SemanticsOpt,
+    prompt_reuse: PromptReuse = PromptReuseOpt,
+    cv: Literal[CV_MODES] = typer.Option(SEARCH.cv, "--cv",
+                                         help="none: a promoted child's validation loss is its loss on the validation "
+                                              "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
+                                              "(workload-)out, and its validation loss is the CV loss (about 3x the time)."),
+    front_cv: Literal[FRONT_CV_MODES] = typer.Option(SEARCH.front_cv, "--front-cv",
+                                                     help="When the run ends, cross-validate the Pareto front members "
+                                                          "with this protocol and store the scores (none: skip)."),
+    units: Literal["check", "off"] = typer.Option(SEARCH.units, "--units",
+                                                  help="check: reject a seed or child whose step time is not a time "
+                                                       "(e.g. microseconds plus a count), rule 'units'; off: no units check."),
+    engine: Literal[ENGINES] = typer.Option(ENGINES[0], "--engine",
+                                            help="mapelites: our MAP-Elites loop; openevolve: OpenEvolve's controller "
+                                                 "(needs --llm) over our evaluator, every program in the same archive."),
+    rewrites: bool = typer.Option(False, "--rewrites",
+                                  help="With --engine openevolve: ask the LLM for whole programs, not SEARCH/REPLACE "
+                                       "diffs (OpenEvolve's default)."),
+    cluster: Optional[str] = ClusterOpt,
+    remote_workers: Optional[int] = RemoteWorkersOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
+):
+    """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
+    where = Cluster.of(cluster, remote_workers)
+    config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
+                          quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
+                          max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics,
+                          prompt_reuse=prompt_reuse,
+                          fit_method=fit_method, objective=objective, patience=patience, units=units,
+                          cv=cv, front_cv=front_cv)
+    llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
+                               max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
+    outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log(),
+                         weights=weights, engine=engine, diffs=not rewrites, cluster=where)
+    if as_json:
+        print(dumps(outcome.to_json()))
+        return
+    for item in run_summary_tables(outcome.summary):
+        out.print(item)
+    if outcome.summary.get("best"):
+        out.print(f"archive: {outcome.archive_dir}  (browse: evolve archive list --archive {outcome.archive_dir})")
+
+
+@app.command("emit-go")
+def emit_go_cmd(
+    program: str = typer.Argument("best", help="best (lowest CV loss, lomo else lowo, when the archive has CV scores; else "
+                                  "lowest validation loss), simplest (lowest complexity within --within % of best), "
+                                  "a program id from the archive, or a program file (.py)."),
+    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
+    within: Optional[float] = typer.Option(None, "--within", min=0.0, help="With simplest: percent over the best loss "
+                                           "allowed (default 5)."),
+    out_path: Optional[Path] = typer.Option(None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."),
+    test_out: Optional[Path] = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
+    target: GoTarget = typer.Option(DEFAULT_TARGET, "--target", help="The BLIS LatencyModel to implement: "
+                                    + "; ".join(f"{t.name}: {t.fits}" for t in TARGETS.values()) + "."),
+    name: str = typer.Option(DEFAULT_NAME, "--name", help="Go identifier prefix: <name>Model, New<name>Model, ..."),
+    samples: int = typer.Option(DEFAULT_SAMPLES, "--samples", min=1, help="Sample batches in the generated test."),
+    blis: Optional[Path] = typer.Option(None, "--blis", help="Install into this BLIS checkout: model and test in sim/latency/, "
+                                        "the backend registered, then go build, vet and test there."),
+    backend: Optional[str] = typer.Option(None, "--backend", help=f"With --blis: the backend name (default {DEFAULT_BACKEND})."),
+    go_test: Optional[list[str]] = typer.Option(None, "--go-test", help="With --blis: the packages to test (default ./sim/...; "
+                                                "several: repeat, or space-separated in one value)."),
+):
+    """Emit a program as Go (package latency) implementing BLIS's LatencyModel (or install it with --blis)."""
+    if blis is None and (backend or go_test):
+        raise BlisError("--backend and --go-test go with --blis")
+    if blis is not None and (out_path or test_out):
+        raise BlisError("--out and --test-out do not go with --blis (it writes sim/latency/<backend>.go and its test)")
+    if blis is not None:
+        if within is not None:
+            raise BlisError("--within does not go with --blis yet (simplest there uses 5%); emit with --out instead")
+        install_into_blis(program, archive_dir, blis, target, name, backend or DEFAULT_BACKEND, samples, go_test or DEFAULT_GO_TEST)
+        return
+    out_path = out_path or Path("stepml_evolved.go")
+    choice = emit_program(program, archive_dir, out_path, test_out, target=target, name=name, samples=samples, within=within)
+    if choice is not None:
+        err.print(choice.describe(), markup=False, highlight=False, soft_wrap=True)
+    out.print(f"wrote {out_path} ({name}Model, target {target})")
+    if test_out:
+        out.print(f"wrote {test_out} ({samples} sample batches checked against Python)")
+
+
+@app.command("blis-compare")
+def blis_compare_cmd(
+    program: str = typer.Argument("best", help="best, a program id from the archive, or a program file (.py)."),
+    blis: Path = typer.Option(..., "--blis", help="A built BLIS checkout; the program is installed there as emit-go --blis does."),
+    data: Path = typer.Option(..., "--data", help="Directory of replay experiments (or one experiment directory)."),
+    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
+    experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these experiments (repeatable)."),
+    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Replay only each experiment's first N requests."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
+    prompt_reuse: PromptReuse = PromptReuseOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
+    from stepml_evolve.evaluator.experiments import experiment_dirs
+
+    from stepml_evolve.evolve.blis.compare import compare_program_in_blis
+
+    dirs = [d for d in experiment_dirs(data) if not experiment or d.name in experiment]
+    if not dirs:
+        raise BlisError(f"{data}: no experiment directories{' named ' + ', '.join(experiment) if experiment else ''}")
+    rows = compare_program_in_blis(program, archive_dir, blis, dirs, backend=backend, requests=requests, say=Log().note,
+                                   prompt_reuse=prompt_reuse)
+    if as_json:
+        print(dumps([r.to_json() for r in rows]))
+        return
+    out.print(blis_comparison_table(rows))
+
+
+@app.command("bench")
+def bench_cmd(
+    data: Optional[Path] = typer.Option(None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."),
+    as_json: bool = typer.Option(False, "--json"),
+    skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the full fits of the seeds (minutes to an hour)."),
+    fit_seed: Optional[list[str]] = typer.Option(None, "--fit-seed", help="Seed programs to fit (repeatable; default all of seeds/)."),
+    fit_method: Optional[list[str]] = typer.Option(None, "--fit-method",
+                                                   help=f"Fitting methods to time (repeatable: {', '.join(METHODS)}; default all)."),
+    search_generations: int = typer.Option(4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."),
+    workers: Optional[int] = WorkersOpt,
+    blis: Optional[Path] = typer.Option(None, "--blis", help="Also time BLIS (a built checkout, or the offline snapshot "
+                                        "../shared/blis) against the tool's replay on three real experiments."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="Instead of the figures above: replays/s and generations/hour "
+                                          "on local threads against this Ray cluster (an address as for evolve run --cluster), "
+                                          "for each --remote-workers count."),
+    remote_workers: Optional[list[int]] = typer.Option(None, "--remote-workers", min=1,
+                                                       help="With --cluster: replays in flight on it (repeatable; default 1, 2, 4)."),
+):
+    """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
+    unknown = sorted(set(fit_method or ()) - set(METHODS))
+    if unknown:
+        raise FitConfigError(f"--fit-method: {', '.join(unknown)} is not one of {', '.join(METHODS)}")
+    where = Cluster.of(cluster, (remote_workers or [None])[0])
+    if where is not None:
+        from stepml_evolve.evolve.commands.bench_cluster import cluster_bench
+
+        figures = cluster_bench(data, where, remote_workers or [1, 2, 4], workers, search_generations, Log().note)
+        if as_json:
+            print(dumps(figures))
+        else:
+            out.print(cluster_bench_table(figures))
+        return
+    figures = run_bench(data, skip_fit=skip_fit, log=Log().note, search_generations=search_generations, workers=workers,
+                        blis=blis, fit_seeds=fit_seed, fit_methods=fit_method)
+    if as_json:
+        print(dumps(figures))
+    else:
+        for k, v in figures.items():
+            if k != "fits":
+                out.print(f"{k:24s} {v}")
+        for row in figures.get("fits") or []:
+            out.print(f"fit {row['seed']:18s} {row['method']:13s} {row['fit_s']:8.1f} s {row['replays']:6d} replays  "
+                      f"train loss {row['train_loss']}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,44 @@
+"""The terminal side of every command: stdout and stderr consoles, notes, and the one place a
+user error becomes `error: <message>` with exit code 2 (`CommandGroup`, the class of every
+typer app here, so it holds for `main()` and for `CliRunner().invoke(app, ...)` alike)."""
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from stepml_evolve.evaluator.errors import UserError
+
+# wide when piped, so tables are not squeezed into 80 columns
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def error(message: str) -> None:
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+class Log:
+    """Where a long job tells the user how it goes (stderr); `console` also carries its progress display."""
+
+    def __init__(self, console: Console = err):
+        self.console = console
+
+    def note(self, message: str) -> None:
+        self.console.print(message, highlight=False)
+
+    def skipped(self, message: str) -> None:
+        self.console.print(f"[yellow]skipped:[/yellow] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+class CommandGroup(typer.core.TyperGroup):
+    """A command group whose commands' user errors print as one `error:` line and exit 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            error(str(e))
+            raise typer.Exit(e.exit_code) from None

@@ -1,0 +1,162 @@
+"""`evolve bench`: throughput figures on this machine (speed goals live here, not in tests)."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from stepml_evolve.evaluator.datasets import load_data
+from stepml_evolve.evaluator.dsl import compile_program, load_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.fitting import METHODS, FitConfig, fit, quick_config
+from stepml_evolve.evaluator.replay import replay
+from stepml_evolve.seeds import seed_path, seed_paths
+
+BENCH_PROGRAM = "roofline"
+
+
+def default_bench_data() -> Path | None:
+    for cand in (os.environ.get("STEPML_REAL_DATA"), "../shared/data/replay", Path(__file__).resolve().parents[3] / "shared/data/replay"):
+        if cand and Path(cand).is_dir():
+            return Path(cand)
+    return None
+
+
+def _median_time(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable[[str], None]) -> dict:
+    """Offline search throughput: default settings, timed over generations 1..N (generation 0,
+    the seed fits, runs with a small budget here and is not part of the figure)."""
+    import tempfile
+
+    from stepml_evolve.archive.store import Archive
+    from stepml_evolve.evolve.search.loop import Search, SearchConfig
+
+    with tempfile.TemporaryDirectory(prefix="stepml-bench-") as tmp:
+        archive = Archive(tmp, create=True)
+        search = Search(archive, loaded, engine, SearchConfig(generations=generations, seed=0, seed_fit_evals=10),
+                        progress=lambda info: log(f"  bench search: generation {info['generation']} done") if "message" not in info else None)
+        search.run()
+        gens = [g for g in archive.generations(search.run_id) if g.generation >= 1]
+        archive.close()
+    seconds = sum(g.seconds for g in gens)
+    return {"generations_per_hour": round(len(gens) / seconds * 3600, 1), "generation_s_mean": round(seconds / len(gens), 1),
+            "generations_timed": len(gens)}
+
+
+# BLIS against the tool on the same experiments: prefix caching, preemption, MoE (the first 3000 requests)
+BLIS_BENCH_CASES = (("20260217-155451-llama-2-7b-tp1-codegen", None), ("20260217-170634-llama-2-7b-tp1-reasoning", None),
+                    ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", 3000))
+
+
+def blis_vs_tool(blis: Path, data: Path, log: Callable[[str], None]) -> dict:
+    """Seconds per replay in BLIS (the trained_physics seed emitted and installed into a scratch copy
+    of `blis`: a built checkout, or the offline snapshot with build.sh) against the tool's replay."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from stepml_evolve.evolve.blis.compare import compare_with_blis
+    from stepml_evolve.evolve.blis.install import install_into_blis
+    from stepml_evolve.evolve.go.emit import find_go_tool
+
+    program = seed_path("trained_physics")
+    with tempfile.TemporaryDirectory(prefix="stepml-bench-blis-") as tmp:
+        checkout = Path(tmp) / "blis"
+        if (blis / "build.sh").is_file() and not (blis / "go.mod").is_file():  # the snapshot: build a copy
+            go = find_go_tool("go")
+            env = {**os.environ, "PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}"} if go else None
+            subprocess.run(["bash", str(blis / "build.sh"), str(checkout)], check=True, capture_output=True, env=env)
+        else:
+            shutil.copytree(blis, checkout, symlinks=True)
+        install_into_blis(str(program), None, checkout, go_test=(), say=log)
+        rows = []
+        for name, requests in BLIS_BENCH_CASES:
+            f = compare_with_blis(load_program(program), data / name, checkout, requests=requests)
+            log(f"blis vs tool, {name}: {f.blis_s:.2f} s vs {f.tool_s:.3f} s; mean E2E {f.e2e_diff_pct:+.3f} %, "
+                f"TTFT {f.ttft_diff_pct:+.3f} %")
+            rows.append({"experiment": name, "requests": requests, "blis_s": round(f.blis_s, 2),
+                         "tool_s": round(f.tool_s, 4), "speedup": round(f.blis_s / f.tool_s, 1),
+                         "e2e_diff_pct": round(f.e2e_diff_pct, 3), "ttft_diff_pct": round(f.ttft_diff_pct, 3)})
+    return {"blis_vs_tool": rows}
+
+
+def seed_fits(exps, engine: Engine, seeds: list[str], methods: list[str], log: Callable[[str], None]) -> list[dict]:
+    """A full global fit (seed 0, default budget) of each seed program with each method: seconds,
+    closed-loop replays of all training windows, and the training loss reached."""
+    known = [p.stem for p in seed_paths()]
+    unknown = [n for n in seeds if n not in known]
+    if unknown:
+        raise UserError(f"--fit-seed: no seed named {', '.join(unknown)} (have: {', '.join(known)})")
+    rows = []
+    for name in seeds:
+        prog = load_program(seed_path(name))
+        for method in methods:
+            log(f"full global fit of {name} ({method})...")
+            r = fit(prog, exps, engine, FitConfig(seed=0, method=method))
+            rows.append({"seed": name, "method": method, "fit_s": round(r.seconds, 1), "replays": r.evaluations,
+                         "train_loss": round(r.loss, 3)})
+            log(f"  {name} {method}: {r.seconds:.1f} s, {r.evaluations} replays, train loss {r.loss:.3f}")
+    return rows
+
+
+def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], None] = print,
+              search_generations: int = 4, workers: int | None = None, blis: Path | None = None,
+              fit_seeds: list[str] | None = None, fit_methods: list[str] | None = None) -> dict:
+    loaded = load_data(data if data is not None else default_bench_data())
+    exps = loaded.experiments
+    prog = load_program(seed_path(BENCH_PROGRAM))
+    compiled = compile_program(prog)
+    consts = np.array(list(prog.constants.values()))
+    replay(exps[0], compiled, consts)  # compile/load the numba code outside the timings
+    figures: dict = {"data": loaded.label, "synthetic": loaded.synthetic, "cores": os.cpu_count(),
+                     "program": f"seeds/{BENCH_PROGRAM}.py",
+                     "fit_s": None, "fits": None, "generations_per_hour": None}  # null when skipped, still listed
+
+    largest = max(exps, key=lambda e: e.n_requests)
+    n_max = largest.n_requests
+    per_exp = {e.name: _median_time(lambda e=e: replay(e, compiled, consts)) for e in exps}
+    figures["replay_s_largest"] = round(max(per_exp[e.name] for e in exps if e.n_requests == n_max), 4)
+    figures["replay_requests_largest"] = n_max
+    figures["replay_s_slowest_any"] = round(max(per_exp.values()), 4)
+    log(f"replay: largest experiment ({n_max} requests) {figures['replay_s_largest']} s; slowest of all "
+        f"{figures['replay_s_slowest_any']} s")
+
+    with Engine(exps, workers) as engine:
+        vectors = [consts] * len(exps)
+        figures["full_eval_s"] = round(_median_time(lambda: engine.score(compiled, vectors, ("test",))), 4)
+        figures["workers"] = engine.workers
+        log(f"full evaluation of {len(exps)} experiments on {engine.workers} threads: {figures['full_eval_s']} s")
+        t0 = time.perf_counter()
+        q = fit(prog, exps, engine, quick_config(0, exps))
+        figures["quick_fit_s"] = round(time.perf_counter() - t0, 2)
+        figures["quick_fit_evals"] = q.evaluations
+        log(f"quick fit ({BENCH_PROGRAM}): {figures['quick_fit_s']} s ({q.evaluations} replays of the screening windows)")
+        if not skip_fit:
+            figures["fits"] = seed_fits(exps, engine, fit_seeds or [p.stem for p in seed_paths()],
+                                        fit_methods or list(METHODS), log)
+            first = figures["fits"][0]
+            figures["fit_s"], figures["fit_evals"], figures["fit_train_loss"] = first["fit_s"], first["replays"], first["train_loss"]
+        if search_generations > 0:
+            log(f"offline search, {search_generations} generations with default settings...")
+            figures.update(generations_per_hour(loaded, engine, search_generations, log))
+            log(f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)")
+    if blis is not None:
+        if loaded.synthetic:
+            log("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")
+            figures["blis_vs_tool"] = None
+        else:
+            figures.update(blis_vs_tool(Path(blis), Path(loaded.directory), log))
+    return figures

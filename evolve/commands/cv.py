@@ -1,0 +1,66 @@
+"""`evolve cv`: a program file cross-validated by a protocol (lomo, lowo, groups:FILE): per fold,
+its constants fitted on the other experiments and the held-out experiments scored on all requests."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepml_evolve.evaluator.crossval import CrossValidation, cross_validate, make_folds, summarize
+from stepml_evolve.evaluator.datasets import LoadedData
+from stepml_evolve.evaluator.dsl import load_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.executor import Cluster
+from stepml_evolve.evaluator.fitting import FitConfig
+from stepml_evolve.evaluator.objectives import load_objective
+from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
+from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
+
+from stepml_evolve.evolve.cli.console import Log
+from .inputs import load_usable
+from stepml_evolve.evolve.cli.progress import fit_progress
+
+
+@dataclass
+class CrossValidatedProgram:
+    program: Path
+    data: LoadedData
+    config: FitConfig
+    cv: CrossValidation
+    prompt_reuse: str = DEFAULT_POLICY
+
+    def to_json(self) -> dict:
+        return {"program": str(self.program), "protocol": self.cv.protocol, "data": self.data.label,
+                "synthetic": self.data.synthetic, "prompt_reuse": self.prompt_reuse, "seed": self.config.seed,
+                "method": self.config.method,
+                **self.config.objective.settings(),
+                "folds": [{"name": f.fold.name, "train": list(f.fold.train), "train_loss": f.fit.loss,
+                           "evaluations": f.fit.evaluations, "constants": f.constants, "experiments": f.rows}
+                          for f in self.cv.folds],
+                "summary": self.cv.summary(), "loss": self.cv.loss,
+                **({"in_distribution": self.in_distribution()} if self.cv.in_distribution else {})}
+
+    def in_distribution(self) -> dict:
+        inside = self.cv.in_distribution
+        return {"train_loss": inside.fit.loss, "evaluations": inside.fit.evaluations, "constants": inside.constants,
+                "experiments": inside.rows, "summary": summarize(inside.rows),
+                "loss": self.config.objective.of_rows(inside.rows)}
+
+
+def cross_validate_program(path: Path, protocol: str, data: Path | None = None, *, seed: int = FitConfig.seed,
+                           max_evals: int | None = FitConfig.max_evals, method: str = FitConfig.method,
+                           objective: str = "rms", weights: Path | None = None, workers: int | None = None,
+                           output_len: str = "profile", semantics: str = DEFAULT_SEMANTICS,
+                           in_distribution: bool = False, log: Log | None = None,
+                           cluster: Cluster | None = None, prompt_reuse: str = DEFAULT_POLICY) -> CrossValidatedProgram:
+    """Folds are made (and a bad protocol or groups file refused) before any fit starts."""
+    log = log or Log()
+    program = load_program(path)
+    loaded = load_usable(data, output_len, log, prompt_reuse)
+    folds = make_folds(protocol, loaded.experiments)
+    goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
+    config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=method), objective=goal)
+    with Engine(loaded.experiments, workers, semantics=semantics, cluster=cluster) as engine, fit_progress(log.console) as progress:
+        cv = cross_validate(program, loaded.experiments, engine, protocol, folds, config, progress=progress,
+                            percentiles=True, in_distribution=in_distribution)
+    return CrossValidatedProgram(path, loaded, config, cv, prompt_reuse)

@@ -1,0 +1,96 @@
+"""`evolve emit-go`: the program to emit (a program file, or an archive's program by id or by a
+deployment rule, `best` or `simplest`) with its header, written as gofmt-clean Go and,
+optionally, its Go parity test (`--blis`, which installs both into a BLIS checkout, is
+evolve/blis/install.py).
+
+The rules (archive.browse.choose): `best` is the lowest CV loss when any program of the run has
+one (protocol lomo, else lowo), else the lowest validation loss; `simplest` is the lowest
+complexity within `within` percent of that best loss. The Go file's header names the rule, the
+losses and the program's CV scores."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepml_evolve.archive.browse import RULES, Choice, choose, cv_header, fitted_header, opened, resolve
+from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
+from stepml_evolve.evaluator.fitted_header import header_lines
+
+from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, EmitError, emit_go, emit_go_test, gofmt
+from stepml_evolve.evolve.go.emit import target as target_of
+from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
+from stepml_evolve.evolve.go.parity import samples as parity_samples
+from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
+
+
+@dataclass(frozen=True)
+class Emission:
+    """The program to emit, the labelled fields of the Go file's header, and the rule's choice (if a rule chose it)."""
+
+    program: Program
+    header: dict[str, str]
+    choice: Choice | None = None
+
+
+def _is_file_spec(spec: str) -> bool:
+    return spec.endswith(".py") or Path(spec).is_file()
+
+
+def choose_for_emission(spec: str, archive_dir: Path | None, within: float | None = None) -> Emission:
+    """The program named by `spec`: a .py file, a rule (`best`, `simplest`) or an id of the archive.
+    `within` (percent) goes with `simplest` only."""
+    rule = spec.strip().lower()
+    if within is not None and (rule != "simplest" or _is_file_spec(spec)):
+        raise EmitError(f"--within goes with the `simplest` rule only, not with {spec!r}")
+    path = Path(spec)
+    if _is_file_spec(spec):
+        if not path.is_file():
+            raise EmitError(f"{path}: no such program file")
+        program = load_program(path)
+        fitted = header_lines(program.source)
+        # the file's name only: the Go file goes into other people's checkouts, not this machine's paths
+        return Emission(program, {"program": path.name, **({"fitted": " / ".join(fitted)} if fitted else {})})
+    with opened(archive_dir) as archive:
+        choice = choose(archive, rule, within) if rule in RULES else None
+        record = choice.program if choice else resolve(archive, spec)
+        header = fitted_header(archive, record).labelled()
+        scores = archive.cv_scores(record.id)
+    if choice:
+        header["chosen by"] = choice.describe()
+    header.update(cv_header(scores))
+    return Emission(parse_program(record.source), header, choice)
+
+
+def program_for_emission(spec: str, archive_dir: Path | None, within: float | None = None) -> tuple[Program, dict[str, str]]:
+    """The program named by `spec` (a .py file, or `best`/`simplest`/an id in the archive) and the
+    header of the Go file: the file and its `# fitted:` header on one line, or the archived program,
+    its data, seed and losses (and, for a rule, which rule chose it and why)."""
+    emission = choose_for_emission(spec, archive_dir, within)
+    return emission.program, emission.header
+
+
+def emitted_sources(spec: str, archive_dir: Path | None, target: str = DEFAULT_TARGET, name: str = DEFAULT_NAME,
+                    samples: int | None = DEFAULT_SAMPLES, within: float | None = None) -> tuple[str, str | None]:
+    """The gofmt-clean Go model of `spec` and, unless samples is None, its Go test against Python
+    on `samples` batches."""
+    return _sources(choose_for_emission(spec, archive_dir, within), target, name, samples)
+
+
+def _sources(emission: Emission, target: str, name: str, samples: int | None) -> tuple[str, str | None]:
+    source = gofmt(emit_go(emission.program, name=name, target_name=target, header=emission.header))
+    test_source = gofmt(emit_go_test(name, parity_samples(emission.program, samples), target)) if samples is not None else None
+    return source, test_source
+
+
+def emit_program(spec: str, archive_dir: Path | None, out: Path, test_out: Path | None = None, target: str = DEFAULT_TARGET,
+                 name: str = DEFAULT_NAME, samples: int = DEFAULT_SAMPLES, within: float | None = None) -> Choice | None:
+    """Write `out` (and `test_out`, the Go test against Python on `samples` batches); paths checked
+    first. Returns the rule's choice when a rule (`best`, `simplest`) picked the program."""
+    check_outputs([out] + ([test_out] if test_out else []), inputs=[Path(spec)] if spec.endswith(".py") else [])
+    target_of(target)
+    emission = choose_for_emission(spec, archive_dir, within)
+    source, test_source = _sources(emission, target, name, samples if test_out else None)
+    write_atomic(out, source)
+    if test_out:
+        write_atomic(test_out, test_source)
+    return emission.choice

@@ -1,0 +1,231 @@
+"""`evolve run`: a search assembled from its settings (data, archive, seeds, LLM, emitters,
+engine) and run to its last generation with live progress; returns the summary it stored."""
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepml_evolve.archive.browse import RUNS_DIR
+from stepml_evolve.archive.grid import pareto_front
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.crossval import FoldError, make_folds
+from stepml_evolve.evaluator.datasets import LoadedData
+from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.executor import Cluster
+from stepml_evolve.evaluator.objectives import load_objective
+from stepml_evolve.seeds import SeedError, load_seeds
+
+from .archive import cross_validate_programs, run_fit_settings
+from stepml_evolve.evolve.cli.console import Log
+from stepml_evolve.evolve.search.emitters import build_emitters
+from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S
+from .inputs import load_usable
+from stepml_evolve.evaluator.outputs import OutputError, slug
+from stepml_evolve.evolve.cli.progress import run_progress
+from stepml_evolve.evolve.search.loop import Search, SearchConfig, SearchError
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """The LLM side of a search: which model, where, and its caps (None: no cap)."""
+
+    model: str
+    base_url: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    offline: bool = False  # replay replies from the cache only
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    max_usd: float | None = None
+
+
+@dataclass
+class RunOutcome:
+    archive_dir: Path
+    summary: dict  # Search.summary(): best program, its test rows, the front
+
+    def to_json(self) -> dict:
+        return {"archive": str(self.archive_dir), **self.summary}
+
+
+def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engine, config: SearchConfig, summary: dict,
+                log: Log) -> dict:
+    """Cross-validate the front members that have no score of `config.front_cv` yet (a resumed run
+    finishes what a killed one started), store the scores, and add them to the run's summary.
+    Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
+    protocol = config.front_cv
+    try:
+        make_folds(protocol, loaded.experiments)
+    except FoldError as e:
+        log.skipped(f"cross-validating the front: {e}")
+        return summary
+    def losses() -> dict[int, float | None]:  # program id -> its stored loss under the protocol
+        return {s.program_id: s.loss for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol}
+
+    front = pareto_front(archive.programs(run_id))
+    scored = losses()
+    missing = [p for p in front if p.id not in scored]
+    if missing:
+        log.note(f"cross-validating {len(missing)} front program(s), {protocol} (--front-cv none skips this)")
+        fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
+        cross_validate_programs(archive, missing, loaded, engine, protocol, fit, say=log.note)
+        scored = losses()
+    summary = {**summary, "front": [{**f, "cv": {protocol: scored.get(f["id"])}} for f in summary.get("front", [])]}
+    archive.set_summary(run_id, summary)
+    return summary
+
+
+def default_archive_dir(loaded: LoadedData, seed: int) -> Path:
+    """runs/<data directory name>-seed<seed> (runs/synthetic-seed<seed> for the sample)."""
+    tag = "synthetic" if loaded.synthetic else slug(Path(loaded.label).name)
+    return RUNS_DIR / f"{tag}-seed{seed}"
+
+
+def check_seed_units(paths: list[Path], seeds: list[tuple[str, str]]) -> None:
+    """--units check: each seed (name, source) from `paths` (as load_seeds found them) must be
+    unit-consistent; a SeedError names the first file that is not, its line and the rule."""
+    for name, source in seeds:
+        try:
+            check_units(parse_program(source))
+        except ProgramError as e:
+            raise SeedError(f"{_seed_file(paths, name)}: {e} (pass --units off to search from it anyway)") from None
+
+
+def _seed_file(paths: list[Path], name: str) -> Path | str:
+    """The file load_seeds read seed `name` from: a file given by path, or <directory>/<name>.py."""
+    for p in paths:
+        if p.is_dir() and (p / f"{name}.py").is_file():
+            return p / f"{name}.py"
+        if not p.is_dir() and p.stem == name:
+            return p
+    return name
+
+
+ENGINES = ("mapelites", "openevolve")  # --engine: our MAP-Elites loop, or OpenEvolve's controller over our evaluator
+
+
+def _llm_client(llm: LLMSettings, archive_dir: Path):
+    from stepml_evolve.evolve.search.llm_client import LLMClient
+    from stepml_evolve.evolve.search.llm_operator import Budget
+
+    client = LLMClient(llm.model, archive_dir / "llm_cache", base_url=llm.base_url, timeout_s=llm.timeout_s, offline=llm.offline)
+    return client, Budget(max_calls=llm.max_calls, max_tokens=llm.max_tokens, max_usd=llm.max_usd)
+
+
+def _server(loaded: LoadedData) -> dict:
+    """The scheduler limits the system prompt quotes (those of the first experiment)."""
+    s = loaded.experiments[0].server
+    return {"budget_tokens": s.max_num_batched_tokens, "max_seqs": s.max_num_seqs}
+
+
+def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, config: SearchConfig):
+    from stepml_evolve.evolve.search.llm_operator import LLMOperator
+
+    client, budget = _llm_client(llm, archive_dir)
+    return LLMOperator(client, budget, server=_server(loaded), units=config.units == "check")
+
+
+def _check_engine(engine: str, llm: LLMSettings | None) -> None:
+    """What --engine openevolve needs (OpenEvolve 0.4 installed, an LLM): one-line errors before
+    any data is loaded."""
+    if engine not in ENGINES:
+        raise SearchError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine != "openevolve":
+        return
+    from stepml_evolve.evolve.openevolve.engine import require_openevolve
+
+    require_openevolve()
+    if llm is None:
+        raise SearchError("--engine openevolve needs an LLM: pass --llm MODEL (and --llm-base-url for a local server)")
+
+
+def _check_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
+    """An OpenEvolve archive is resumed by neither engine, and OpenEvolve resumes no archive."""
+    if not resume or not (archive_dir / Archive.FILE).is_file():
+        return
+    try:
+        stored = Archive.open(archive_dir)
+        try:
+            existing = stored.run()
+        finally:
+            stored.close()
+    except (UserError, sqlite3.Error):
+        return  # not an archive we can read: opening it for the run says so, in one line
+    if existing is None:
+        return
+    if (existing.config or {}).get("engine") == "openevolve":
+        raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
+                          "random state are not in the archive, so a continued run would diverge); start a new --archive")
+    if engine == "openevolve":
+        raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
+
+
+def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path | None = None, *, resume: bool = False,
+               seeds: list[Path] | None = None, llm: LLMSettings | None = None, workers: int | None = None,
+               log: Log | None = None, weights: Path | None = None, engine: str = ENGINES[0], diffs: bool = True,
+               cluster: Cluster | None = None) -> RunOutcome:
+    """Run (or with resume, continue) the search in `archive_dir` (default: `default_archive_dir`).
+    seeds: program files or directories for generation 0 instead of the shipped seeds/. Without
+    an LLM every child is symbolic, whatever config.llm_ratio says. weights: a YAML weights file
+    for the objective (read into config.weights, so the run stores the weights, not the path).
+    engine: "openevolve" hands generations 1.. to OpenEvolve (evolve/openevolve/engine.py; diffs:
+    whether it asks the LLM for SEARCH/REPLACE diffs, its default, or full rewrites). cluster: replay on
+    a Ray cluster instead of local threads (the archive is the same)."""
+    log = log or Log()
+    _check_engine(engine, llm)
+    if archive_dir is not None:
+        _check_resumable(engine, archive_dir, resume)  # before any data is loaded
+    seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded
+    if seed_programs and config.units == "check":
+        check_seed_units(seeds, seed_programs)
+    if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
+        raise OutputError(f"{archive_dir}: is a file; --archive takes a directory")
+    loaded = load_usable(data, "profile", log, config.prompt_reuse)
+    if weights is not None:
+        goal = load_objective(config.objective, weights, [e.name for e in loaded.experiments])
+        config = dataclasses.replace(config, weights=goal.weights)
+    if archive_dir is None:
+        archive_dir = default_archive_dir(loaded, config.seed)
+        _check_resumable(engine, archive_dir, resume)  # the default directory is known only now
+    if resume and not (archive_dir / Archive.FILE).exists():
+        log.note(f"{archive_dir}: no archive yet, starting a new run")
+    if llm is None:
+        config = dataclasses.replace(config, llm_ratio=0.0)
+    archive = Archive(archive_dir, create=True)
+    try:
+        outside = engine == "openevolve"
+        operator = _llm_operator(llm, archive_dir, loaded, config) if llm and not outside else None
+        run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None,
+                      "engine": engine}
+        with Engine(loaded.experiments, workers, semantics=config.semantics, cluster=cluster) as pool:
+            search = Search(archive, loaded, pool, config, build_emitters(operator, config.llm_ratio), resume=resume,
+                            run_config=run_config, seeds=seed_programs)
+            start = archive.last_generation(search.run_id) + 1
+            if start > config.generations:
+                log.note(f"{archive_dir}: already at generation {start - 1}; nothing to run")
+            elif search.out_of_patience():
+                log.note(f"{archive_dir}: stopped by --patience {config.patience} at generation {start - 1}; nothing to run")
+            else:
+                log.note(f"archive: {archive_dir}  (generations {start}..{config.generations})")
+            try:
+                with run_progress(log.console, config.generations, start) as progress:
+                    search.progress = progress
+                    if outside:
+                        from stepml_evolve.evolve.openevolve.engine import OUTPUT_DIR, run_openevolve
+
+                        client, budget = _llm_client(llm, archive_dir)
+                        summary = run_openevolve(search, client, budget, archive_dir / OUTPUT_DIR, config.generations,
+                                                 islands=config.islands, migration_interval=config.migration_interval,
+                                                 server=_server(loaded), llm_timeout_s=llm.timeout_s, diffs=diffs)
+                    else:
+                        summary = search.run()
+            except SearchError as e:
+                raise SearchError(f"{archive_dir}: {e}") from None
+            if config.front_cv != "none":
+                summary = score_front(archive, search.run_id, loaded, pool, config, summary, log)
+    finally:
+        archive.close()
+    return RunOutcome(archive_dir, summary)

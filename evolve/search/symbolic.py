@@ -1,0 +1,294 @@
+"""Symbolic mutation operators on a program's step_time, with DEAP's GP tools.
+
+A program's step_time (locals inlined) becomes a DEAP PrimitiveTree; DEAP mutates or crosses
+trees; the result is rendered back to DSL text and goes through the same validator as LLM
+output. DEAP never compiles or evaluates anything here: its primitives are names only.
+New ephemeral constants become named constants (k1, k2, ...) that the fit then tunes; they are
+unbounded. Constants a child keeps keep their bounds (`Program.bounds`: the parent's, or for
+crossover the second parent's for constants taken from it), and their values are moved into them.
+Randomness comes from the `random` module, which the caller seeds per child.
+The primitives are the operator table's rows that name one (`evaluator/dsl/operators.py`).
+"""
+from __future__ import annotations
+
+import ast
+import math
+import random
+
+from deap import gp
+
+from stepml_evolve.evaluator.components import COMPONENT_NAMES
+from stepml_evolve.evaluator.dsl import REQUEST_FIELDS, Program
+from stepml_evolve.evaluator.dsl.operators import OPERATORS as DSL_OPERATORS
+from stepml_evolve.evaluator.dsl.operators import Kind, Operator, operands, operator_of
+from stepml_evolve.evaluator.dsl.program import clip_to, literal_number, render_constants
+
+MAX_TREE_HEIGHT = 12
+# the exponents GP writes, each its own primitive (pow2, pow0_5, powm1, ...); others are left to the LLM
+POWER_EXPONENTS = (2.0, 3.0, 0.5, 1.5, -1.0, -0.5, -2.0)
+OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term")
+TIME_COMPONENTS = {"gemm_pf", "gemm_dc", "attn_pf", "attn_dc", "weights", "kv_read", "kv_write", "allreduce"}
+MUTABLE_FUNCTIONS = {"step_time": 0.8, "queueing_time": 0.2}  # which function a structural operator edits
+
+
+class NotRepresentable(ValueError):
+    """The program uses a construct the GP tree cannot express (e.g. `and` in a condition)."""
+
+
+def _noop(*args):  # primitives are never called: trees are rendered to text, not compiled
+    return 0.0
+
+
+def _new_constant_value() -> float:
+    return round(10 ** random.uniform(-1.0, 3.0), 4)
+
+
+def _power_name(op: Operator, p: float) -> str:
+    return op.gp + f"{p:g}".replace("-", "m").replace(".", "_")
+
+
+def _gp_arity(op: Operator) -> int:
+    if op.kind is Kind.COMPARE:
+        return 4  # ifgt(a, b, then, else)
+    if op.exponent:
+        return 1  # the exponent is part of the name
+    return op.arity[0]  # max(a, b, ...) becomes max2(a, b)
+
+
+_POWER = next(op for op in DSL_OPERATORS if op.exponent)  # both ** rows render alike: (x) ** p
+POWERS = {p: _power_name(_POWER, p) for p in POWER_EXPONENTS}  # exponent -> primitive name
+_BY_PRIMITIVE = {op.gp: op for op in DSL_OPERATORS if op.gp and not op.exponent}
+_COMPARISONS = {op.symbol: op for op in DSL_OPERATORS if op.kind is Kind.COMPARE}
+_MIRRORED = {"<": ">", "<=": ">="}  # a < b is b > a: GP has if-primitives for > and >= only
+
+
+def _primitives() -> list[tuple[str, int]]:
+    """(name, arity) of the primitives in the order DEAP must see them, since its random choices
+    depend on it: the binary ones, then the unary ones, then the if-primitives, each in table order."""
+    arities: dict[str, int] = {}
+    for op in DSL_OPERATORS:
+        for name in (POWERS.values() if op.exponent else [op.gp] if op.gp else []):
+            arities.setdefault(name, _gp_arity(op))
+    return sorted(arities.items(), key=lambda item: (2, 1, 4).index(item[1]))
+
+
+PRIMITIVES = _primitives()
+
+
+def primitive_set(constant_names: list[str], function: str = "step_time") -> gp.PrimitiveSet:
+    pset = gp.PrimitiveSet(function, 0)
+    for name, arity in PRIMITIVES:
+        pset.addPrimitive(_noop, arity, name=name)
+    if function == "step_time":
+        for comp in COMPONENT_NAMES:
+            pset.addTerminal(f"f.{comp}", name=f"f_{comp}")
+    else:
+        for fld in REQUEST_FIELDS:
+            pset.addTerminal(f"r.{fld}", name=f"r_{fld}")
+    for c in constant_names:
+        pset.addTerminal(f"c.{c}", name=f"c_{c}")
+    pset.addEphemeralConstant("newconst", _new_constant_value)
+    return pset
+
+
+class _NamedNew(gp.Terminal):
+    """A new constant with a chosen starting value (rendered as a fresh named constant)."""
+
+    def __init__(self, value: float):
+        super().__init__(value, False, object)
+
+
+def _is_new_constant(node) -> bool:
+    return type(type(node)) is gp.MetaEphemeral or isinstance(node, _NamedNew)
+
+
+def to_tree(program: Program, pset: gp.PrimitiveSet, function: str = "step_time") -> gp.PrimitiveTree:
+    fn = program.functions[function]
+    local_exprs: dict[str, ast.AST] = {}
+    nodes: list = []
+
+    def visit(node: ast.AST) -> None:
+        op = operator_of(node)
+        if isinstance(node, ast.Constant):
+            nodes.append(gp.Terminal(float(node.value), False, object))
+        elif isinstance(node, ast.Attribute):
+            nodes.append(pset.mapping[f"{node.value.id}_{node.attr}"])
+        elif isinstance(node, ast.Name):
+            visit(local_exprs[node.id])
+        elif op is None or op.kind.in_condition:
+            raise NotRepresentable(type(node).__name__)
+        elif op.exponent:
+            p = literal_number(node.right)
+            if p not in POWERS:
+                raise NotRepresentable(f"exponent {p:g}")
+            nodes.append(pset.mapping[POWERS[p]])
+            visit(node.left)
+        elif op.kind is Kind.IF_ELSE:
+            test = _if_primitive(node.test)
+            if test is None:
+                raise NotRepresentable("condition other than one <, <=, > or >= comparison")
+            cmp, a, b = test
+            nodes.append(pset.mapping[cmp.gp])
+            for x in (a, b, node.body, node.orelse):
+                visit(x)
+        elif op.identity:
+            visit(node.operand)
+        elif op.gp is None:
+            raise NotRepresentable(op.symbol)
+        else:  # max/min of n arguments: n - 1 left-nested binary primitives
+            args = operands(node)
+            nodes.extend([pset.mapping[op.gp]] * max(len(args) - 1, 1))
+            for a in args:
+                visit(a)
+
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Assign):
+            local_exprs[stmt.targets[0].id] = stmt.value
+        elif isinstance(stmt, ast.Return):
+            visit(stmt.value)
+    return gp.PrimitiveTree(nodes)
+
+
+def _if_primitive(test: ast.AST) -> tuple[Operator, ast.AST, ast.AST] | None:
+    """For a test GP can hold (one comparison with an if-primitive, a < b read as b > a):
+    the comparison's row and its two operands; None for any other test."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    symbol, a, b = operator_of(test.ops[0]).symbol, test.left, test.comparators[0]
+    if symbol in _MIRRORED:
+        symbol, a, b = _MIRRORED[symbol], b, a
+    op = _COMPARISONS[symbol]
+    return (op, a, b) if op.gp else None
+
+
+def render_tree(tree: gp.PrimitiveTree, existing: set[str]) -> tuple[str, dict[str, float]]:
+    """DSL expression text for a tree, plus the new constants its ephemerals became."""
+    new: dict[str, float] = {}
+    pos = 0
+
+    def next_name() -> str:
+        i = 1
+        while f"k{i}" in existing or f"k{i}" in new:
+            i += 1
+        return f"k{i}"
+
+    def walk() -> str:
+        nonlocal pos
+        node = tree[pos]
+        pos += 1
+        if isinstance(node, gp.Terminal):
+            if _is_new_constant(node):
+                name = next_name()
+                new[name] = float(node.value)
+                return f"c.{name}"
+            if isinstance(node.value, str):  # DEAP keeps a named terminal's name: f_<component>, r_<field>, c_<constant>
+                return f"{node.value[0]}.{node.value[2:]}"
+            v = float(node.value)
+            return repr(v) if v >= 0 else f"({v!r})"
+        args = [walk() for _ in range(node.arity)]
+        if node.name in POWERS.values():
+            p = next(k for k, v in POWERS.items() if v == node.name)
+            return f"({args[0]}) ** {p:g}" if p > 0 else f"({args[0]}) ** ({p:g})"
+        op = _BY_PRIMITIVE[node.name]
+        if op.kind is Kind.BINARY:
+            return f"({args[0]} {op.symbol} {args[1]})"
+        if op.kind is Kind.UNARY:
+            return f"({op.symbol}{args[0]})"
+        if op.kind is Kind.CALL:
+            return f"{op.symbol}({', '.join(args)})"
+        return f"({args[2]} if {args[0]} {op.symbol} {args[1]} else {args[3]})"  # ifgt(a, b, then, else)
+
+    text = walk()
+    return _flatten_minmax(ast.unparse(ast.parse(text, mode="eval"))), new
+
+
+def _flatten_minmax(text: str) -> str:
+    """max(max(a, b), c) -> max(a, b, c): same value, easier to read."""
+    tree = ast.parse(text, mode="eval")
+
+    class Flatten(ast.NodeTransformer):
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id in ("max", "min"):
+                args = []
+                for a in node.args:
+                    if isinstance(a, ast.Call) and isinstance(a.func, ast.Name) and a.func.id == node.func.id and len(args) + len(a.args) < 8:
+                        args.extend(a.args)
+                    else:
+                        args.append(a)
+                node.args = args
+            return node
+
+    return ast.unparse(Flatten().visit(tree))
+
+
+SIGNATURES = {"step_time": "step_time(f, c)", "queueing_time": "queueing_time(r, c)"}
+
+
+def assemble(parent: Program, function: str, expr: str, constants: dict[str, float], doc: str,
+             bounds: dict[str, tuple[float, float]] | None = None) -> str:
+    """Program text: `function` replaced by `return expr`, the parent's other functions kept,
+    unused constants dropped; kept constants keep their `bounds` (default: the parent's), values
+    moved into them."""
+    bounds = parent.bounds if bounds is None else bounds
+    parts = []
+    for name, fn in parent.functions.items():
+        parts.append(f"def {SIGNATURES[name]}:\n    return {expr}" if name == function else ast.unparse(fn))
+    body = "\n\n\n".join(parts)
+    used = {n.attr for n in ast.walk(ast.parse(body)) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "c"}
+    kept = {k: clip_to(v, bounds.get(k)) for k, v in constants.items() if k in used}
+    return f'"""{doc}"""\n{render_constants(kept, bounds)}\n\n\n{body}\n'
+
+
+def mutate(operator: str, parent: Program, parent_constants: dict[str, float], rng: random.Random,
+           other: Program | None = None, other_constants: dict[str, float] | None = None) -> tuple[str, str]:
+    """Apply one symbolic operator; returns (child source, detail). Raises NotRepresentable."""
+    random.seed(rng.getrandbits(64))  # DEAP draws from the module-level generator
+    names = list(parent.constants)
+    if operator == "constants":
+        scaled = {k: (v * math.exp(rng.gauss(0.0, 0.3)) if v > 0 else v + rng.gauss(0.0, max(abs(v), 1.0) * 0.3))
+                  for k, v in parent_constants.items()}
+        text = parent.with_constants(parent.clip(scaled)).source  # bounded ones stay inside their bounds
+        return text, "perturbed constants (log-normal, sigma 0.3)"
+    crossing = operator == "crossover" and other is not None
+    all_names = names + ([n for n in other.constants if n not in names] if crossing else [])
+    choices = [f for f in MUTABLE_FUNCTIONS if f in parent.functions and (not crossing or f in other.functions)]
+    function = rng.choices(choices, weights=[MUTABLE_FUNCTIONS[f] for f in choices])[0]
+    pset = primitive_set(all_names, function)
+    tree = to_tree(parent, pset, function)
+    constants = dict(parent_constants)
+    bounds = dict(parent.bounds)
+    detail = f"{operator} on {function}"
+    if operator == "subtree":
+        (tree,) = gp.mutUniform(tree, expr=lambda pset, type_: gp.genGrow(pset, 0, 2, type_), pset=pset)
+    elif operator == "node_replace":
+        (tree,) = gp.mutNodeReplacement(tree, pset)
+    elif operator == "insert":
+        (tree,) = gp.mutInsert(tree, pset)
+    elif operator == "shrink":
+        (tree,) = gp.mutShrink(tree)
+    elif operator == "add_term":
+        # parent + c.k * x: with the refit, a closed-loop forward-stepwise regression step
+        term = rng.choice([t for t in pset.terminals[object] if isinstance(t, gp.Terminal) and isinstance(t.value, str)
+                           and t.value[0] in "fr"])
+        scale = 1.0 if term.value[2:] in TIME_COMPONENTS else 10.0
+        tree = gp.PrimitiveTree([pset.mapping["add"], *tree, pset.mapping["mul"], _NamedNew(scale), term])
+        detail = f"add_term on {function}: + k * {term.value[0]}.{term.value[2:]}"
+    elif operator == "crossover":
+        if other is None:
+            raise ValueError("crossover needs a second parent")
+        tree2 = to_tree(other, pset, function)
+        tree, _ = gp.cxOnePoint(tree, tree2)
+        for k, v in (other_constants or {}).items():
+            constants.setdefault(k, v)
+            if k not in parent.constants and k in other.bounds:
+                bounds[k] = other.bounds[k]
+    else:
+        raise ValueError(f"unknown symbolic operator {operator!r}")
+    if tree.height > MAX_TREE_HEIGHT:
+        raise NotRepresentable(f"tree height {tree.height} exceeds {MAX_TREE_HEIGHT}")
+    expr, new = render_tree(tree, set(constants))
+    constants.update(new)
+    if new:
+        detail += f" (new constants: {', '.join(new)})"
+    return assemble(parent, function, expr, constants, f"{operator} child", bounds), detail

@@ -205,26 +205,36 @@ def _request_queue_us(vector: VectorProgram, population: np.ndarray, model: Traj
     """(P, n) queueing_time of every request, rounded as the replay rounds it. `last`: the step in
     flight at each arrival re-timed, (P, n), when the caller has it (SurrogateSet: from its one
     step_time pass); else it is computed here."""
-    p, n = len(population), len(model.input_tokens)
-    fields = {"r_input_tokens": model.input_tokens, "r_output_tokens": model.output_tokens}
+    if vector.queue_reads_step and last is None:
+        last, _ = step_us(model.arrival_components, vector, population)
+    return _queue_us(vector, population, model.input_tokens, model.output_tokens, model.arrival_step, last)
+
+
+def _queue_us(vector: VectorProgram, population: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
+              arrival_step: np.ndarray | None, last: np.ndarray | None) -> np.ndarray:
+    """(P, n) queueing_time of n requests given their fields (and, when the program reads it, the
+    re-timed step in flight at each arrival), rounded as the replay rounds it."""
+    p, n = len(population), len(input_tokens)
+    fields = {"r_input_tokens": input_tokens, "r_output_tokens": output_tokens}
     if vector.queue_reads_step:  # the arrival's step in flight, re-timed (rounded as the replay rounds a step)
-        if last is None:
-            last, _ = step_us(model.arrival_components, vector, population)
-        fields["r_last_step_us"] = np.where(model.arrival_step, np.round(last), 0.0)
+        fields["r_last_step_us"] = np.where(arrival_step, np.round(last), 0.0)
     q = evaluate_vector(vector.queueing_time, {**vector.constant_inputs(population), **fields})
     return np.maximum(0.0, _us(np.broadcast_to(q, (p, n))))
 
 
 def delay_part(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray,
                shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-               last: np.ndarray | None = None) -> np.ndarray:
+               last: np.ndarray | None = None, queued: np.ndarray | None = None) -> np.ndarray:
     """(P, 2): the summed E2E and TTFT terms from queueing_time, output_token_time, post_decode_time.
     `shared`: those three per vector when they do not depend on the request (see shared_delays);
-    `last`: see _request_queue_us."""
+    `last`: see _request_queue_us; `queued`: (P, 2) the summed per-request queueing times, when
+    the caller computed them (SurrogateSet, in one pass over all its models)."""
     p = len(population)
     q, out_tok, post = shared if shared is not None else shared_delays(vector, population)
     sums = np.zeros((p, 2))
-    if vector.queue_reads_request:
+    if queued is not None:
+        sums += queued
+    elif vector.queue_reads_request:
         q = _request_queue_us(vector, population, model, last)
         for row in range(2):
             sums[:, row] = q[:, model.queued[row]].sum(axis=1)
@@ -323,15 +333,24 @@ class SurrogateSet:
         self.nonempty = np.flatnonzero(sizes > 0) if parts else np.zeros(0, np.int64)
         self.n_classes = int(ends[-1]) if parts else 0
         # a queueing_time reading r.last_step_us re-times each arrival's step in flight: those steps
-        # join the same pass, after the classes (model j's are columns arrivals[j])
-        self.arrivals: list[tuple[int, int]] = []
+        # join the same pass, after the classes, in the order of the live models' requests
         if parts and vector.queue_reads_step:
-            start = self.n_classes
-            for m in parts:
-                self.arrivals.append((start, start + len(m.arrival_step)))
-                start += len(m.arrival_step)
             self.components = {k: np.concatenate([v, *(m.arrival_components[k] for m in parts)])
                                for k, v in self.components.items()}
+        # a queueing_time reading a request field is evaluated once over every live model's requests;
+        # model j's E2E (row 0) and TTFT (row 1) terms are columns queued_bounds[row][j] of the
+        # requests picked by queued_index[row]
+        if parts and vector.queue_reads_request:
+            offsets = np.cumsum([0] + [len(m.input_tokens) for m in parts])
+            self.input_tokens = np.concatenate([m.input_tokens for m in parts])
+            self.output_tokens = np.concatenate([m.output_tokens for m in parts])
+            self.arrival_step = np.concatenate([m.arrival_step for m in parts]) if vector.queue_reads_step else None
+            self.queued_index, self.queued_bounds = [], []
+            for row in range(2):
+                picked = [m.queued[row] + offsets[j] for j, m in enumerate(parts)]
+                ends = np.cumsum([len(x) for x in picked])
+                self.queued_index.append(np.concatenate(picked).astype(np.int64))
+                self.queued_bounds.append(np.stack([ends - [len(x) for x in picked], ends], axis=1))
 
     def apes(self, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P, E) predicted APE of mean E2E and of mean TTFT for every model (NaN where a model
@@ -347,13 +366,26 @@ class SurrogateSet:
             for row, w in enumerate(self.weight):
                 sums[:, self.nonempty, row] = np.add.reduceat(dt * w, self.bounds[self.nonempty, 0], axis=1)
         shared = shared_delays(self.vector, population)
+        queued = self._queued_sums(population, every) if self.vector.queue_reads_request else None
         for j, i in enumerate(self.live):
             m = self.models[i]
-            last = every[:, slice(*self.arrivals[j])] if self.arrivals else None
-            lin = sums[:, j] + delay_part(m, self.vector, population, shared, last)
+            lin = sums[:, j] + delay_part(m, self.vector, population, shared,
+                                          queued=queued[:, j] if queued is not None else None)
             ok = valid & np.all(np.isfinite(lin), axis=1)
             means = m.recorded_us + m.gain * (lin - m.linear0) / m.n_ok
             ape = np.abs(means - m.observed_us) / m.observed_us * 100.0
             ape[~ok] = np.inf
             e2e[:, i], ttft[:, i] = ape[:, 0], ape[:, 1]
         return e2e, ttft
+
+    def _queued_sums(self, population: np.ndarray, every: np.ndarray) -> np.ndarray:
+        """(P, live models, 2) summed queueing times of the requests in each model's E2E and TTFT,
+        from one numexpr pass over every live model's requests."""
+        last = every[:, self.n_classes:] if self.vector.queue_reads_step else None
+        q = _queue_us(self.vector, population, self.input_tokens, self.output_tokens, self.arrival_step, last)
+        out = np.zeros((len(population), len(self.live), 2))
+        for row in range(2):
+            picked = q[:, self.queued_index[row]]
+            for j, (a, b) in enumerate(self.queued_bounds[row]):
+                out[:, j, row] = picked[:, a:b].sum(axis=1)
+        return out

@@ -81,14 +81,35 @@ def cluster():
         yield c
 
 
-@needs_ray
-def test_a_run_on_a_two_node_cluster_writes_the_local_archive(cluster, reference, tmp_path):
-    proc = evolve_process(run_args(tmp_path, "--cluster", cluster.client, "--remote-workers", "2"))
+@pytest.fixture(scope="module")
+def cluster_run(cluster, tmp_path_factory):
+    """One run on the two-node cluster in which a replay task of generation 1 and one of generation 2 are killed
+    with SIGKILL mid-flight (both tests below read it: one run's cost instead of two)."""
+    d = tmp_path_factory.mktemp("cluster-run")
+    proc = evolve_process(run_args(d, "--cluster", cluster.client, "--remote-workers", "2"))
+    killed = []
+
+    def killer():
+        deadline = time.time() + 600
+        while proc.poll() is None and time.time() < deadline and len(killed) < 2:
+            gen = last_generation(d)
+            busy = cluster.task_processes() if gen is not None and gen >= len(killed) else []
+            if busy:
+                os.kill(busy[0], signal.SIGKILL)
+                killed.append(busy[0])
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
     out, err = proc.communicate(timeout=900)
-    assert proc.returncode == 0, err[-3000:]
-    got = snapshot(tmp_path)
-    assert got == reference
-    assert len(got["programs"]) > 8 and got["evaluations"]
+    thread.join()
+    return {"returncode": proc.returncode, "err": err, "killed": killed, "snapshot": snapshot(d)}
+
+
+@needs_ray
+def test_a_run_on_a_two_node_cluster_writes_the_local_archive(cluster_run, reference):
+    assert cluster_run["returncode"] == 0, cluster_run["err"][-3000:]
+    assert cluster_run["snapshot"] == reference
 
 
 @needs_ray
@@ -106,27 +127,10 @@ def test_a_fit_gives_the_same_constants_on_threads_and_any_cluster_size(cluster,
 
 
 @needs_ray
-def test_a_killed_worker_is_retried_and_the_archive_is_unchanged(cluster, reference, tmp_path):
-    proc = evolve_process(run_args(tmp_path, "--cluster", cluster.client))
-    killed = []
-
-    def killer():
-        deadline = time.time() + 600
-        while proc.poll() is None and time.time() < deadline and len(killed) < 2:
-            gen = last_generation(tmp_path)
-            busy = cluster.task_processes() if gen is not None and gen >= len(killed) else []
-            if busy:
-                os.kill(busy[0], signal.SIGKILL)
-                killed.append(busy[0])
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=killer)
-    thread.start()
-    out, err = proc.communicate(timeout=900)
-    thread.join()
-    assert killed, "no replay task was seen running on the cluster"
-    assert proc.returncode == 0, err[-3000:]
-    assert snapshot(tmp_path) == reference
+def test_a_killed_worker_is_retried_and_the_archive_is_unchanged(cluster_run, reference):
+    assert cluster_run["killed"], "no replay task was seen running on the cluster"
+    assert cluster_run["returncode"] == 0, cluster_run["err"][-3000:]
+    assert cluster_run["snapshot"] == reference
 
 
 @needs_ray
@@ -199,7 +203,7 @@ def test_without_ray_cluster_names_the_extra(tmp_path):
             "        if name == 'ray' or name.startswith('ray.'):\n"
             "            raise ImportError('No module named ray')\n"
             "sys.meta_path.insert(0, NoRay())\n"
-            "from evolve.cli import main\n"
+            "from stepml_evolve.evolve.cli import main\n"
             f"sys.argv = ['evolve', 'fit', {ROOFLINE!r}, '--cluster', 'ray://127.0.0.1:10001', '--out', {str(tmp_path / 'f.py')!r}]\n"
             "main()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -19,7 +19,7 @@ from stepml_evolve.evolve.search.loop import LEGACY_SETTINGS, PATIENCE_GAIN, Sea
 
 # cmaes: the plain closed loop, small budgets; no promotions, so no child is fully evaluated and
 # the best validation loss is the seeds' from generation 0 on (patience must run out)
-STALL = ["--fit-method", "cmaes", "--seed-fit-evals", "6", "--quick-evals", "3", "--children", "2", "--max-promotions", "0"]
+STALL = ["--fit-method", "cmaes", "--seed-fit-evals", "6", "--quick-evals", "3", "--children", "2", "--max-promotions", "0", "--front-cv", "none"]
 GENERATIONS = 6
 
 

@@ -32,10 +32,53 @@ def reference(tmp_path_factory):
     return d, snapshot(d)
 
 
-def test_same_seed_and_data_give_the_same_archive(reference, tmp_path):
+@pytest.fixture(scope="module")
+def interrupted(reference, tmp_path_factory):
+    """The reference run again, interrupted every way a run can be, in one chain (one run's cost
+    instead of three): stopped after generation 0 (the seeds alone) and after generation 2, both
+    with one worker; resumed in a subprocess killed with SIGKILL inside a later generation; resumed
+    to the end with one worker. The snapshot after each stage is kept for the tests below."""
+    d = tmp_path_factory.mktemp("interrupted")
+    stops = {}
+    for stop in (0, 2):
+        run(d, stop, "--workers", "1", *(["--resume"] if stop else []))
+        stops[stop] = snapshot(d)
+    killed_after, killed = sigkill_inside_a_generation(d, after=3)
+    run(d, 5, "--workers", "1", "--resume")
+    return {"stops": stops, "killed_after": killed_after, "killed": killed, "end": snapshot(d)}
+
+
+def sigkill_inside_a_generation(archive_dir, after: int):
+    """Resume the run in a subprocess and SIGKILL it once generation `after` is committed (landing
+    inside the next one); (the generation seen, the archive's snapshot after the kill)."""
+    proc = subprocess.Popen([sys.executable, "-m", "stepml_evolve", "run", "--generations", "5", "--seed", "3", "--archive",
+                             str(archive_dir), "--resume", *SMALL], env=dict(os.environ),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db_path = archive_dir / Archive.FILE
+    deadline = time.time() + 300
+    killed_after = None
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            db = sqlite3.connect(db_path, timeout=1)
+            row = db.execute("SELECT MAX(generation) FROM generations").fetchone()
+            db.close()
+        except sqlite3.OperationalError:
+            row = (None,)
+        if row[0] is not None and row[0] >= after:
+            time.sleep(0.3)  # land inside the next generation
+            proc.send_signal(signal.SIGKILL)
+            killed_after = row[0]
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=30)
+    return killed_after, snapshot(archive_dir)
+
+
+def test_same_seed_and_data_give_the_same_archive(reference, interrupted):
+    """The same seed and data give the same archive whatever the worker count (the chain ran with
+    one worker, the reference with two) and however the run was interrupted."""
     _, ref = reference
-    run(tmp_path, 5, "--workers", "1")
-    assert snapshot(tmp_path) == ref
+    assert interrupted["end"] == ref
     assert len(ref["programs"]) > 15 and any(p[17] == "full" for p in ref["programs"][5:])  # children got promoted
 
 
@@ -61,39 +104,16 @@ def test_archive_records_programs_evaluations_and_rejections(reference):
     assert len(summary["best"]["test"]) == 4 and all("ape" in t for t in summary["best"]["test"])
 
 
-def test_sigkill_then_resume_continues_from_last_completed_generation(reference, tmp_path):
+def test_sigkill_then_resume_continues_from_last_completed_generation(reference, interrupted):
     _, ref = reference
-    env = dict(os.environ)
-    proc = subprocess.Popen([sys.executable, "-m", "stepml_evolve", "run", "--generations", "5", "--seed", "3", "--archive",
-                             str(tmp_path), *SMALL], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    db_path = tmp_path / Archive.FILE
-    deadline = time.time() + 300
-    killed_after = None
-    while time.time() < deadline and proc.poll() is None:
-        if db_path.exists():
-            try:
-                db = sqlite3.connect(db_path, timeout=1)
-                row = db.execute("SELECT MAX(generation) FROM generations").fetchone()
-                db.close()
-            except sqlite3.OperationalError:
-                row = (None,)
-            if row[0] is not None and row[0] >= 2:
-                time.sleep(0.3)  # land inside generation 3
-                proc.send_signal(signal.SIGKILL)
-                killed_after = row[0]
-                break
-        time.sleep(0.05)
-    proc.wait(timeout=30)
-    assert killed_after is not None, "the run finished or never reached generation 2"
-    partial = snapshot(tmp_path)
+    assert interrupted["killed_after"] is not None, "the run finished or never reached generation 3"
+    partial = interrupted["killed"]
     last = partial["generations"][-1][0]
     assert last < 5
     # nothing of an unfinished generation is visible
     assert all(p[1] <= last for p in partial["programs"])
     assert partial["programs"] == ref["programs"][: len(partial["programs"])]
-    res = CliRunner().invoke(app, ["run", "--generations", "5", "--seed", "3", "--archive", str(tmp_path), "--resume", *SMALL])
-    assert res.exit_code == 0, res.output
-    assert snapshot(tmp_path) == ref
+    assert interrupted["end"] == ref
 
 
 def test_a_second_run_into_the_same_archive_needs_resume(reference):
@@ -221,17 +241,14 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
     assert len(live.structures) > 5
 
 
-def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(reference, tmp_path):
+def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(reference, interrupted):
     """Stopped after generation 0 (the seeds alone), resumed and stopped after generation 2, then
     resumed to the end: each stop keeps what the uninterrupted run had, the end is that run."""
     _, ref = reference
-    for stop in (0, 2):
-        run(tmp_path, stop, *(["--resume"] if stop else []))
-        partial = snapshot(tmp_path)
+    for stop, partial in interrupted["stops"].items():
         assert partial["generations"][-1][0] == stop, f"stopped after generation {stop}"
         assert partial["programs"] == [p for p in ref["programs"] if p[1] <= stop], f"stopped after generation {stop}"
-    run(tmp_path, 5, "--resume")
-    assert snapshot(tmp_path) == ref
+    assert interrupted["end"] == ref
 
 
 def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children(tmp_path):

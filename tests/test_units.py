@@ -142,7 +142,7 @@ def test_the_check_costs_far_less_than_a_fit():
 
 # ---- the search ----
 
-TINY = ["--seed-fit-evals", "6", "--quick-evals", "4", "--full-fit-evals", "6", "--children", "6"]
+TINY = ["--seed-fit-evals", "6", "--quick-evals", "4", "--full-fit-evals", "6", "--children", "6", "--front-cv", "none"]
 BAD = 'CONSTANTS = {"base_us": 2000.0, "k": 1.0}\n\n\ndef step_time(f, c):\n    return c.base_us + f.gemm_pf + f.n_req\n'
 
 

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from stepml_evolve.evaluator.errors import UserError
 
+__all__ = ["SeedError", "seed_paths", "seed_path", "load_seeds"]
+
 
 class SeedError(UserError):
     """A seed path or program that cannot start a search: one line naming the file."""

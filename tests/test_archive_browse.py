@@ -22,14 +22,10 @@ from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewPr
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app as main_app
 
-SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
 
 @pytest.fixture(scope="module")
-def archive_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("browse") / "run"
-    res = CliRunner().invoke(main_app, ["run", "--generations", "3", "--seed", "3", "--archive", str(d), *SMALL])
-    assert res.exit_code == 0, res.output
-    return d
+def archive_dir(searched_archive):
+    return searched_archive
 
 
 @pytest.fixture(scope="module")

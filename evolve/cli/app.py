@@ -9,30 +9,27 @@ from typing import Literal, Optional
 
 import typer
 
-from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES, SYNTHETIC_SEED, check_data, write_synthetic_sample
+from stepml_evolve.evaluator.datasets import SYNTHETIC_SEED, check_data, write_synthetic_sample
 from stepml_evolve.evaluator.executor import Cluster
 from stepml_evolve.evaluator.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
-from stepml_evolve.evaluator.objectives import OBJECTIVES
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, POLICIES as PROMPT_REUSE_POLICIES
 from stepml_evolve.evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
-from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS, SEMANTICS
+from stepml_evolve.evaluator.importers.blis_trace_export import DEFAULT_LATENCY_MODEL, DEFAULT_SEED, export_experiment_dir
 from stepml_evolve.evaluator.synthetic import SAMPLE_SIZES
+from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
+from stepml_evolve.evolve.commands import (ENGINES, EvaluationSetup, LLMSettings, cluster_bench, cross_validate_program,
+                                           emit_program, evaluate_program, fit_program, run_bench, run_search)
+from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
+from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
+from stepml_evolve.evolve.search.loop import CV_MODES, FRONT_CV_MODES, SearchConfig
 
 from .archive import archive_app
-from stepml_evolve.evolve.commands.bench import run_bench
-from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
-from stepml_evolve.evaluator.importers.blis_trace_export import DEFAULT_LATENCY_MODEL, DEFAULT_SEED, export_experiment_dir
-from .console import CommandGroup, Log, err, error, out
-from stepml_evolve.evolve.commands.emit_go import emit_program
-from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
-from stepml_evolve.evolve.commands.cv import cross_validate_program
-from stepml_evolve.evolve.commands.fit import fit_program
-from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
-from stepml_evolve.evolve.commands.run import ENGINES, LLMSettings, run_search
-from stepml_evolve.evolve.commands.eval import evaluate_program
-from stepml_evolve.evolve.search.loop import CV_MODES, FRONT_CV_MODES, SearchConfig
-from .tables import blis_comparison_table, cluster_bench_table, cv_summary_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
+from .console import CommandGroup, err, error, out, say
+from .options import (SETUP, ClusterOption, DataOption, Method, MethodOption, ObjectiveOption, OutputLenOption,
+                      PromptReuseOption, RemoteWorkersOption, SemanticsOption, WeightsOption, WorkersOption)
+from .progress import fit_progress, run_progress
+from .tables import (blis_comparison_table, cluster_bench_table, cv_summary_table, dumps, experiments_table, loss_text,
+                     metrics_table, run_summary_tables)
 
 app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
                   help="Discover step-time programs for LLM-inference simulators.")
@@ -43,45 +40,15 @@ app.add_typer(archive_app, name="archive")
 SEARCH, FIT = SearchConfig(), FitConfig()
 Split = Literal[SCORED_SPLITS]
 Scope = Literal[SCOPES]
-OutputLen = Literal[OUTPUT_LEN_POLICIES]
-PromptReuse = Literal[PROMPT_REUSE_POLICIES]
-Semantics = Literal[SEMANTICS]
-Method = Literal[METHODS]
-ObjectiveName = Literal[OBJECTIVES]
 GoTarget = Literal[tuple(TARGETS)]
 ImportFormat = Literal[IMPORT_FORMATS]
-
-DataOpt = typer.Option(None, "--data", help="Directory of replay experiments (default: the built-in synthetic sample).")
-WorkersOpt = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores).")
-ClusterOpt = typer.Option(None, "--cluster", help="Replay on a Ray cluster instead of local threads: ray://HOST:PORT (its "
-                          "Ray Client server), HOST:PORT (its GCS, from one of its nodes) or auto (the cluster `ray start "
-                          "--head` runs on this machine). Needs the extra: pip install '.[ray]'. Same results as threads.")
-RemoteWorkersOpt = typer.Option(None, "--remote-workers", min=1,
-                                help="With --cluster: replays in flight at once on it (default: the cluster's CPUs).")
-SemanticsOpt = typer.Option(DEFAULT_SEMANTICS, "--semantics",
-                            help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
-                                 "in the simulator) or vllm (see docs/design-notes.md).")
-ObjectiveOpt = typer.Option("rms", "--objective",
-                            help="The loss: rms (RMS APE of mean E2E + RMS APE of mean TTFT over experiments) or worst3 "
-                                 "(mean of the three worst experiments' APE of mean E2E).")
-WeightsOpt = typer.Option(None, "--weights", help="YAML file of experiment-name pattern -> weight (first match wins, "
-                          "others weigh 1), e.g. '\"*mixtral*\": 2'.")
-MethodOpt = typer.Option(FitConfig.method, "--method", help="trust-region (trajectory surrogate judged by the closed loop; "
-                         "about a tenth of the replays) or cmaes (CMA-ES on the closed loop).")
-OutputLenOpt = typer.Option(OUTPUT_LEN_POLICIES[0], "--output-len",
-                            help="Output length policy: profile (server output_len) or reported (client token counts).")
-PromptReuseOpt = typer.Option(DEFAULT_PROMPT_REUSE, "--prompt-reuse",
-                              help="Which requests sent the same prompt, for the replay's prefix cache: detect (a prompt "
-                                   "list the client cycled through, found in the input lengths, plus shared system "
-                                   "prompts; system prompts only when the lengths show no cycle), system-prompt (only "
-                                   "the system prompts are shared) or off (nothing is).")
 
 
 @data_app.command("check")
 def data_check(
-    data: Optional[Path] = DataOpt,
-    output_len: OutputLen = OutputLenOpt,
-    prompt_reuse: PromptReuse = PromptReuseOpt,
+    data: DataOption = None,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Validate experiments and summarize each: model, TP, requests, observed means, split sizes, prompt reuse."""
@@ -117,8 +84,8 @@ def data_export(
     latency_model: str = typer.Option(DEFAULT_LATENCY_MODEL, "--latency-model", help="BLIS --latency-model backend."),
     seed: int = typer.Option(DEFAULT_SEED, "--seed", min=0, help="BLIS --seed (its random token ids)."),
     requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Only the first N requests (quick checks)."),
-    output_len: OutputLen = OutputLenOpt,
-    prompt_reuse: PromptReuse = PromptReuseOpt,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
 ):
     """Export one experiment as a BLIS trace v2 and print the `blis replay` command that replays it."""
     exp = export_experiment_dir(exp_dir, prefix, output_len=output_len, blis_dir=blis, latency_model=latency_model,
@@ -158,19 +125,20 @@ def data_import(
 @app.command("eval")
 def eval_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
-    data: Optional[Path] = DataOpt,
+    data: DataOption = None,
     split: Split = typer.Option("test", "--split", help="Split to score: a temporal window, or all (whole experiments)."),
     as_json: bool = typer.Option(False, "--json"),
-    workers: Optional[int] = WorkersOpt,
-    output_len: OutputLen = OutputLenOpt,
-    prompt_reuse: PromptReuse = PromptReuseOpt,
-    semantics: Semantics = SemanticsOpt,
-    objective: ObjectiveName = ObjectiveOpt,
-    weights: Optional[Path] = WeightsOpt,
+    workers: WorkersOption = None,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
+    semantics: SemanticsOption = SETUP.semantics,
+    objective: ObjectiveOption = SETUP.objective,
+    weights: WeightsOption = None,
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
-    result = evaluate_program(program, data, split, workers, output_len, Log(), semantics=semantics, objective=objective,
-                              weights=weights, prompt_reuse=prompt_reuse)
+    setup = EvaluationSetup(data=data, output_len=output_len, prompt_reuse=prompt_reuse, semantics=semantics,
+                            objective=objective, weights=weights, workers=workers)
+    result = evaluate_program(program, setup, split, say=say)
     if as_json:
         print(dumps(result.to_json()))
     else:
@@ -185,7 +153,7 @@ def eval_cmd(
 @app.command("fit")
 def fit_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
-    data: Optional[Path] = DataOpt,
+    data: DataOption = None,
     seed: int = typer.Option(FIT.seed, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."),
     scope: Scope = typer.Option(FIT.scope, "--scope", help="One constant set (global), one per model, or one per experiment."),
     out_path: Optional[Path] = typer.Option(None, "--out", help="Fitted program file (default: <program>.fitted.py here)."),
@@ -196,21 +164,22 @@ def fit_cmd(
     restarts: int = typer.Option(FIT.restarts, "--restarts", min=0,
                                  help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget)."),
     as_json: bool = typer.Option(False, "--json"),
-    workers: Optional[int] = WorkersOpt,
-    output_len: OutputLen = OutputLenOpt,
-    prompt_reuse: PromptReuse = PromptReuseOpt,
-    semantics: Semantics = SemanticsOpt,
-    method: Method = MethodOpt,
-    objective: ObjectiveName = ObjectiveOpt,
-    weights: Optional[Path] = WeightsOpt,
-    cluster: Optional[str] = ClusterOpt,
-    remote_workers: Optional[int] = RemoteWorkersOpt,
+    workers: WorkersOption = None,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
+    semantics: SemanticsOption = SETUP.semantics,
+    method: MethodOption = FIT.method,
+    objective: ObjectiveOption = SETUP.objective,
+    weights: WeightsOption = None,
+    cluster: ClusterOption = None,
+    remote_workers: RemoteWorkersOption = None,
 ):
     """Fit PROGRAM's constants on the train split, then score validate and test."""
-    fitted = fit_program(program, data, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
-                         restarts=restarts, workers=workers, output_len=output_len, log=Log(), semantics=semantics,
-                         method=method, objective=objective, weights=weights, cluster=Cluster.of(cluster, remote_workers),
-                         prompt_reuse=prompt_reuse)
+    setup = EvaluationSetup(data=data, output_len=output_len, prompt_reuse=prompt_reuse, semantics=semantics,
+                            objective=objective, weights=weights, workers=workers,
+                            cluster=Cluster.of(cluster, remote_workers))
+    fitted = fit_program(program, setup, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
+                         restarts=restarts, method=method, say=say, progress=fit_progress)
     if as_json:
         print(dumps(fitted.to_json()))
         return
@@ -228,7 +197,7 @@ def cv_cmd(
     protocol: str = typer.Option(..., "--protocol",
                                  help="lomo (leave one model out), lowo (leave one workload out) or groups:FILE "
                                       "(YAML: fold name -> experiment names it holds out)."),
-    data: Optional[Path] = DataOpt,
+    data: DataOption = None,
     seed: int = typer.Option(FIT.seed, "--seed", min=0, help="Fit seed: same seed and data give the same numbers."),
     max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1,
                                             help="Closed-loop evaluations per fold fit (default by method and size)."),
@@ -236,21 +205,22 @@ def cv_cmd(
                                          help="Also fit on every experiment and score them all on all requests: "
                                               "the errors when nothing is held out, beside the CV errors."),
     as_json: bool = typer.Option(False, "--json"),
-    workers: Optional[int] = WorkersOpt,
-    output_len: OutputLen = OutputLenOpt,
-    prompt_reuse: PromptReuse = PromptReuseOpt,
-    semantics: Semantics = SemanticsOpt,
-    method: Method = MethodOpt,
-    objective: ObjectiveName = ObjectiveOpt,
-    weights: Optional[Path] = WeightsOpt,
-    cluster: Optional[str] = ClusterOpt,
-    remote_workers: Optional[int] = RemoteWorkersOpt,
+    workers: WorkersOption = None,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
+    semantics: SemanticsOption = SETUP.semantics,
+    method: MethodOption = FIT.method,
+    objective: ObjectiveOption = SETUP.objective,
+    weights: WeightsOption = None,
+    cluster: ClusterOption = None,
+    remote_workers: RemoteWorkersOption = None,
 ):
     """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
-    done = cross_validate_program(program, protocol, data, seed=seed, max_evals=max_evals, method=method,
-                                  objective=objective, weights=weights, workers=workers, output_len=output_len,
-                                  semantics=semantics, in_distribution=in_distribution, log=Log(),
-                                  cluster=Cluster.of(cluster, remote_workers), prompt_reuse=prompt_reuse)
+    setup = EvaluationSetup(data=data, output_len=output_len, prompt_reuse=prompt_reuse, semantics=semantics,
+                            objective=objective, weights=weights, workers=workers,
+                            cluster=Cluster.of(cluster, remote_workers))
+    done = cross_validate_program(program, protocol, setup, seed=seed, max_evals=max_evals, method=method,
+                                  in_distribution=in_distribution, say=say, progress=fit_progress)
     if as_json:
         print(dumps(done.to_json()))
         return
@@ -271,7 +241,7 @@ def run_cmd(
     generations: int = typer.Option(SEARCH.generations, "--generations", min=0,
                                     help="Generations to complete (generation 0 fits the seeds)."),
     seed: int = typer.Option(SEARCH.seed, "--seed", min=0, help="Same seed and data give the same archive (offline)."),
-    data: Optional[Path] = DataOpt,
+    data: DataOption = None,
     archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: runs/<data>-seed<seed>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --archive from its last completed generation "
                                 "(a new run if there is none)."),
@@ -293,8 +263,8 @@ def run_cmd(
     full_fit_evals: Optional[int] = typer.Option(SEARCH.full_fit_evals, "--full-fit-evals", min=1,
                                                  help="Full-fit budget for promoted children (default by --fit-method)."),
     fit_method: Method = typer.Option(SEARCH.fit_method, "--fit-method", help="How constants are fitted (see evolve fit --method)."),
-    objective: ObjectiveName = ObjectiveOpt,
-    weights: Optional[Path] = WeightsOpt,
+    objective: ObjectiveOption = SEARCH.objective,
+    weights: WeightsOption = None,
     patience: Optional[int] = typer.Option(SEARCH.patience, "--patience", min=1,
                                            help="Stop once the best validation loss has not improved by more than 0.5% "
                                                 "for this many generations."),
@@ -306,9 +276,9 @@ def run_cmd(
                                            help="Generations between migrations (with --islands > 1)."),
     seeds: Optional[list[Path]] = typer.Option(None, "--seeds", help="Seed program files, or directories of them, instead of the "
                                                "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
-    workers: Optional[int] = WorkersOpt,
-    semantics: Semantics = SemanticsOpt,
-    prompt_reuse: PromptReuse = PromptReuseOpt,
+    workers: WorkersOption = None,
+    semantics: SemanticsOption = SEARCH.semantics,
+    prompt_reuse: PromptReuseOption = SEARCH.prompt_reuse,
     cv: Literal[CV_MODES] = typer.Option(SEARCH.cv, "--cv",
                                          help="none: a promoted child's validation loss is its loss on the validation "
                                               "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
@@ -325,12 +295,13 @@ def run_cmd(
     rewrites: bool = typer.Option(False, "--rewrites",
                                   help="With --engine openevolve: ask the LLM for whole programs, not SEARCH/REPLACE "
                                        "diffs (OpenEvolve's default)."),
-    cluster: Optional[str] = ClusterOpt,
-    remote_workers: Optional[int] = RemoteWorkersOpt,
+    cluster: ClusterOption = None,
+    remote_workers: RemoteWorkersOption = None,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
-    where = Cluster.of(cluster, remote_workers)
+    setup = EvaluationSetup(data=data, prompt_reuse=prompt_reuse, semantics=semantics, objective=objective,
+                            weights=weights, workers=workers, cluster=Cluster.of(cluster, remote_workers))
     config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
                           quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
                           max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics,
@@ -339,8 +310,8 @@ def run_cmd(
                           cv=cv, front_cv=front_cv)
     llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
                                max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
-    outcome = run_search(config, data, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, workers=workers, log=Log(),
-                         weights=weights, engine=engine, diffs=not rewrites, cluster=where)
+    outcome = run_search(config, setup, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, engine=engine,
+                         diffs=not rewrites, say=say, progress=run_progress)
     if as_json:
         print(dumps(outcome.to_json()))
         return
@@ -398,7 +369,7 @@ def blis_compare_cmd(
     experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these experiments (repeatable)."),
     requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Replay only each experiment's first N requests."),
     backend: Optional[str] = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
-    prompt_reuse: PromptReuse = PromptReuseOpt,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
@@ -409,7 +380,7 @@ def blis_compare_cmd(
     dirs = [d for d in experiment_dirs(data) if not experiment or d.name in experiment]
     if not dirs:
         raise BlisError(f"{data}: no experiment directories{' named ' + ', '.join(experiment) if experiment else ''}")
-    rows = compare_program_in_blis(program, archive_dir, blis, dirs, backend=backend, requests=requests, say=Log().note,
+    rows = compare_program_in_blis(program, archive_dir, blis, dirs, backend=backend, requests=requests, say=say,
                                    prompt_reuse=prompt_reuse)
     if as_json:
         print(dumps([r.to_json() for r in rows]))
@@ -426,7 +397,7 @@ def bench_cmd(
     fit_method: Optional[list[str]] = typer.Option(None, "--fit-method",
                                                    help=f"Fitting methods to time (repeatable: {', '.join(METHODS)}; default all)."),
     search_generations: int = typer.Option(4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."),
-    workers: Optional[int] = WorkersOpt,
+    workers: WorkersOption = None,
     blis: Optional[Path] = typer.Option(None, "--blis", help="Also time BLIS (a built checkout, or the offline snapshot "
                                         "../shared/blis) against the tool's replay on three real experiments."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Instead of the figures above: replays/s and generations/hour "
@@ -441,15 +412,13 @@ def bench_cmd(
         raise FitConfigError(f"--fit-method: {', '.join(unknown)} is not one of {', '.join(METHODS)}")
     where = Cluster.of(cluster, (remote_workers or [None])[0])
     if where is not None:
-        from stepml_evolve.evolve.commands.bench_cluster import cluster_bench
-
-        figures = cluster_bench(data, where, remote_workers or [1, 2, 4], workers, search_generations, Log().note)
+        figures = cluster_bench(data, where, remote_workers or [1, 2, 4], workers, search_generations, say)
         if as_json:
             print(dumps(figures))
         else:
             out.print(cluster_bench_table(figures))
         return
-    figures = run_bench(data, skip_fit=skip_fit, log=Log().note, search_generations=search_generations, workers=workers,
+    figures = run_bench(data, skip_fit=skip_fit, say=say, search_generations=search_generations, workers=workers,
                         blis=blis, fit_seeds=fit_seed, fit_methods=fit_method)
     if as_json:
         print(dumps(figures))

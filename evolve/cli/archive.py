@@ -1,8 +1,8 @@
 """`evolve archive ...`: browse a search archive (list, show, pareto, diff), write the HTML report,
 cross-validate programs and store their scores (cv), and upgrade an older archive (migrate).
 
-Thin wiring: each command calls one query of archive.browse (or evolve.report_file,
-evolve.archive_cv) and prints the result, rich tables for people and JSON with --json.
+Thin wiring: each command calls one query of archive.browse (or a backend of evolve.commands)
+and prints the result, rich tables for people and JSON with --json.
 """
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ from rich.text import Text
 from stepml_evolve.archive.browse import (SORT_KEYS, compare_programs, front_programs, list_programs, protocol_order, show_program,
                             show_source)
 from stepml_evolve.archive.store import SCHEMA_VERSION
+from stepml_evolve.evaluator.crossval import PROTOCOLS
 from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evaluator.numbers import fmt
 from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
+from stepml_evolve.evolve.commands import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive, write_report
 
-from stepml_evolve.evaluator.crossval import PROTOCOLS
-from stepml_evolve.evolve.commands.archive import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive
-from .console import CommandGroup, Log, out
-from stepml_evolve.evolve.commands.report import write_report
+from .console import CommandGroup, out, say
+from .options import WorkersOption
+from .progress import fit_progress
 from .tables import cv_summary_table, dumps, metrics_table
 
 archive_app = typer.Typer(cls=CommandGroup, no_args_is_help=True,
@@ -221,12 +222,12 @@ def cv_cmd(
     again: bool = typer.Option(False, "--again", help="Redo programs already scored under the protocol with these settings."),
     data: Optional[Path] = typer.Option(None, "--data", help="Where the run's experiments are (default: the directory the "
                                         "run recorded; they must be the same experiments)."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel replay threads (default: all cores)."),
+    workers: WorkersOption = None,
     as_json: bool = JsonOpt,
 ):
     """Cross-validate programs with the run's data and fit settings and store the CV scores in the archive."""
     done = cross_validate_archive(archive_dir, program_ids, front=front, protocol=protocol, seed=seed, max_evals=max_evals,
-                                  again=again, data=data, workers=workers, log=Log())
+                                  again=again, data=data, workers=workers, say=say, progress=fit_progress)
     if as_json:
         print(dumps(done.to_json()))
         return

@@ -9,9 +9,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stepml_evolve.evaluator.numbers import fmt
 
+from .console import err
+
 
 @contextmanager
-def fit_progress(console: Console, every_s: float = 10.0):
+def fit_progress(console: Console = err, every_s: float = 10.0):
     """Yields a callback(group, iteration, best_loss, evaluations, evals_per_s) for fitting."""
     if console.is_terminal:
         with Progress(TextColumn("[bold]fit[/bold] {task.fields[group]}"), BarColumn(bar_width=None),
@@ -49,8 +51,9 @@ def _run_line(info: dict) -> str:
 
 
 @contextmanager
-def run_progress(console: Console, total: int, start: int):
-    """Yields a callback(info) for the search: a bar per generation on a terminal, lines otherwise."""
+def run_progress(total: int, start: int, console: Console = err):
+    """Yields a callback(info) for the search, generations `start`..`total`: a bar per generation on
+    a terminal, lines otherwise."""
     if console.is_terminal:
         with Progress(TextColumn("[bold]generation[/bold] {task.completed:.0f}/{task.total:.0f}"), BarColumn(bar_width=30),
                       TimeElapsedColumn(), TextColumn("{task.fields[line]}"), console=console) as bar:

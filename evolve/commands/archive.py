@@ -16,7 +16,6 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from stepml_evolve.archive.browse import latest_archive_dir, resolve, run_programs
 from stepml_evolve.archive.grid import pareto_front
@@ -30,11 +29,9 @@ from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitting import FitConfig, ProgressFn
 from stepml_evolve.evaluator.objectives import Objective
 from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
-
-from stepml_evolve.evolve.cli.console import Log
-from .inputs import load_usable
-from stepml_evolve.evolve.cli.progress import fit_progress
 from stepml_evolve.evolve.search.loop import stored_settings
+
+from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
 DEFAULT_PROTOCOL = "lomo"  # `evolve archive cv --protocol` offers crossval.PROTOCOLS (the library takes groups:FILE too)
 
@@ -74,17 +71,16 @@ def _blank_score(protocol: str, fit: RunFitSettings) -> CVScoreRecord:
                          objective=c.objective.name, weights=[list(w) for w in c.objective.weights], semantics=fit.semantics)
 
 
-def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, log: Log | None = None) -> LoadedData:
+def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: Say = quiet) -> LoadedData:
     """The experiments the run searched on: `data` if given, else the directory it recorded (the
     synthetic sample for a synthetic run); an error naming the directory if it is not there or its
     experiment files are not the run's (the fingerprint `--resume` checks)."""
-    log = log or Log()
     directory = data if data is not None else (None if run.synthetic else Path(run.data_label))
     if directory is not None and not Path(directory).is_dir():
         raise ArchiveCVError(f"{directory}: the run's data is not there (the run in {archive_dir} searched on "
                              f"{run.data_label}); pass --data DIR with its experiments")
     search = stored_settings(run.config)
-    loaded = load_usable(directory, "profile", log, search["prompt_reuse"])
+    loaded = EvaluationSetup(directory, prompt_reuse=search["prompt_reuse"]).load(say)
     if loaded.fingerprint() != run.data_fingerprint:
         raise ArchiveCVError(f"{loaded.directory}: not the data the run in {archive_dir} searched on ({run.data_label}): "
                              "its experiment files differ; pass --data DIR with the run's experiments")
@@ -107,8 +103,7 @@ class ProgramCV:
 
 def cross_validate_programs(archive: Archive, programs: list[ProgramRecord], loaded: LoadedData, engine: Engine,
                             protocol: str, fit: RunFitSettings, *, again: bool = False,
-                            progress: ProgressFn | None = None,
-                            say: Callable[[str], None] = lambda s: None) -> list[ProgramCV]:
+                            progress: ProgressFn | None = None, say: Say = quiet) -> list[ProgramCV]:
     """Cross-validate each program (in order) and store its score as soon as it is done (a killed
     job keeps the finished ones). The folds are made first, so a protocol the data cannot serve
     fails before any fit. `engine` replays `loaded.experiments` with `fit.semantics`."""
@@ -176,23 +171,22 @@ def _chosen(archive: Archive, run: RunRecord, programs: list[ProgramRecord], ref
 def cross_validate_archive(archive_dir: Path | None, refs: list[str] | None = None, *, front: bool = False,
                            protocol: str = DEFAULT_PROTOCOL, seed: int = FitConfig.seed,
                            max_evals: int | None = FitConfig.max_evals, again: bool = False, data: Path | None = None,
-                           workers: int | None = None, log: Log | None = None) -> ArchiveCV:
+                           workers: int | None = None, say: Say = quiet, progress: FitProgress = no_progress) -> ArchiveCV:
     """`evolve archive cv`: the programs `refs` (ids or `best`), or the latest run's Pareto front,
     cross-validated with the run's data (`data` overrides where it is looked for) and settings.
     Every check (programs, data, folds) comes before the first fit; scores are stored one by one."""
-    log = log or Log()
     archive = open_writable(archive_dir)
     try:
         if archive.migrated_from is not None:
-            log.note(f"{archive.dir}: archive migrated from schema {archive.migrated_from} to {SCHEMA_VERSION}")
+            say(f"{archive.dir}: archive migrated from schema {archive.migrated_from} to {SCHEMA_VERSION}")
         run, programs = run_programs(archive)
         chosen = _chosen(archive, run, programs, list(refs or ()), front)
         fit = run_fit_settings(run, seed, max_evals)
-        loaded = run_data(run, archive.dir, data, log)
+        loaded = run_data(run, archive.dir, data, say)
         make_folds(protocol, loaded.experiments)  # a protocol the data cannot serve fails before the engine starts
-        with Engine(loaded.experiments, workers, semantics=fit.semantics) as engine, fit_progress(log.console) as progress:
-            done = cross_validate_programs(archive, chosen, loaded, engine, protocol, fit, again=again, progress=progress,
-                                           say=log.note)
+        with Engine(loaded.experiments, workers, semantics=fit.semantics) as engine, progress() as on_progress:
+            done = cross_validate_programs(archive, chosen, loaded, engine, protocol, fit, again=again,
+                                           progress=on_progress, say=say)
         return ArchiveCV(archive.dir, loaded, protocol, fit, done, archive.migrated_from)
     finally:
         archive.close()

@@ -5,7 +5,6 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -16,6 +15,8 @@ from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitting import METHODS, FitConfig, fit, quick_config
 from stepml_evolve.evaluator.replay import replay
 from stepml_evolve.seeds import seed_path, seed_paths
+
+from .setup import Say
 
 BENCH_PROGRAM = "roofline"
 
@@ -36,7 +37,7 @@ def _median_time(fn, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable[[str], None]) -> dict:
+def generations_per_hour(loaded, engine: Engine, generations: int, say: Say) -> dict:
     """Offline search throughput: default settings, timed over generations 1..N (generation 0,
     the seed fits, runs with a small budget here and is not part of the figure)."""
     import tempfile
@@ -47,7 +48,7 @@ def generations_per_hour(loaded, engine: Engine, generations: int, log: Callable
     with tempfile.TemporaryDirectory(prefix="stepml-bench-") as tmp:
         archive = Archive(tmp, create=True)
         search = Search(archive, loaded, engine, SearchConfig(generations=generations, seed=0, seed_fit_evals=10),
-                        progress=lambda info: log(f"  bench search: generation {info['generation']} done") if "message" not in info else None)
+                        progress=lambda info: say(f"  bench search: generation {info['generation']} done") if "message" not in info else None)
         search.run()
         gens = [g for g in archive.generations(search.run_id) if g.generation >= 1]
         archive.close()
@@ -61,7 +62,7 @@ BLIS_BENCH_CASES = (("20260217-155451-llama-2-7b-tp1-codegen", None), ("20260217
                     ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", 3000))
 
 
-def blis_vs_tool(blis: Path, data: Path, log: Callable[[str], None]) -> dict:
+def blis_vs_tool(blis: Path, data: Path, say: Say) -> dict:
     """Seconds per replay in BLIS (the trained_physics seed emitted and installed into a scratch copy
     of `blis`: a built checkout, or the offline snapshot with build.sh) against the tool's replay."""
     import shutil
@@ -81,11 +82,11 @@ def blis_vs_tool(blis: Path, data: Path, log: Callable[[str], None]) -> dict:
             subprocess.run(["bash", str(blis / "build.sh"), str(checkout)], check=True, capture_output=True, env=env)
         else:
             shutil.copytree(blis, checkout, symlinks=True)
-        install_into_blis(str(program), None, checkout, go_test=(), say=log)
+        install_into_blis(str(program), None, checkout, go_test=(), say=say)
         rows = []
         for name, requests in BLIS_BENCH_CASES:
             f = compare_with_blis(load_program(program), data / name, checkout, requests=requests)
-            log(f"blis vs tool, {name}: {f.blis_s:.2f} s vs {f.tool_s:.3f} s; mean E2E {f.e2e_diff_pct:+.3f} %, "
+            say(f"blis vs tool, {name}: {f.blis_s:.2f} s vs {f.tool_s:.3f} s; mean E2E {f.e2e_diff_pct:+.3f} %, "
                 f"TTFT {f.ttft_diff_pct:+.3f} %")
             rows.append({"experiment": name, "requests": requests, "blis_s": round(f.blis_s, 2),
                          "tool_s": round(f.tool_s, 4), "speedup": round(f.blis_s / f.tool_s, 1),
@@ -93,7 +94,7 @@ def blis_vs_tool(blis: Path, data: Path, log: Callable[[str], None]) -> dict:
     return {"blis_vs_tool": rows}
 
 
-def seed_fits(exps, engine: Engine, seeds: list[str], methods: list[str], log: Callable[[str], None]) -> list[dict]:
+def seed_fits(exps, engine: Engine, seeds: list[str], methods: list[str], say: Say) -> list[dict]:
     """A full global fit (seed 0, default budget) of each seed program with each method: seconds,
     closed-loop replays of all training windows, and the training loss reached."""
     known = [p.stem for p in seed_paths()]
@@ -104,15 +105,15 @@ def seed_fits(exps, engine: Engine, seeds: list[str], methods: list[str], log: C
     for name in seeds:
         prog = load_program(seed_path(name))
         for method in methods:
-            log(f"full global fit of {name} ({method})...")
+            say(f"full global fit of {name} ({method})...")
             r = fit(prog, exps, engine, FitConfig(seed=0, method=method))
             rows.append({"seed": name, "method": method, "fit_s": round(r.seconds, 1), "replays": r.evaluations,
                          "train_loss": round(r.loss, 3)})
-            log(f"  {name} {method}: {r.seconds:.1f} s, {r.evaluations} replays, train loss {r.loss:.3f}")
+            say(f"  {name} {method}: {r.seconds:.1f} s, {r.evaluations} replays, train loss {r.loss:.3f}")
     return rows
 
 
-def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], None] = print,
+def run_bench(data: Path | None, skip_fit: bool = False, say: Say = print,
               search_generations: int = 4, workers: int | None = None, blis: Path | None = None,
               fit_seeds: list[str] | None = None, fit_methods: list[str] | None = None) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
@@ -131,32 +132,32 @@ def run_bench(data: Path | None, skip_fit: bool = False, log: Callable[[str], No
     figures["replay_s_largest"] = round(max(per_exp[e.name] for e in exps if e.n_requests == n_max), 4)
     figures["replay_requests_largest"] = n_max
     figures["replay_s_slowest_any"] = round(max(per_exp.values()), 4)
-    log(f"replay: largest experiment ({n_max} requests) {figures['replay_s_largest']} s; slowest of all "
+    say(f"replay: largest experiment ({n_max} requests) {figures['replay_s_largest']} s; slowest of all "
         f"{figures['replay_s_slowest_any']} s")
 
     with Engine(exps, workers) as engine:
         vectors = [consts] * len(exps)
         figures["full_eval_s"] = round(_median_time(lambda: engine.score(compiled, vectors, ("test",))), 4)
         figures["workers"] = engine.workers
-        log(f"full evaluation of {len(exps)} experiments on {engine.workers} threads: {figures['full_eval_s']} s")
+        say(f"full evaluation of {len(exps)} experiments on {engine.workers} threads: {figures['full_eval_s']} s")
         t0 = time.perf_counter()
         q = fit(prog, exps, engine, quick_config(0, exps))
         figures["quick_fit_s"] = round(time.perf_counter() - t0, 2)
         figures["quick_fit_evals"] = q.evaluations
-        log(f"quick fit ({BENCH_PROGRAM}): {figures['quick_fit_s']} s ({q.evaluations} replays of the screening windows)")
+        say(f"quick fit ({BENCH_PROGRAM}): {figures['quick_fit_s']} s ({q.evaluations} replays of the screening windows)")
         if not skip_fit:
             figures["fits"] = seed_fits(exps, engine, fit_seeds or [p.stem for p in seed_paths()],
-                                        fit_methods or list(METHODS), log)
+                                        fit_methods or list(METHODS), say)
             first = figures["fits"][0]
             figures["fit_s"], figures["fit_evals"], figures["fit_train_loss"] = first["fit_s"], first["replays"], first["train_loss"]
         if search_generations > 0:
-            log(f"offline search, {search_generations} generations with default settings...")
-            figures.update(generations_per_hour(loaded, engine, search_generations, log))
-            log(f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)")
+            say(f"offline search, {search_generations} generations with default settings...")
+            figures.update(generations_per_hour(loaded, engine, search_generations, say))
+            say(f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)")
     if blis is not None:
         if loaded.synthetic:
-            log("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")
+            say("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")
             figures["blis_vs_tool"] = None
         else:
-            figures.update(blis_vs_tool(Path(blis), Path(loaded.directory), log))
+            figures.update(blis_vs_tool(Path(blis), Path(loaded.directory), say))
     return figures

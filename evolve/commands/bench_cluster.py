@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -15,6 +14,7 @@ from stepml_evolve.evaluator.executor import Cluster
 from stepml_evolve.seeds import seed_path
 
 from .bench import BENCH_PROGRAM, default_bench_data, generations_per_hour
+from .setup import Say
 
 POPULATION = 8  # constant vectors per timed batch: one CMA-ES generation of a 4-constant program
 
@@ -34,7 +34,7 @@ def _throughput(engine: Engine, compiled, population, experiments, repeat: int) 
 
 
 def cluster_bench(data: Path | None, cluster: Cluster, remote_workers: list[int], threads: int | None,
-                  generations: int, log: Callable[[str], None], program: str = BENCH_PROGRAM, repeat: int = 3) -> dict:
+                  generations: int, say: Say, program: str = BENCH_PROGRAM, repeat: int = 3) -> dict:
     """On `data` (default as for evolve bench): threads first, then the cluster at each count of
     remote workers; the cluster's losses must equal the threads' (reported as `identical`)."""
     loaded = load_data(data if data is not None else default_bench_data())
@@ -47,10 +47,10 @@ def cluster_bench(data: Path | None, cluster: Cluster, remote_workers: list[int]
     def measure(engine: Engine, where: str, workers: int) -> tuple[dict, list[float]]:
         rate, losses = _throughput(engine, compiled, population, exps, repeat)
         row = {"where": where, "workers": workers, "replays_per_s": round(rate, 1)}
-        log(f"{where}, {workers} workers: {row['replays_per_s']} replays/s")
+        say(f"{where}, {workers} workers: {row['replays_per_s']} replays/s")
         if generations > 0:
-            row.update(generations_per_hour(loaded, engine, generations, log))
-            log(f"{where}, {workers} workers: {row['generations_per_hour']} generations/hour")
+            row.update(generations_per_hour(loaded, engine, generations, say))
+            say(f"{where}, {workers} workers: {row['generations_per_hour']} generations/hour")
         return row, losses
 
     with Engine(exps, threads) as local:
@@ -59,7 +59,7 @@ def cluster_bench(data: Path | None, cluster: Cluster, remote_workers: list[int]
     t0 = time.perf_counter()
     with Engine(exps, cluster=Cluster(cluster.address)) as remote:
         connect_s = round(time.perf_counter() - t0, 2)
-        log(f"connected to {cluster.address} ({remote.workers} CPUs) and stored {len(exps)} experiments in {connect_s} s")
+        say(f"connected to {cluster.address} ({remote.workers} CPUs) and stored {len(exps)} experiments in {connect_s} s")
         cpus = remote.workers
         for n in remote_workers:
             remote.executor.workers = n

@@ -9,16 +9,10 @@ from pathlib import Path
 from stepml_evolve.evaluator.crossval import CrossValidation, cross_validate, make_folds, summarize
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.executor import Cluster
 from stepml_evolve.evaluator.fitting import FitConfig
-from stepml_evolve.evaluator.objectives import load_objective
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
-from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 
-from stepml_evolve.evolve.cli.console import Log
-from .inputs import load_usable
-from stepml_evolve.evolve.cli.progress import fit_progress
+from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
 
 @dataclass
@@ -47,20 +41,16 @@ class CrossValidatedProgram:
                 "loss": self.config.objective.of_rows(inside.rows)}
 
 
-def cross_validate_program(path: Path, protocol: str, data: Path | None = None, *, seed: int = FitConfig.seed,
-                           max_evals: int | None = FitConfig.max_evals, method: str = FitConfig.method,
-                           objective: str = "rms", weights: Path | None = None, workers: int | None = None,
-                           output_len: str = "profile", semantics: str = DEFAULT_SEMANTICS,
-                           in_distribution: bool = False, log: Log | None = None,
-                           cluster: Cluster | None = None, prompt_reuse: str = DEFAULT_POLICY) -> CrossValidatedProgram:
+def cross_validate_program(path: Path, protocol: str, setup: EvaluationSetup = EvaluationSetup(), *,
+                           seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals,
+                           method: str = FitConfig.method, in_distribution: bool = False, say: Say = quiet,
+                           progress: FitProgress = no_progress) -> CrossValidatedProgram:
     """Folds are made (and a bad protocol or groups file refused) before any fit starts."""
-    log = log or Log()
     program = load_program(path)
-    loaded = load_usable(data, output_len, log, prompt_reuse)
+    loaded = setup.load(say)
     folds = make_folds(protocol, loaded.experiments)
-    goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
-    config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=method), objective=goal)
-    with Engine(loaded.experiments, workers, semantics=semantics, cluster=cluster) as engine, fit_progress(log.console) as progress:
-        cv = cross_validate(program, loaded.experiments, engine, protocol, folds, config, progress=progress,
+    config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=method), objective=setup.goal(loaded))
+    with setup.engine(loaded) as engine, progress() as on_progress:
+        cv = cross_validate(program, loaded.experiments, engine, protocol, folds, config, progress=on_progress,
                             percentiles=True, in_distribution=in_distribution)
-    return CrossValidatedProgram(path, loaded, config, cv, prompt_reuse)
+    return CrossValidatedProgram(path, loaded, config, cv, setup.prompt_reuse)

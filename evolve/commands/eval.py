@@ -8,14 +8,11 @@ import numpy as np
 
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.metrics import MetricRow
-from stepml_evolve.evaluator.objectives import DEFAULT, Objective, load_objective
+from stepml_evolve.evaluator.objectives import DEFAULT, Objective
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
-from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 
-from stepml_evolve.evolve.cli.console import Log
-from .inputs import load_usable
+from .setup import EvaluationSetup, Say, quiet
 
 
 @dataclass
@@ -40,15 +37,13 @@ class Evaluation:
                 "split": self.split, "prompt_reuse": self.prompt_reuse, "loss": self.loss, **self.objective.settings(), "experiments": self.rows}
 
 
-def evaluate_program(path: Path, data: Path | None = None, split: str = "test", workers: int | None = None,
-                     output_len: str = "profile", log: Log | None = None,
-                     semantics: str = DEFAULT_SEMANTICS, objective: str = "rms",
-                     weights: Path | None = None, prompt_reuse: str = DEFAULT_POLICY) -> Evaluation:
+def evaluate_program(path: Path, setup: EvaluationSetup = EvaluationSetup(), split: str = "test",
+                     say: Say = quiet) -> Evaluation:
     """The program's per-experiment metrics on `split`, with the constants it holds."""
     program = load_program(path)
-    loaded = load_usable(data, output_len, log or Log(), prompt_reuse)
-    goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
+    loaded = setup.load(say)
+    goal = setup.goal(loaded)
     vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
-    with Engine(loaded.experiments, workers, semantics=semantics) as engine:
+    with setup.engine(loaded) as engine:
         rows = engine.score(program, vectors, (split,), percentiles=True)[split]
-    return Evaluation(path, loaded, split, rows, goal, prompt_reuse)
+    return Evaluation(path, loaded, split, rows, goal, setup.prompt_reuse)

@@ -8,20 +8,14 @@ from pathlib import Path
 
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.executor import Cluster
 from stepml_evolve.evaluator.fitted_header import FittedHeader
-from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 from stepml_evolve.evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, group_key, quick_config
 from stepml_evolve.evaluator.metrics import MetricRow
-from stepml_evolve.evaluator.objectives import load_objective
+from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
 
-from stepml_evolve.evolve.cli.console import Log
-from .inputs import load_usable
-from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
-from stepml_evolve.evolve.cli.progress import fit_progress
+from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
 SCORED_SPLITS = ("validate", "test")
 
@@ -54,26 +48,23 @@ class FittedPrograms:
                 "splits": {s: {"loss": self.losses[s], "experiments": rows} for s, rows in self.rows.items()}}
 
 
-def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.seed, scope: str = FitConfig.scope,
-                out: Path | None = None, max_evals: int | None = FitConfig.max_evals, quick: bool = False,
-                restarts: int = FitConfig.restarts, workers: int | None = None, output_len: str = "profile",
-                log: Log | None = None, semantics: str = DEFAULT_SEMANTICS, method: str = FitConfig.method,
-                objective: str = "rms", weights: Path | None = None, cluster: Cluster | None = None,
-                prompt_reuse: str = DEFAULT_POLICY) -> FittedPrograms:
+def fit_program(path: Path, setup: EvaluationSetup = EvaluationSetup(), *, seed: int = FitConfig.seed,
+                scope: str = FitConfig.scope, out: Path | None = None, max_evals: int | None = FitConfig.max_evals,
+                quick: bool = False, restarts: int = FitConfig.restarts, method: str = FitConfig.method,
+                say: Say = quiet, progress: FitProgress = no_progress) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts."""
-    log = log or Log()
     program = load_program(path)
-    loaded = load_usable(data, output_len, log, prompt_reuse)
-    goal = load_objective(objective, weights, [e.name for e in loaded.experiments])
+    loaded = setup.load(say)
+    goal = setup.goal(loaded)
     config = quick_config(seed, loaded.experiments, method) if quick else FitConfig(seed=seed, scope=scope)
     config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts,
                                  method=method, objective=goal)
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
-    with Engine(loaded.experiments, workers, semantics=semantics, cluster=cluster) as engine, fit_progress(log.console) as progress:
-        result = fit(program, loaded.experiments, engine, config, progress=progress)
+    with setup.engine(loaded) as engine, progress() as on_progress:
+        result = fit(program, loaded.experiments, engine, config, progress=on_progress)
         if not result.loss < FAILED_LOSS:
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")
         vectors = [result.vector_for(program, e) for e in loaded.experiments]
@@ -81,11 +72,11 @@ def fit_program(path: Path, data: Path | None = None, *, seed: int = FitConfig.s
     written = []
     for group, constants in result.constants.items():
         header = FittedHeader(data=loaded.label, seed=seed, scope=scope, group=group, restarts=restarts, quick=quick,
-                              semantics=semantics, method=method, objective=goal.name + ("+weights" if goal.weights else ""),
-                              prompt_reuse=prompt_reuse,
+                              semantics=setup.semantics, method=method,
+                              objective=goal.name + ("+weights" if goal.weights else ""), prompt_reuse=setup.prompt_reuse,
                               train_loss=result.loss, loss_of_all_groups=len(result.constants) != 1,
                               evaluations=result.evaluations)
         target = paths.get(group, base)
         write_atomic(target, program.with_constants(constants, header=header.render()).source)
         written.append(target)
-    return FittedPrograms(path, loaded, config, result, written, rows, prompt_reuse)
+    return FittedPrograms(path, loaded, config, result, written, rows, setup.prompt_reuse)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from stepml_evolve.archive.browse import RUNS_DIR
 from stepml_evolve.archive.grid import pareto_front
@@ -15,18 +17,16 @@ from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.executor import Cluster
-from stepml_evolve.evaluator.objectives import load_objective
+from stepml_evolve.evaluator.outputs import OutputError, slug
+from stepml_evolve.evolve.search.emitters import build_emitters
+from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S
+from stepml_evolve.evolve.search.loop import ProgressFn, Search, SearchConfig, SearchError
 from stepml_evolve.seeds import SeedError, load_seeds
 
 from .archive import cross_validate_programs, run_fit_settings
-from stepml_evolve.evolve.cli.console import Log
-from stepml_evolve.evolve.search.emitters import build_emitters
-from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S
-from .inputs import load_usable
-from stepml_evolve.evaluator.outputs import OutputError, slug
-from stepml_evolve.evolve.cli.progress import run_progress
-from stepml_evolve.evolve.search.loop import Search, SearchConfig, SearchError
+from .setup import SKIPPED, EvaluationSetup, Say, no_progress, quiet
+
+SearchProgress = Callable[[int, int], AbstractContextManager[ProgressFn]]  # opens a display for (last, first) generation
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class RunOutcome:
 
 
 def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engine, config: SearchConfig, summary: dict,
-                log: Log) -> dict:
+                say: Say = quiet) -> dict:
     """Cross-validate the front members that have no score of `config.front_cv` yet (a resumed run
     finishes what a killed one started), store the scores, and add them to the run's summary.
     Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
@@ -60,7 +60,7 @@ def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engin
     try:
         make_folds(protocol, loaded.experiments)
     except FoldError as e:
-        log.skipped(f"cross-validating the front: {e}")
+        say(f"{SKIPPED}cross-validating the front: {e}")
         return summary
     def losses() -> dict[int, float | None]:  # program id -> its stored loss under the protocol
         return {s.program_id: s.loss for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol}
@@ -69,9 +69,9 @@ def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engin
     scored = losses()
     missing = [p for p in front if p.id not in scored]
     if missing:
-        log.note(f"cross-validating {len(missing)} front program(s), {protocol} (--front-cv none skips this)")
+        say(f"cross-validating {len(missing)} front program(s), {protocol} (--front-cv none skips this)")
         fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
-        cross_validate_programs(archive, missing, loaded, engine, protocol, fit, say=log.note)
+        cross_validate_programs(archive, missing, loaded, engine, protocol, fit, say=say)
         scored = losses()
     summary = {**summary, "front": [{**f, "cv": {protocol: scored.get(f["id"])}} for f in summary.get("front", [])]}
     archive.set_summary(run_id, summary)
@@ -163,18 +163,27 @@ def _check_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
         raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
 
 
-def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path | None = None, *, resume: bool = False,
-               seeds: list[Path] | None = None, llm: LLMSettings | None = None, workers: int | None = None,
-               log: Log | None = None, weights: Path | None = None, engine: str = ENGINES[0], diffs: bool = True,
-               cluster: Cluster | None = None) -> RunOutcome:
+def _check_setup(config: SearchConfig, setup: EvaluationSetup) -> None:
+    """A run reads its data and replays as its config says (the archive stores the config, and
+    --resume and `archive cv` go by it), so the setup must say the same."""
+    if (setup.output_len, setup.semantics, setup.prompt_reuse, setup.objective) != (
+            "profile", config.semantics, config.prompt_reuse, config.objective):
+        raise ValueError("the setup's output length, semantics, prompt reuse and objective must be the run's "
+                         "(profile and its config's)")
+
+
+def run_search(config: SearchConfig, setup: EvaluationSetup = EvaluationSetup(), archive_dir: Path | None = None, *,
+               resume: bool = False, seeds: list[Path] | None = None, llm: LLMSettings | None = None,
+               engine: str = ENGINES[0], diffs: bool = True, say: Say = quiet,
+               progress: SearchProgress = no_progress) -> RunOutcome:
     """Run (or with resume, continue) the search in `archive_dir` (default: `default_archive_dir`).
+    setup: the data, and where replays run (threads, or a Ray cluster: the archive is the same);
+    its weights file is read into config.weights, so the run stores the weights, not the path.
     seeds: program files or directories for generation 0 instead of the shipped seeds/. Without
-    an LLM every child is symbolic, whatever config.llm_ratio says. weights: a YAML weights file
-    for the objective (read into config.weights, so the run stores the weights, not the path).
-    engine: "openevolve" hands generations 1.. to OpenEvolve (evolve/openevolve/engine.py; diffs:
-    whether it asks the LLM for SEARCH/REPLACE diffs, its default, or full rewrites). cluster: replay on
-    a Ray cluster instead of local threads (the archive is the same)."""
-    log = log or Log()
+    an LLM every child is symbolic, whatever config.llm_ratio says. engine: "openevolve" hands
+    generations 1.. to OpenEvolve (evolve/openevolve/engine.py; diffs: whether it asks the LLM for
+    SEARCH/REPLACE diffs, its default, or full rewrites)."""
+    _check_setup(config, setup)
     _check_engine(engine, llm)
     if archive_dir is not None:
         _check_resumable(engine, archive_dir, resume)  # before any data is loaded
@@ -183,15 +192,14 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
         check_seed_units(seeds, seed_programs)
     if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
         raise OutputError(f"{archive_dir}: is a file; --archive takes a directory")
-    loaded = load_usable(data, "profile", log, config.prompt_reuse)
-    if weights is not None:
-        goal = load_objective(config.objective, weights, [e.name for e in loaded.experiments])
-        config = dataclasses.replace(config, weights=goal.weights)
+    loaded = setup.load(say)
+    if setup.weights is not None:
+        config = dataclasses.replace(config, weights=setup.goal(loaded).weights)
     if archive_dir is None:
         archive_dir = default_archive_dir(loaded, config.seed)
         _check_resumable(engine, archive_dir, resume)  # the default directory is known only now
     if resume and not (archive_dir / Archive.FILE).exists():
-        log.note(f"{archive_dir}: no archive yet, starting a new run")
+        say(f"{archive_dir}: no archive yet, starting a new run")
     if llm is None:
         config = dataclasses.replace(config, llm_ratio=0.0)
     archive = Archive(archive_dir, create=True)
@@ -200,19 +208,19 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
         operator = _llm_operator(llm, archive_dir, loaded, config) if llm and not outside else None
         run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None,
                       "engine": engine}
-        with Engine(loaded.experiments, workers, semantics=config.semantics, cluster=cluster) as pool:
+        with setup.engine(loaded) as pool:
             search = Search(archive, loaded, pool, config, build_emitters(operator, config.llm_ratio), resume=resume,
                             run_config=run_config, seeds=seed_programs)
             start = archive.last_generation(search.run_id) + 1
             if start > config.generations:
-                log.note(f"{archive_dir}: already at generation {start - 1}; nothing to run")
+                say(f"{archive_dir}: already at generation {start - 1}; nothing to run")
             elif search.out_of_patience():
-                log.note(f"{archive_dir}: stopped by --patience {config.patience} at generation {start - 1}; nothing to run")
+                say(f"{archive_dir}: stopped by --patience {config.patience} at generation {start - 1}; nothing to run")
             else:
-                log.note(f"archive: {archive_dir}  (generations {start}..{config.generations})")
+                say(f"archive: {archive_dir}  (generations {start}..{config.generations})")
             try:
-                with run_progress(log.console, config.generations, start) as progress:
-                    search.progress = progress
+                with progress(config.generations, start) as on_progress:
+                    search.progress = on_progress
                     if outside:
                         from stepml_evolve.evolve.openevolve.engine import OUTPUT_DIR, run_openevolve
 
@@ -225,7 +233,7 @@ def run_search(config: SearchConfig, data: Path | None = None, archive_dir: Path
             except SearchError as e:
                 raise SearchError(f"{archive_dir}: {e}") from None
             if config.front_cv != "none":
-                summary = score_front(archive, search.run_id, loaded, pool, config, summary, log)
+                summary = score_front(archive, search.run_id, loaded, pool, config, summary, say)
     finally:
         archive.close()
     return RunOutcome(archive_dir, summary)

@@ -18,21 +18,19 @@ from __future__ import annotations
 import os
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
 
-# evolve.commands imports evolve.cli.console, whose package (evolve/cli/__init__.py) imports the
-# commands back: enter through the CLI, as the `evolve` command does, until that circle is broken
-import stepml_evolve.evolve.cli  # noqa: F401,I001
 from stepml_evolve.archive.browse import cv_by_program, latest_archive_dir, opened, run_programs, show_source
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evolve.commands.emit_go import emit_program, emitted_sources
 from stepml_evolve.evolve.commands.eval import evaluate_program
 from stepml_evolve.evolve.commands.fit import fit_program
+from stepml_evolve.evolve.commands.setup import EvaluationSetup
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET
 
 from .frames import cv_score_frame, evaluation_frame, generation_frame, metric_frame, program_frame
@@ -113,13 +111,26 @@ def _path(path: PathSpec | None) -> Path | None:
     return Path(path) if path is not None else None
 
 
+SETUP_OPTIONS = tuple(f.name for f in fields(EvaluationSetup) if f.name != "data")
+
+
+def _setup(data: PathSpec | None, options: dict) -> tuple[EvaluationSetup, dict]:
+    """The EvaluationSetup the options name (data, workers, semantics, objective, weights,
+    prompt_reuse, output_len, cluster), and the options left for the command itself."""
+    shared = {k: options.pop(k) for k in SETUP_OPTIONS if k in options}
+    if shared.get("weights") is not None:
+        shared["weights"] = Path(shared["weights"])
+    return EvaluationSetup(data=_path(data), **shared), options
+
+
 def score(program: ProgramSpec, data: PathSpec | None = None, split: str = "test", **options) -> pd.DataFrame:
     """The program replayed closed-loop on every experiment of `data` (default: the built-in
     synthetic sample) with the constants it holds, scored on `split`: `evolve eval --json`'s
     experiments, one row each; `.attrs` holds `loss` (the objective's), `split` and `data`.
     `options`: the other `evolve eval` options (workers, semantics, objective, weights, prompt_reuse, output_len)."""
     with _program_file(program) as path:
-        evaluation = evaluate_program(path, _path(data), split, **options)
+        setup, rest = _setup(data, dict(options))
+        evaluation = evaluate_program(path, setup, split, **rest)
     frame = metric_frame(evaluation.rows)
     frame.attrs.update(loss=evaluation.loss, split=split, data=evaluation.data.label)
     return frame
@@ -151,8 +162,9 @@ def fit(program: ProgramSpec, data: PathSpec | None = None, *, seed: int = FitCo
     and data, same constants); nothing is written. `options`: the other `evolve fit` options
     (scope, method, objective, weights, restarts, quick, workers, semantics, prompt_reuse, output_len)."""
     with _program_file(program) as path, tempfile.TemporaryDirectory(prefix="stepml-evolve-") as out:
-        fitted = fit_program(path, _path(data), seed=seed, max_evals=max_evals,
-                             out=Path(out) / f"{path.stem}.fitted.py", **options)
+        setup, rest = _setup(data, dict(options))
+        fitted = fit_program(path, setup, seed=seed, max_evals=max_evals, out=Path(out) / f"{path.stem}.fitted.py",
+                             **rest)
         texts = {group: p.read_text() for group, p in zip(fitted.result.constants, fitted.written)}
     return Fitted(texts, fitted.result.constants, {"train": fitted.result.loss, **fitted.losses},
                   metric_frame([r for rows in fitted.rows.values() for r in rows]), fitted.result.evaluations,

@@ -31,7 +31,7 @@ from stepml_evolve.evolve.commands.fit import fit_program
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.commands.run import ENGINES, LLMSettings, run_search
 from stepml_evolve.evolve.commands.eval import evaluate_program
-from stepml_evolve.evolve.search.loop import CV_MODES, FRONT_CV_MODES, SearchConfig
+from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, SearchConfig
 from .tables import blis_comparison_table, cluster_bench_table, cv_summary_table, dumps, experiments_table, loss_text, metrics_table, run_summary_tables
 
 app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,

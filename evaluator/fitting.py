@@ -51,6 +51,7 @@ from .engine import Engine, windowed
 from .errors import UserError
 from .experiments import Experiment
 from .objectives import DEFAULT, Objective
+from .seeding import cma_seed
 from .surrogate import SurrogateSet, VectorProgram, learn_gain, shift_us
 
 FAILED_LOSS = 1e5  # loss given to constants whose replay fails (NaN or non-positive step time)
@@ -282,7 +283,7 @@ class _GroupFit:
 
     def cmaes(self, gi, group, gexps, best_x, best_loss, evals, it):
         for restart in range(1 + self.cfg.restarts):  # each restart: a fresh CMA-ES from the best point so far
-            opts = {"seed": (self.cfg.seed * 7919 + gi + 104729 * restart) % (2**31 - 2) + 1,
+            opts = {"seed": cma_seed(self.cfg.seed, gi, restart),
                     "maxfevals": max(1, self.max_evals - 1),  # the start point is evaluation 1
                     "tolfun": self.cfg.tolfun, "tolx": 1e-6, "verbose": -9}
             if self.cfg.popsize:
@@ -325,7 +326,8 @@ class _GroupFit:
         while evals < budget_end and rho > RHO_MIN:
             it += 1
             lo, hi = np.maximum(x - rho, self.lo), np.minimum(x + rho, self.hi)  # the region within the bounds
-            opts = {"seed": _seed(cfg.seed + 7 * restart, gi, it), "maxfevals": sur_budget, "tolfun": cfg.tolfun * 0.1,
+            # the surrogate's CMA-ES: its group and iteration take the second and third part weights
+            opts = {"seed": cma_seed(cfg.seed + 7 * restart, 0, gi, it), "maxfevals": sur_budget, "tolfun": cfg.tolfun * 0.1,
                     "tolx": 1e-4 * rho, "verbose": -9, "bounds": [list(lo), list(hi)]}
             if cfg.popsize:
                 opts["popsize"] = cfg.popsize
@@ -389,10 +391,6 @@ RHO_MAX = 1.0
 GROW = 2.0
 SHRINK = 0.5
 STALL_ITERATIONS = 5  # stop after this many iterations without a gain of at least tolfun
-
-
-def _seed(seed: int, group: int, iteration: int) -> int:
-    return (seed * 7919 + group * 104729 + iteration * 1299709) % (2**31 - 2) + 1
 
 
 def _safe(v: float) -> float:

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.search.loop import SearchConfig
+from stepml_evolve.evolve.search import SearchConfig
 
 RUN_OPTIONS = {"--generations": "generations", "--seed": "seed", "--children": "children", "--quick-evals": "quick_evals",
                "--full-fit-evals": "full_fit_evals", "--max-promotions": "max_promotions", "--islands": "islands",

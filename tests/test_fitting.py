@@ -11,6 +11,7 @@ from conftest import needs_real_data
 from stepml_evolve.evaluator.dsl import load_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FitConfig, fit, quick_config
+from stepml_evolve.evaluator.seeding import cma_seed, mix
 from stepml_evolve.evaluator.synthetic import ORACLE_SOURCE
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
@@ -30,6 +31,17 @@ def test_same_seed_same_constants_bit_for_bit_whatever_the_worker_count(syntheti
     with Engine(synthetic.experiments, 2) as engine:
         other = fit(prog, synthetic.experiments, engine, FitConfig(seed=12, max_evals=50))
     assert other.constants != results[0].constants
+
+
+def test_derived_seeds_are_the_numbers_archives_were_made_with():
+    """An archive depends on every derived seed: these are pinned (a generation's child stream, a
+    child's quick fit, a CMA-ES restart, a trust-region iteration)."""
+    assert mix(3, 1, 2) == 1864501619792191076 and mix(3, 1, 2, 1) % 2**31 == 1663098761
+    assert mix(3, 2**80 - 1, 2) == 4360218507833676613  # a structure hash as a part
+    assert cma_seed(12345, 2, 1) == 97864787 and cma_seed(12345 + 7, 0, 2, 9) == 109722328
+    assert 1 <= cma_seed(2**31 - 1, 99, 99, 99) <= 2**31 - 2
+    with pytest.raises(ValueError):
+        cma_seed(1, 2, 3, 4, 5)
 
 
 def test_fit_recovers_the_synthetic_oracle_from_perturbed_constants(synthetic_full):

@@ -15,7 +15,7 @@ from stepml_evolve.archive.records import GenerationRecord
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.search.loop import LEGACY_SETTINGS, PATIENCE_GAIN, Search, SearchConfig
+from stepml_evolve.evolve.search import LEGACY_SETTINGS, PATIENCE_GAIN, Search, SearchConfig
 
 # cmaes: the plain closed loop, small budgets; no promotions, so no child is fully evaluated and
 # the best validation loss is the seeds' from generation 0 on (patience must run out)
@@ -142,9 +142,11 @@ def test_exactly_half_a_percent_is_not_a_gain(synthetic, tmp_path):
         a = Archive(tmp_path / str(second), create=True)
         try:
             with Engine(synthetic.experiments, workers=1) as engine:
-                s = Search(a, synthetic, engine, SearchConfig(patience=1, generations=5))
+                config = SearchConfig(patience=1, generations=5)
+                run_id = Search(a, synthetic, engine, config).run_id
                 for g, v in enumerate((100.0, second)):
-                    a.write_generation(s.run_id, g, 0.0, [], [], [], GenerationRecord(best_val=v))
+                    a.write_generation(run_id, g, 0.0, [], [], [], GenerationRecord(best_val=v))
+                s = Search(a, synthetic, engine, config, resume=True)  # reads the generations back
                 assert s.out_of_patience() is out
                 assert s.summary()["stopped_by_patience"] is out
         finally:

@@ -191,7 +191,7 @@ def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     ref = Archive(d)
     best = min((p for p in ref.programs(ref.run().id) if p.full), key=lambda p: (p.val_loss, p.id))
     ref.close()
-    from stepml_evolve.evolve.search.loop import structure_hash
+    from stepml_evolve.evolve.search import structure_hash
     from stepml_evolve.evaluator.dsl import parse_program
     assert structure_hash(parse_program(gen0[0].source)) == structure_hash(parse_program(best.source))
     assert set(run_row.config["seeds"]) == {"winner", "rf"}
@@ -215,13 +215,13 @@ def test_a_bad_seed_is_a_one_line_error_naming_the_file(tmp_path, content, messa
     assert not (tmp_path / "run" / Archive.FILE).exists() or Archive(tmp_path / "run").run() is None
 
 
-def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
+def test_a_resumed_search_rebuilds_the_live_duplicate_filter_and_programs(tmp_path):
     """What a resumed run knows must equal what the uninterrupted run knew at that generation,
     seeds and children that failed evaluation included, or the two runs diverge."""
     from stepml_evolve.evaluator.datasets import load_data
     from stepml_evolve.evaluator.engine import Engine
     from stepml_evolve.evolve.search.emitters import SymbolicEmitter
-    from stepml_evolve.evolve.search.loop import Search, SearchConfig
+    from stepml_evolve.evolve.search import Search, SearchConfig
 
     loaded = load_data(None)
     cfg = SearchConfig(generations=2, seed=3, children=5, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
@@ -238,6 +238,9 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter(tmp_path):
         archive.close()
     assert "evaluation" in rules  # the case that used to be forgotten is exercised
     assert resumed.structures == live.structures
+    # what the live run kept of what it wrote is what the archive reads back
+    assert resumed.programs == live.programs and resumed.completed == live.completed
+    assert resumed.rejection_counts == live.rejection_counts
     assert len(live.structures) > 5
 
 
@@ -255,7 +258,7 @@ def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children
     from stepml_evolve.evaluator.datasets import load_data
     from stepml_evolve.evaluator.engine import Engine
     from stepml_evolve.evolve.search.emitters import SymbolicEmitter
-    from stepml_evolve.evolve.search.loop import Search, SearchConfig
+    from stepml_evolve.evolve.search import Search, SearchConfig
     from stepml_evolve.seeds import seed_path
 
     child = ('CONSTANTS = {"base_us": 2000.0, "c": 1.5}\n\n'

@@ -17,7 +17,7 @@ from stepml_evolve.evaluator.components import COMPONENTS
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, infer_units, parse_program
 from stepml_evolve.evaluator.dsl.operators import OPERATORS, UNIT_RULES
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.search.loop import LEGACY_SETTINGS, UNITS_MODES, SearchConfig
+from stepml_evolve.evolve.search import LEGACY_SETTINGS, UNITS_MODES, SearchConfig
 from stepml_evolve.seeds import seed_path, seed_paths
 
 HEADER = 'CONSTANTS = {"k": 2.0, "j": 3.0, "q": 100.0}\n\n\ndef step_time(f, c):\n'  # step_time's body starts on line 5
@@ -161,7 +161,7 @@ def stored_search(d) -> dict:
 def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless_units_off(synthetic, tmp_path, units):
     from stepml_evolve.evaluator.engine import Engine
     from stepml_evolve.evolve.search.emitters import SymbolicEmitter
-    from stepml_evolve.evolve.search.loop import Search
+    from stepml_evolve.evolve.search import Search
 
     child = BAD.replace("return", "return c.k * f.tok_pf +")
     fixed = FixedEmitter(child)
@@ -276,7 +276,7 @@ def test_a_seed_that_is_not_unit_consistent_is_a_one_line_error_naming_the_file(
 
 def test_the_library_refuses_such_a_seed_too_before_storing_a_run(synthetic, tmp_path):
     from stepml_evolve.evaluator.engine import Engine
-    from stepml_evolve.evolve.search.loop import Search, SearchError
+    from stepml_evolve.evolve.search import Search, SearchError
 
     with Engine(synthetic.experiments, 1) as engine:
         archive = Archive(tmp_path, create=True)

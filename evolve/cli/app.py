@@ -21,7 +21,7 @@ from stepml_evolve.evolve.commands import (ENGINES, EvaluationSetup, LLMSettings
                                            emit_program, evaluate_program, fit_program, run_bench, run_search)
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
-from stepml_evolve.evolve.search.loop import CV_MODES, FRONT_CV_MODES, SearchConfig
+from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, SearchConfig
 
 from .archive import archive_app
 from .console import CommandGroup, err, error, out, say

@@ -29,7 +29,7 @@ from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitting import FitConfig, ProgressFn
 from stepml_evolve.evaluator.objectives import Objective
 from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
-from stepml_evolve.evolve.search.loop import stored_settings
+from stepml_evolve.evolve.search import RunSettings
 
 from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
@@ -58,7 +58,7 @@ class RunFitSettings:
 def run_fit_settings(run: RunRecord, seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals) -> RunFitSettings:
     """The run's fit method, objective (with its weights) and semantics, as stored with its settings
     (a run stored before a setting existed ran with its legacy value, as `--resume` assumes)."""
-    search = stored_settings(run.config)
+    search = RunSettings.stored(run.config).search
     weights = tuple((str(p), float(w)) for p, w in (search.get("weights") or ()))
     goal = Objective(search.get("objective") or "rms", weights)
     config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=search["fit_method"]), objective=goal)
@@ -79,7 +79,7 @@ def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: S
     if directory is not None and not Path(directory).is_dir():
         raise ArchiveCVError(f"{directory}: the run's data is not there (the run in {archive_dir} searched on "
                              f"{run.data_label}); pass --data DIR with its experiments")
-    search = stored_settings(run.config)
+    search = RunSettings.stored(run.config).search
     loaded = EvaluationSetup(directory, prompt_reuse=search["prompt_reuse"]).load(say)
     if loaded.fingerprint() != run.data_fingerprint:
         raise ArchiveCVError(f"{loaded.directory}: not the data the run in {archive_dir} searched on ({run.data_label}): "

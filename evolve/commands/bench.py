@@ -43,7 +43,7 @@ def generations_per_hour(loaded, engine: Engine, generations: int, say: Say) -> 
     import tempfile
 
     from stepml_evolve.archive.store import Archive
-    from stepml_evolve.evolve.search.loop import Search, SearchConfig
+    from stepml_evolve.evolve.search import Search, SearchConfig
 
     with tempfile.TemporaryDirectory(prefix="stepml-bench-") as tmp:
         archive = Archive(tmp, create=True)

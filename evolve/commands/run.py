@@ -3,7 +3,6 @@ engine) and run to its last generation with live progress; returns the summary i
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +13,13 @@ from stepml_evolve.archive.grid import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.crossval import FoldError, make_folds
 from stepml_evolve.evaluator.datasets import LoadedData
-from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
 from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.fitting import ProgressFn
 from stepml_evolve.evaluator.outputs import OutputError, slug
+from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
 from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S
-from stepml_evolve.evolve.search.loop import ProgressFn, Search, SearchConfig, SearchError
-from stepml_evolve.seeds import SeedError, load_seeds
+from stepml_evolve.seeds import load_seeds
 
 from .archive import cross_validate_programs, run_fit_settings
 from .setup import SKIPPED, EvaluationSetup, Say, no_progress, quiet
@@ -84,16 +82,6 @@ def default_archive_dir(loaded: LoadedData, seed: int) -> Path:
     return RUNS_DIR / f"{tag}-seed{seed}"
 
 
-def check_seed_units(paths: list[Path], seeds: list[tuple[str, str]]) -> None:
-    """--units check: each seed (name, source) from `paths` (as load_seeds found them) must be
-    unit-consistent; a SeedError names the first file that is not, its line and the rule."""
-    for name, source in seeds:
-        try:
-            check_units(parse_program(source))
-        except ProgramError as e:
-            raise SeedError(f"{_seed_file(paths, name)}: {e} (pass --units off to search from it anyway)") from None
-
-
 def _seed_file(paths: list[Path], name: str) -> Path | str:
     """The file load_seeds read seed `name` from: a file given by path, or <directory>/<name>.py."""
     for p in paths:
@@ -142,27 +130,6 @@ def _check_engine(engine: str, llm: LLMSettings | None) -> None:
         raise SearchError("--engine openevolve needs an LLM: pass --llm MODEL (and --llm-base-url for a local server)")
 
 
-def _check_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
-    """An OpenEvolve archive is resumed by neither engine, and OpenEvolve resumes no archive."""
-    if not resume or not (archive_dir / Archive.FILE).is_file():
-        return
-    try:
-        stored = Archive.open(archive_dir)
-        try:
-            existing = stored.run()
-        finally:
-            stored.close()
-    except (UserError, sqlite3.Error):
-        return  # not an archive we can read: opening it for the run says so, in one line
-    if existing is None:
-        return
-    if (existing.config or {}).get("engine") == "openevolve":
-        raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
-                          "random state are not in the archive, so a continued run would diverge); start a new --archive")
-    if engine == "openevolve":
-        raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
-
-
 def _check_setup(config: SearchConfig, setup: EvaluationSetup) -> None:
     """A run reads its data and replays as its config says (the archive stores the config, and
     --resume and `archive cv` go by it), so the setup must say the same."""
@@ -186,10 +153,10 @@ def run_search(config: SearchConfig, setup: EvaluationSetup = EvaluationSetup(),
     _check_setup(config, setup)
     _check_engine(engine, llm)
     if archive_dir is not None:
-        _check_resumable(engine, archive_dir, resume)  # before any data is loaded
+        check_engine_resumable(engine, archive_dir, resume)  # before any data is loaded
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded
-    if seed_programs and config.units == "check":
-        check_seed_units(seeds, seed_programs)
+    if seed_programs and config.units == "check":  # checked here, before any data is loaded, to name the file
+        check_seed_units(seed_programs, lambda name: _seed_file(seeds, name))
     if archive_dir is not None and archive_dir.exists() and not archive_dir.is_dir():
         raise OutputError(f"{archive_dir}: is a file; --archive takes a directory")
     loaded = setup.load(say)
@@ -197,7 +164,7 @@ def run_search(config: SearchConfig, setup: EvaluationSetup = EvaluationSetup(),
         config = dataclasses.replace(config, weights=setup.goal(loaded).weights)
     if archive_dir is None:
         archive_dir = default_archive_dir(loaded, config.seed)
-        _check_resumable(engine, archive_dir, resume)  # the default directory is known only now
+        check_engine_resumable(engine, archive_dir, resume)  # the default directory is known only now
     if resume and not (archive_dir / Archive.FILE).exists():
         say(f"{archive_dir}: no archive yet, starting a new run")
     if llm is None:
@@ -210,7 +177,8 @@ def run_search(config: SearchConfig, setup: EvaluationSetup = EvaluationSetup(),
                       "engine": engine}
         with setup.engine(loaded) as pool:
             search = Search(archive, loaded, pool, config, build_emitters(operator, config.llm_ratio), resume=resume,
-                            run_config=run_config, seeds=seed_programs)
+                            run_config=run_config, seeds=seed_programs,
+                            seeds_checked=seed_programs is not None)
             start = archive.last_generation(search.run_id) + 1
             if start > config.generations:
                 say(f"{archive_dir}: already at generation {start - 1}; nothing to run")

@@ -8,7 +8,8 @@ Who does what:
 - Its evaluator is evolve/openevolve/evaluator.py: it posts the candidate's text to the run's
   judge, an HTTP server on 127.0.0.1 in this process. The judge takes the EVOLVE-BLOCK, parses it
   with the DSL validator (nothing executes it) and runs our cascade on it (`Search.judge`:
-  units, duplicates, quick fit, promotion, full fit, closed-loop replay).
+  units and duplicates, then quick fit, promotion, full fit and closed-loop replay as
+  evolve/search/cascade.py does them for our own loop).
 - The same server is OpenEvolve's LLM endpoint: it speaks the OpenAI chat protocol and answers
   through our LLM client (litellm, any provider, with the reply cache and the caps), so replies
   are cached and recorded as in our engine.
@@ -33,7 +34,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from stepml_evolve.archive.records import LLMCallRecord, NewProgram, RejectionRecord
+from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, RejectionRecord
 from stepml_evolve.archive.grid import best
 from stepml_evolve.evaluator.components import COMPONENTS
 
@@ -42,7 +43,7 @@ from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, prompt_templates
 from .local_server import LocalServer, chat_completion
 from .evaluator import FAILED, JUDGE_URL_ENV, SEED_ENV
-from stepml_evolve.evolve.search.loop import Judgement, Search, SearchError
+from stepml_evolve.evolve.search import Judgement, Search, SearchError
 
 OPERATOR = "openevolve"
 SUPPORTED = "0.4"  # OpenEvolve release line the engine is written against (its library API and hooks)
@@ -255,8 +256,8 @@ class Judge:
                 self._write(rejection=dataclasses.replace(j.rejection, parents=parents))
                 return False
             record = dataclasses.replace(j.program.record, parents=parents, island=island, operator_detail=detail)
-            written = self._write(program=dataclasses.replace(j.program, record=record), promoted=int(j.promoted))
-            self.ids[candidate.id] = self.by_code[key] = written[0].id
+            self._write(program=dataclasses.replace(j.program, record=record), promoted=int(j.promoted))
+            self.ids[candidate.id] = self.by_code[key] = self.search.programs[-1].id  # as `commit` archived it
             return True
 
     def failure(self, message: str) -> None:
@@ -265,21 +266,21 @@ class Judge:
             self._write(rejection=RejectionRecord(operator=OPERATOR, parents=[], rule=failure_rule(message),
                                                   reason=" ".join(message.split())[:500]))
 
-    def _write(self, program: NewProgram | None = None, rejection: RejectionRecord | None = None, promoted: int = 0):
+    def _write(self, program: NewProgram | None = None, rejection: RejectionRecord | None = None, promoted: int = 0) -> None:
+        """One candidate (or one failure) as a generation of its own."""
         s = self.search
-        g = s.archive.last_generation(s.run_id) + 1
+        g = s.last_generation() + 1
         now = time.perf_counter()
         with self.calls_lock:
             calls, self.calls = self.calls, []
         if program is not None and calls:
             calls[-1].program_index = 0  # the last call before a program is the one that produced it
-        evaluations = s.evaluations
-        written = s.commit(g, now - self.last, [program] if program else [], [rejection] if rejection else [], calls, promoted)
+        stats = s.commit(g, self.last, [program] if program else [], [rejection] if rejection else [], calls,
+                         GenerationRecord(n_children=1, n_promoted=promoted))
         info = s.status(g)
-        info["evals_per_s"] = evaluations / max(now - self.last, 1e-9)
+        info["evals_per_s"] = stats.evaluations / max(now - self.last, 1e-9)
         self.last = now
         s.progress(info)
-        return written
 
 
 class _FailureLog(logging.Handler):

@@ -1,0 +1,155 @@
+"""A search's settings, and what a resume checks against them.
+
+`SearchConfig` is what a search is given. `RunSettings` is the part that makes a run what it is,
+as the archive stores it with the run and a resume must repeat: the search settings but those a
+resumed run may change (`NOT_IDENTITY`), the LLM model and the custom seeds (by content). A
+setting added after runs were first stored has a legacy value (`LEGACY_SETTINGS`): the value an
+archive stored without it ran with.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from stepml_evolve.archive.records import RunRecord
+from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.crossval import PROTOCOLS
+from stepml_evolve.evaluator.datasets import LoadedData
+from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.fitting import METHODS
+from stepml_evolve.evaluator.objectives import Objective
+from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, LEGACY_POLICY as LEGACY_PROMPT_REUSE
+from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
+
+CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
+FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
+UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
+
+
+class SearchError(UserError, RuntimeError):
+    """The search cannot go on; the message is one line."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    generations: int = 500
+    seed: int = 7
+    children: int = 8  # per generation
+    llm_ratio: float = 0.5  # share of children asked of the LLM (when one is configured)
+    max_promotions: int = 2  # full fits per generation at most (they dominate a generation's time)
+    promote_margin: float = 0.05  # promote when the quick loss is within 5% of the reference it must beat
+    sanity_factor: float = 3.0  # never promote a quick loss above 3x the best screening loss
+    quick_evals: int | None = None  # screening fit budget per child (closed-loop evaluations; None: the method's default)
+    full_fit_evals: int | None = 12  # closed-loop evaluations of a promoted child's fit (None: the method's default)
+    full_fit_sigma: float = 0.2
+    seed_fit_evals: int | None = None  # None: the standard fit budget
+    islands: int = 1
+    migration_interval: int = 25
+    semantics: str = DEFAULT_SEMANTICS  # how the replay accounts a step: "blis" or "vllm"
+    prompt_reuse: str = DEFAULT_PROMPT_REUSE  # which requests shared prompts (evaluator/prompt_reuse.py)
+    fit_method: str = METHODS[0]
+    objective: str = "rms"
+    weights: tuple[tuple[str, float], ...] = ()  # (experiment-name pattern, weight); see evaluator/objectives.py
+    patience: int | None = None  # stop after this many generations without a 0.5% gain in best validation loss
+    units: str = UNITS_MODES[0]  # "check": reject a seed or child whose step time is not a time; "off"
+    cv: str = CV_MODES[0]  # lomo/lowo: a full fit is the fold fits too, and its validation loss is the CV loss
+    front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
+
+    def __post_init__(self):
+        for name, modes in (("units", UNITS_MODES), ("cv", CV_MODES), ("front_cv", FRONT_CV_MODES)):
+            if getattr(self, name) not in modes:
+                raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
+
+    def goal(self) -> Objective:
+        return Objective(self.objective, self.weights)
+
+
+NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
+# settings added after runs were first stored: an archive without them ran with these values
+LEGACY_SETTINGS = {"fit_method": "cmaes", "objective": "rms", "weights": [], "units": "off", "cv": "none",
+                   "prompt_reuse": LEGACY_PROMPT_REUSE}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What makes a run, as its archive stores it (in the run's config, as JSON)."""
+
+    search: dict  # the search settings but NOT_IDENTITY
+    llm: str | None = None  # the LLM model (None: none)
+    seeds: dict[str, str] | None = None  # custom seeds, name -> content hash (None: the shipped seeds)
+
+    @classmethod
+    def of(cls, config: SearchConfig, llm: str | None = None, seeds: list[tuple[str, str]] | None = None) -> RunSettings:
+        """The settings of a run of `config` with this LLM and these seeds (name, source)."""
+        search = {k: v for k, v in dataclasses.asdict(config).items() if k not in NOT_IDENTITY}
+        seed_ids = None if seeds is None else {name: hashlib.sha256(src.encode()).hexdigest()[:16] for name, src in seeds}
+        return cls(json.loads(json.dumps(search)), llm, seed_ids)
+
+    @classmethod
+    def stored(cls, run_config: dict | None) -> RunSettings:
+        """A stored run's settings, with the legacy value of each search setting it predates."""
+        c = run_config or {}
+        return cls({**LEGACY_SETTINGS, **(c.get("search") or {})}, c.get("llm"), c.get("seeds"))
+
+    def to_json(self) -> dict:
+        """As the run's config holds them."""
+        return {"search": self.search, "llm": self.llm, "seeds": self.seeds}
+
+    def differences(self, saved: RunSettings) -> str:
+        """'children: run 5, now 7; seeds: ...' for the settings that differ from `saved`."""
+        def flat(s: RunSettings) -> dict:  # the search settings side by side with the others
+            return {"llm": s.llm, "seeds": s.seeds, **s.search}
+        a, b = flat(saved), flat(self)
+        return "; ".join(f"{k.replace('_', '-')}: run {a.get(k)}, now {b.get(k)}"
+                         for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+
+    def check_resume(self, archive: Archive, run: RunRecord, data: LoadedData, resume: bool) -> None:
+        """Whether `run`, the run in `archive`, may go on with these settings on `data`: a one-line
+        SearchError saying why not."""
+        if not resume:
+            raise SearchError(f"{archive.dir} already holds a run ({archive.last_generation(run.id) + 1} generations "
+                              "completed): pass --resume to continue it, or choose another --archive")
+        if run.data_fingerprint != data.fingerprint():
+            raise SearchError(f"{archive.dir}: the run used other data ({run.data_label}); cannot resume on {data.label}")
+        saved = RunSettings.stored(run.config)
+        if saved != self:
+            raise SearchError(f"{archive.dir}: the run used other search settings ({self.differences(saved)}); "
+                              "resume with the settings it started with")
+
+
+def check_engine_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
+    """An OpenEvolve archive is resumed by neither engine, and OpenEvolve resumes no archive
+    (checked before any data is loaded)."""
+    if not resume or not (archive_dir / Archive.FILE).is_file():
+        return
+    try:
+        stored = Archive.open(archive_dir)
+        try:
+            existing = stored.run()
+        finally:
+            stored.close()
+    except (UserError, sqlite3.Error):
+        return  # not an archive we can read: opening it for the run says so, in one line
+    if existing is None:
+        return
+    if (existing.config or {}).get("engine") == "openevolve":
+        raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
+                          "random state are not in the archive, so a continued run would diverge); start a new --archive")
+    if engine == "openevolve":
+        raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
+
+
+def check_seed_units(seeds: list[tuple[str, str]], where: Callable[[str], object] = "seed {}".format) -> None:
+    """units "check": every seed (name, source) must be unit-consistent; a SearchError names the
+    first that is not by `where(name)`, with its line and the rule."""
+    for name, source in seeds:
+        try:
+            check_units(parse_program(source))
+        except ProgramError as e:
+            raise SearchError(f"{where(name)}: {e} (pass --units off to search from it anyway)") from None

@@ -30,9 +30,14 @@ def per_group_paths(base: Path, groups: list[str]) -> dict[str, Path]:
     return {g: base.with_name(f"{base.stem}.{slugs[g]}{base.suffix or '.py'}") for g in groups}
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
 def check_outputs(outputs: list[Path], inputs: list[Path] = ()) -> None:
-    """Every output writable (its directory exists, it is not a directory), distinct from the
-    others and from every input file."""
+    """The one rule for every file a command writes, checked before any work starts: an output is
+    a new name or a regular file, in an existing writable directory; it is none of the command's
+    inputs, no other output, and no SQLite database (an archive) or one of its side files."""
     seen: dict[Path, Path] = {}
     protected = {Path(p).resolve() for p in inputs}
     for out in outputs:
@@ -45,8 +50,26 @@ def check_outputs(outputs: list[Path], inputs: list[Path] = ()) -> None:
         seen[resolved] = out
         if out.is_dir():
             raise OutputError(f"{out}: is a directory; give a file name")
+        if out.exists() and not out.is_file():
+            raise OutputError(f"{out}: is not a regular file (a device, pipe or socket); give a file name")
         if not out.parent.is_dir():
             raise OutputError(f"{out}: directory {out.parent} does not exist")
+        if not os.access(out.parent, os.W_OK | os.X_OK):
+            raise OutputError(f"{out}: directory {out.parent} is not writable")
+        if _is_database(resolved):
+            raise OutputError(f"{out}: is a SQLite database (an archive's?); choose another output file")
+
+
+def _is_database(path: Path) -> bool:
+    """A SQLite database, or a side file (-wal, -shm, -journal) beside one."""
+    for suffix in SQLITE_SIDE_FILES:
+        if path.name.endswith(suffix) and _is_database(path.with_name(path.name[: -len(suffix)])):
+            return True
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:  # a new name, or unreadable: nothing to protect that we could recognise
+        return False
 
 
 def write_atomic(path: Path, text: str, fsync: bool = False) -> None:

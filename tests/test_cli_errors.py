@@ -169,3 +169,32 @@ def test_main_reports_a_user_error_in_one_line(tmp_path):
     res = subprocess.run([sys.executable, "-m", "stepml_evolve", "eval", str(tmp_path / "missing.py")], capture_output=True, text=True)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_no_output_lands_on_an_archive_a_device_or_a_missing_directory(searched_archive, program, tmp_path):
+    """An archive is an input of every command that reads it; the rule is the writer's, so it holds
+    for every command: no output over a SQLite database or its side files, over anything but a
+    regular file, or into a directory that does not exist (the report made one; no longer)."""
+    import os
+    import shutil
+
+    archive = tmp_path / "archive"
+    shutil.copytree(searched_archive, archive)
+    db = archive / "archive.sqlite"
+    (archive / "archive.sqlite-wal").write_bytes(b"")  # as a live run leaves it
+    before = db.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for args, says in (
+            (["emit-go", "best", "--archive", archive, "--out", db], "is a SQLite database"),
+            (["emit-go", "best", "--archive", archive, "--out", tmp_path / "m.go", "--test-out", db], "is a SQLite database"),
+            (["emit-go", "best", "--archive", archive, "--out", archive / "archive.sqlite-wal"], "is a SQLite database"),
+            (["archive", "report", "--archive", archive, "--out", db], "is a SQLite database"),
+            (["fit", program, "--max-evals", 2, "--out", db], "is a SQLite database"),
+            (["emit-go", program, "--out", fifo], "is not a regular file"),
+            (["archive", "report", "--archive", archive, "--out", fifo], "is not a regular file"),
+            (["archive", "report", "--archive", archive, "--out", tmp_path / "nodir" / "r.html"], "does not exist")):
+        res = invoke(*args)
+        one_line_error(res, says)
+    assert db.read_bytes() == before and fifo.is_fifo() and not (tmp_path / "nodir").exists()
+    assert not (tmp_path / "m.go").exists()

@@ -6,17 +6,13 @@ from pathlib import Path
 from stepml_evolve.archive.browse import opened
 from stepml_evolve.archive.report import render
 
-from stepml_evolve.evaluator.outputs import OutputError, check_outputs, write_atomic
+from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 
 
 def write_report(archive_dir: Path | None, out: Path) -> Path:
     """Render the report of the archive in `archive_dir` (default: the newest under runs/) into
-    `out`, creating its directory; returns the archive's directory."""
+    `out` (checked first, as every output is: its directory must exist); returns the archive's directory."""
+    check_outputs([out])
     with opened(archive_dir) as archive:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise OutputError(f"{out}: cannot create its directory ({e})") from None
-        check_outputs([out])
         write_atomic(out, render(archive))
         return archive.dir

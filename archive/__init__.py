@@ -2,15 +2,40 @@
 and Pareto front with the add-status query (grid.py), read-only browsing (browse.py) and the HTML
 report (report.py). This package stores what `evaluator` measured; it knows nothing of how
 programs are made."""
+
 from .browse import BrowseError
 from .grid import AddStatus, Elites, best, cell_of, elites, pareto_front
-from .records import (CVEvaluationRecord, CVScoreRecord, EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram,
-                      ProgramRecord, RejectionRecord, RunRecord)
+from .records import (
+    CVEvaluationRecord,
+    CVScoreRecord,
+    EvaluationRecord,
+    GenerationRecord,
+    LLMCallRecord,
+    NewProgram,
+    ProgramRecord,
+    RejectionRecord,
+    RunRecord,
+)
 from .store import SCHEMA_VERSION, Archive, ArchiveError
 
 __all__ = [
-    "AddStatus", "Elites", "best", "cell_of", "elites", "pareto_front",
-    "CVEvaluationRecord", "CVScoreRecord", "EvaluationRecord", "GenerationRecord", "LLMCallRecord", "NewProgram",
-    "ProgramRecord", "RejectionRecord", "RunRecord",
-    "SCHEMA_VERSION", "Archive", "ArchiveError", "BrowseError",
+    "AddStatus",
+    "Elites",
+    "best",
+    "cell_of",
+    "elites",
+    "pareto_front",
+    "CVEvaluationRecord",
+    "CVScoreRecord",
+    "EvaluationRecord",
+    "GenerationRecord",
+    "LLMCallRecord",
+    "NewProgram",
+    "ProgramRecord",
+    "RejectionRecord",
+    "RunRecord",
+    "SCHEMA_VERSION",
+    "Archive",
+    "ArchiveError",
+    "BrowseError",
 ]

@@ -10,6 +10,7 @@ archive directory (at the end).
 Every failure a user can cause is a `BrowseError` with a one-line message (or the store's
 `ArchiveError`, for an archive it cannot read).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -25,13 +26,16 @@ from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.numbers import fmt
 from stepml_evolve.evaluator.prompt_reuse import LEGACY_POLICY
 
-from .grid import cell_label, cell_of, pareto_front, scored
 from .grid import best as best_program
+from .grid import cell_label, cell_of, pareto_front, scored
 from .records import CVScoreRecord, ProgramRecord, RunRecord
 from .store import Archive
 
 SORT_KEYS = ("id", "generation", "train", "val", "complexity", "cv")
-CV_PREFERENCE = ("lomo", "lowo")  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
+CV_PREFERENCE = (
+    "lomo",
+    "lowo",
+)  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
 RULES = ("best", "simplest")  # emit-go's deployment rules (`choose`)
 DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss
 RUNS_DIR = Path("runs")
@@ -42,6 +46,7 @@ class BrowseError(UserError):
 
 
 # ---- locating and opening ----
+
 
 def latest_archive_dir(root: Path = RUNS_DIR) -> Path:
     """The directory under `root` whose archive was written most recently."""
@@ -90,6 +95,7 @@ def resolve(archive: Archive, ref: str) -> ProgramRecord:
 
 # ---- program rows (list, pareto) ----
 
+
 def operator_label(p: ProgramRecord) -> str:
     """Who made the program: `seed:<name>`, a symbolic operator, or `llm:<model>`."""
     return f"seed:{p.operator_detail}" if p.operator == "seed" and p.operator_detail else p.operator
@@ -120,8 +126,13 @@ def _finite(x: float | None) -> bool:
 def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str | None:
     """The protocol whose CV loss ranks programs: the first of CV_PREFERENCE (then any other by
     name) that some program (of `program_ids`, if given) has a finite score of; None if none has."""
-    have = {proto for pid, scores in cv.items() if program_ids is None or pid in program_ids
-            for proto, s in scores.items() if _finite(s.loss)}
+    have = {
+        proto
+        for pid, scores in cv.items()
+        if program_ids is None or pid in program_ids
+        for proto, s in scores.items()
+        if _finite(s.loss)
+    }
     order = protocol_order(have)
     return order[0] if order else None
 
@@ -132,14 +143,27 @@ def cv_json(scores: dict[str, CVScoreRecord] | None) -> dict:
     return {proto: scores[proto].to_json() for proto in protocol_order(scores)}
 
 
-def program_row(p: ProgramRecord, front_ids: set[int] = frozenset(), cv: dict[str, CVScoreRecord] | None = None) -> dict:
+def program_row(
+    p: ProgramRecord, front_ids: set[int] = frozenset(), cv: dict[str, CVScoreRecord] | None = None
+) -> dict:
     """One program in the documented `list --json` shape (plus whether it is on the front)."""
     return {
-        "id": p.id, "generation": p.generation, "operator": operator_label(p), "operator_detail": p.operator_detail,
-        "parents": list(p.parents), "train_loss": p.train_loss, "val_loss": p.val_loss, "test_loss": p.test_loss,
-        "quick_loss": p.quick_loss, "complexity": p.complexity, "n_components": p.n_components,
-        "components": list(p.components), "stage": p.stage, "cell": list(cell_of(p.complexity, p.n_components)),
-        "cv": cv_json(cv), "front": p.id in front_ids,
+        "id": p.id,
+        "generation": p.generation,
+        "operator": operator_label(p),
+        "operator_detail": p.operator_detail,
+        "parents": list(p.parents),
+        "train_loss": p.train_loss,
+        "val_loss": p.val_loss,
+        "test_loss": p.test_loss,
+        "quick_loss": p.quick_loss,
+        "complexity": p.complexity,
+        "n_components": p.n_components,
+        "components": list(p.components),
+        "stage": p.stage,
+        "cell": list(cell_of(p.complexity, p.n_components)),
+        "cv": cv_json(cv),
+        "front": p.id in front_ids,
     }
 
 
@@ -157,9 +181,11 @@ def _loss_key(x: float | None) -> float:
 
 def _by_loss(key: str):
     """Lowest loss first, ties to the simpler program; programs without it (screened-only) after, by quick loss."""
+
     def sort_key(r: dict):
         missing = r[key] is None or not math.isfinite(r[key])
         return (_loss_key(r[key]), _loss_key(r["quick_loss"]) if missing else 0.0, r["complexity"], r["id"])
+
     return sort_key
 
 
@@ -173,6 +199,7 @@ def _by_cv(protocol: str | None):
         if _finite(loss):
             return (0, loss, r["complexity"], r["id"])
         return (1, *by_val(r))
+
     return sort_key
 
 
@@ -188,9 +215,16 @@ def _sort_key(sort: str, protocol: str | None = None):
     return _by_loss("train_loss" if sort == "train" else "val_loss")
 
 
-def select_rows(programs: list[ProgramRecord], *, include_screened: bool = False, front_only: bool = False,
-                cell: tuple[int, int] | None = None, operator: str | None = None, sort: str = "val",
-                cv: CVScores | None = None) -> list[dict]:
+def select_rows(
+    programs: list[ProgramRecord],
+    *,
+    include_screened: bool = False,
+    front_only: bool = False,
+    cell: tuple[int, int] | None = None,
+    operator: str | None = None,
+    sort: str = "val",
+    cv: CVScores | None = None,
+) -> list[dict]:
     """The rows of `evolve archive list`: filtered, then sorted (ties by id). `cv`: the run's CV
     scores (each row's `cv`; `sort="cv"` ranks by the preferred protocol's CV loss)."""
     if sort not in SORT_KEYS:
@@ -220,6 +254,7 @@ def pareto_rows(programs: list[ProgramRecord], cv: CVScores | None = None) -> li
 
 # ---- one program (show) ----
 
+
 def split_rows(archive: Archive, program_id: int) -> dict[str, list[MetricRow]]:
     """Per-experiment metric rows of a program by split (train, validate, test); empty when screened only."""
     by_split: dict[str, list[MetricRow]] = {s: [] for s in SPLITS}
@@ -239,10 +274,20 @@ def lineage(archive: Archive, program: ProgramRecord) -> list[dict]:
     current: ProgramRecord | None = program
     while current is not None and current.id not in seen:
         seen.add(current.id)
-        steps.append({"id": current.id, "generation": current.generation, "operator": operator_label(current),
-                      "operator_detail": current.operator_detail, "parents": list(current.parents),
-                      "other_parents": list(current.parents[1:]), "stage": current.stage,
-                      "train_loss": current.train_loss, "val_loss": current.val_loss, "complexity": current.complexity})
+        steps.append(
+            {
+                "id": current.id,
+                "generation": current.generation,
+                "operator": operator_label(current),
+                "operator_detail": current.operator_detail,
+                "parents": list(current.parents),
+                "other_parents": list(current.parents[1:]),
+                "stage": current.stage,
+                "train_loss": current.train_loss,
+                "val_loss": current.val_loss,
+                "complexity": current.complexity,
+            }
+        )
         current = archive.program(current.parents[0]) if current.parents else None
     return steps
 
@@ -262,14 +307,21 @@ def program_detail(archive: Archive, program: ProgramRecord) -> dict:
     cell = cell_of(program.complexity, program.n_components)
     scores = {s.protocol: s for s in archive.cv_scores(program.id)}
     return {
-        "program": {**program_row(program, front_ids, scores), "cell_label": cell_label(cell),
-                    "screen_loss": program.screen_loss, "island": program.island, "source": program.source,
-                    "constants": program.constants},
+        "program": {
+            **program_row(program, front_ids, scores),
+            "cell_label": cell_label(cell),
+            "screen_loss": program.screen_loss,
+            "island": program.island,
+            "source": program.source,
+            "constants": program.constants,
+        },
         "lineage": lineage(archive, program),
         "evaluations": split_rows(archive, program.id),
         # per protocol, the held-out experiments (split "all") with the fold that held each out
-        "cv_evaluations": {proto: [{"fold": fold, **row.to_json()} for fold, row in rows]
-                           for proto, rows in cv_rows(archive, program.id).items()},
+        "cv_evaluations": {
+            proto: [{"fold": fold, **row.to_json()} for fold, row in rows]
+            for proto, rows in cv_rows(archive, program.id).items()
+        },
     }
 
 
@@ -281,10 +333,18 @@ def run_prompt_reuse(config: dict | None) -> str:
 def fitted_header(archive: Archive, program: ProgramRecord) -> FittedHeader:
     """Where an archived program comes from, for the `# fitted:` header of its file."""
     run = archive.run()
-    return FittedHeader(data=run.data_label, seed=run.seed, program_id=program.id, archive=str(archive.dir),
-                        prompt_reuse=run_prompt_reuse(run.config),
-                        generation=program.generation, operator=operator_label(program),
-                        train_loss=program.train_loss, val_loss=program.val_loss, test_loss=program.test_loss)
+    return FittedHeader(
+        data=run.data_label,
+        seed=run.seed,
+        program_id=program.id,
+        archive=str(archive.dir),
+        prompt_reuse=run_prompt_reuse(run.config),
+        generation=program.generation,
+        operator=operator_label(program),
+        train_loss=program.train_loss,
+        val_loss=program.val_loss,
+        test_loss=program.test_loss,
+    )
 
 
 def program_file_text(archive: Archive, program: ProgramRecord) -> str:
@@ -293,10 +353,13 @@ def program_file_text(archive: Archive, program: ProgramRecord) -> str:
     from stepml_evolve.evaluator.dsl import parse_program
 
     prog = parse_program(program.source)
-    return prog.with_constants(program.constants or prog.constants, header=fitted_header(archive, program).render()).source
+    return prog.with_constants(
+        program.constants or prog.constants, header=fitted_header(archive, program).render()
+    ).source
 
 
 # ---- deployment rules (emit-go best / simplest) ----
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -317,14 +380,19 @@ class Choice:
 
     def describe(self) -> str:
         """One line: which rule, which loss, which program (for stderr and the Go file's header)."""
-        pool = (f"{self.candidates} cross-validated programs" if self.protocol
-                else f"{self.candidates} fully evaluated programs, none cross-validated")
+        pool = (
+            f"{self.candidates} cross-validated programs"
+            if self.protocol
+            else f"{self.candidates} fully evaluated programs, none cross-validated"
+        )
         if self.rule == "best":
             return f"best: #{self.program.id}, the lowest {self.loss_name} ({self.loss:.4f}) of {pool}"
         limit = self.best_loss * (1 + self.within / 100)
-        return (f"simplest within {self.within:g}% of the best {self.loss_name} (#{self.best.id}, {self.best_loss:.4f}; "
-                f"limit {limit:.4f}): #{self.program.id}, complexity {self.program.complexity}, "
-                f"{self.loss_name} {self.loss:.4f} (of {pool})")
+        return (
+            f"simplest within {self.within:g}% of the best {self.loss_name} (#{self.best.id}, {self.best_loss:.4f}; "
+            f"limit {limit:.4f}): #{self.program.id}, complexity {self.program.complexity}, "
+            f"{self.loss_name} {self.loss:.4f} (of {pool})"
+        )
 
 
 def choose(archive: Archive, rule: str = "best", within: float | None = None) -> Choice:
@@ -341,8 +409,11 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     cv = cv_by_program(archive, run.id)
     protocol = preferred_protocol(cv, {p.id for p in programs})
     if protocol:
-        cands = [(p, cv[p.id][protocol].loss) for p in programs
-                 if protocol in cv.get(p.id, {}) and _finite(cv[p.id][protocol].loss)]
+        cands = [
+            (p, cv[p.id][protocol].loss)
+            for p in programs
+            if protocol in cv.get(p.id, {}) and _finite(cv[p.id][protocol].loss)
+        ]
     else:
         cands = [(p, p.val_loss) for p in scored(programs)]
     if not cands:
@@ -361,9 +432,11 @@ def cv_header(scores: list[CVScoreRecord]) -> dict[str, str]:
     out = {}
     for proto in protocol_order(by):
         s = by[proto]
-        out[f"cv {proto}"] = (f"loss {fmt(s.loss, '.4f', keep_inf=True)}; held-out mean APE E2E "
-                              f"{fmt(s.e2e_mean, '.1f', keep_inf=True)}%, TTFT {fmt(s.ttft_mean, '.1f', keep_inf=True)}% "
-                              f"({len(s.folds)} folds, seed {s.seed}, max-evals {s.max_evals or 'default'}, {s.method})")
+        out[f"cv {proto}"] = (
+            f"loss {fmt(s.loss, '.4f', keep_inf=True)}; held-out mean APE E2E "
+            f"{fmt(s.e2e_mean, '.1f', keep_inf=True)}%, TTFT {fmt(s.ttft_mean, '.1f', keep_inf=True)}% "
+            f"({len(s.folds)} folds, seed {s.seed}, max-evals {s.max_evals or 'default'}, {s.method})"
+        )
     return out
 
 
@@ -379,24 +452,33 @@ def _change(a: float | None, b: float | None) -> dict:
 
 def diff(archive: Archive, a: ProgramRecord, b: ProgramRecord) -> dict:
     """Unified diff of the sources (A -> B) and how the metrics change, B minus A."""
-    source_diff = list(difflib.unified_diff(a.source.splitlines(), b.source.splitlines(),
-                                            fromfile=f"#{a.id}", tofile=f"#{b.id}", lineterm=""))
+    source_diff = list(
+        difflib.unified_diff(
+            a.source.splitlines(), b.source.splitlines(), fromfile=f"#{a.id}", tofile=f"#{b.id}", lineterm=""
+        )
+    )
     va = {r.name: r for r in archive.metric_rows(a.id, "validate")}
     vb = {r.name: r for r in archive.metric_rows(b.id, "validate")}
     experiments = []
     for name in sorted(set(va) | set(vb)):
         ra, rb = va.get(name), vb.get(name)
-        experiments.append({"name": name, **{f"ape_{k}": _change(ra and getattr(ra.ape, k), rb and getattr(rb.ape, k))
-                                             for k in ("e2e", "ttft")}})
+        experiments.append(
+            {
+                "name": name,
+                **{f"ape_{k}": _change(ra and getattr(ra.ape, k), rb and getattr(rb.ape, k)) for k in ("e2e", "ttft")},
+            }
+        )
     return {
         "a": program_row(a, cv={s.protocol: s for s in archive.cv_scores(a.id)}),
-        "b": program_row(b, cv={s.protocol: s for s in archive.cv_scores(b.id)}), "source_diff": source_diff,
+        "b": program_row(b, cv={s.protocol: s for s in archive.cv_scores(b.id)}),
+        "source_diff": source_diff,
         "metrics": {m: _change(getattr(a, m), getattr(b, m)) for m in DIFF_METRICS},
         "validate_experiments": experiments,
     }
 
 
 # ---- one function per command, from the archive directory ----
+
 
 @dataclass(frozen=True)
 class Listing:
@@ -415,15 +497,31 @@ def opened(directory: Path | None):
         archive.close()
 
 
-def list_programs(directory: Path | None, *, sort: str = "val", front_only: bool = False, cell: str | None = None,
-                  operator: str | None = None, include_screened: bool = False) -> Listing:
+def list_programs(
+    directory: Path | None,
+    *,
+    sort: str = "val",
+    front_only: bool = False,
+    cell: str | None = None,
+    operator: str | None = None,
+    include_screened: bool = False,
+) -> Listing:
     """`evolve archive list`: cell is "C,N" (complexity bin, number of components)."""
     wanted_cell = parse_cell(cell) if cell else None
     with opened(directory) as archive:
         run, programs = run_programs(archive)
-        return Listing(archive.dir, select_rows(programs, include_screened=include_screened, front_only=front_only,
-                                                cell=wanted_cell, operator=operator, sort=sort,
-                                                cv=cv_by_program(archive, run.id)))
+        return Listing(
+            archive.dir,
+            select_rows(
+                programs,
+                include_screened=include_screened,
+                front_only=front_only,
+                cell=wanted_cell,
+                operator=operator,
+                sort=sort,
+                cv=cv_by_program(archive, run.id),
+            ),
+        )
 
 
 def front_programs(directory: Path | None) -> Listing:

@@ -6,6 +6,7 @@ front holds programs not dominated in (validation loss, complexity), both minimi
 `Elites.status` answers, as pyribs' archives do on `add`, whether a candidate would open a
 new cell, improve on a cell's elite or the front, or neither.
 """
+
 from __future__ import annotations
 
 import enum
@@ -78,7 +79,7 @@ class Elites:
     front: list[ProgramRecord]
 
     @classmethod
-    def of(cls, programs: list[ProgramRecord]) -> "Elites":
+    def of(cls, programs: list[ProgramRecord]) -> Elites:
         return cls(elites(programs), pareto_front(programs))
 
     def best_screen_loss(self) -> float:

@@ -5,6 +5,7 @@ integer for a bool); `ddl`, `insert` and `from_row` read those, so a column is d
 Fields marked `stored=False` travel with a record but are not columns (e.g. which program of a
 generation an LLM call produced, before the program has an id).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,15 @@ from stepml_evolve.evaluator.experiments import ALL
 from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
 
 
-def column(sql: str, *, json_text: bool = False, sort_keys: bool = False, boolean: bool = False,
-           default: Any = dataclasses.MISSING, default_factory: Any = dataclasses.MISSING):
+def column(
+    sql: str,
+    *,
+    json_text: bool = False,
+    sort_keys: bool = False,
+    boolean: bool = False,
+    default: Any = dataclasses.MISSING,
+    default_factory: Any = dataclasses.MISSING,
+):
     """A dataclass field that is a table column declared as `sql`."""
     meta = {"sql": sql, "json": json_text, "sort_keys": sort_keys, "bool": boolean}
     if default_factory is not dataclasses.MISSING:
@@ -69,14 +77,20 @@ def encode(cls, name: str, value: Any) -> Any:
 def insert(db: sqlite3.Connection, table: str, record) -> int:
     """Insert `record`; an `id` of None lets SQLite assign it. Returns the row id."""
     cols = [f for f in _columns(type(record)) if not (f.name == "id" and record.id is None)]
-    cur = db.execute(f"INSERT INTO {table} ({', '.join(f.name for f in cols)}) VALUES ({', '.join('?' * len(cols))})",
-                     tuple(_to_db(f, getattr(record, f.name)) for f in cols))
+    cur = db.execute(
+        f"INSERT INTO {table} ({', '.join(f.name for f in cols)}) VALUES ({', '.join('?' * len(cols))})",
+        tuple(_to_db(f, getattr(record, f.name)) for f in cols),
+    )
     return int(cur.lastrowid)
 
 
 def select(db: sqlite3.Connection, cls, table: str, where: str = "", args: tuple = (), order: str = "") -> list:
     names = column_names(cls)
-    q = f"SELECT {', '.join(names)} FROM {table}" + (f" WHERE {where}" if where else "") + (f" ORDER BY {order}" if order else "")
+    q = (
+        f"SELECT {', '.join(names)} FROM {table}"
+        + (f" WHERE {where}" if where else "")
+        + (f" ORDER BY {order}" if order else "")
+    )
     cols = _columns(cls)
     return [cls(**{f.name: _from_db(f, v) for f, v in zip(cols, row)}) for row in db.execute(q, args)]
 
@@ -144,19 +158,36 @@ class EvaluationRecord:
     extra: dict | None = column("TEXT", json_text=True)  # e2e_percentiles_s and error, when present
 
     @classmethod
-    def of(cls, program_id: int, row: MetricRow) -> "EvaluationRecord":
+    def of(cls, program_id: int, row: MetricRow) -> EvaluationRecord:
         extra = {k: v for k, v in (("e2e_percentiles_s", row.e2e_percentiles_s), ("error", row.error)) if v is not None}
-        return cls(program_id, row.name, row.split, row.n_requests, dataclasses.asdict(row.observed),
-                   dataclasses.asdict(row.predicted), _finite_or_none(row.ape.e2e), _finite_or_none(row.ape.ttft),
-                   _finite_or_none(row.ape.itl), row.timeouts.observed, row.timeouts.predicted, extra or None)
+        return cls(
+            program_id,
+            row.name,
+            row.split,
+            row.n_requests,
+            dataclasses.asdict(row.observed),
+            dataclasses.asdict(row.predicted),
+            _finite_or_none(row.ape.e2e),
+            _finite_or_none(row.ape.ttft),
+            _finite_or_none(row.ape.itl),
+            row.timeouts.observed,
+            row.timeouts.predicted,
+            extra or None,
+        )
 
     def metric_row(self) -> MetricRow:
         extra = self.extra or {}
-        return MetricRow(name=self.experiment, split=self.split, n_requests=self.n_requests,
-                         observed=Means(**self.observed), predicted=Means(**self.predicted),
-                         ape=Errors(self.ape_e2e, self.ape_ttft, self.ape_itl),
-                         timeouts=Timeouts(self.timeouts_observed, self.timeouts_predicted),
-                         error=extra.get("error"), e2e_percentiles_s=extra.get("e2e_percentiles_s"))
+        return MetricRow(
+            name=self.experiment,
+            split=self.split,
+            n_requests=self.n_requests,
+            observed=Means(**self.observed),
+            predicted=Means(**self.predicted),
+            ape=Errors(self.ape_e2e, self.ape_ttft, self.ape_itl),
+            timeouts=Timeouts(self.timeouts_observed, self.timeouts_predicted),
+            error=extra.get("error"),
+            e2e_percentiles_s=extra.get("e2e_percentiles_s"),
+        )
 
 
 @dataclass
@@ -250,8 +281,14 @@ class CVScoreRecord:
 
     def settings(self) -> dict:
         """What makes two scores of a protocol comparable: a score with the same settings is not redone."""
-        return {"seed": self.seed, "max_evals": self.max_evals, "method": self.method, "objective": self.objective,
-                "weights": [list(w) for w in self.weights], "semantics": self.semantics}
+        return {
+            "seed": self.seed,
+            "max_evals": self.max_evals,
+            "method": self.method,
+            "objective": self.objective,
+            "weights": [list(w) for w in self.weights],
+            "semantics": self.semantics,
+        }
 
     def summary(self) -> dict[str, dict[str, float | None]]:
         """{"e2e": {"mean", "median", "max"}, "ttft": ..., "itl": ...}: APE % over the held-out experiments."""
@@ -259,22 +296,52 @@ class CVScoreRecord:
 
     def to_json(self) -> dict:
         """A program's `cv` entry for this protocol (list/show/pareto --json)."""
-        return {"loss": self.loss, **self.summary(), "seed": self.seed, "max_evals": self.max_evals, "method": self.method,
-                "objective": self.objective, "semantics": self.semantics, "folds": len(self.folds),
-                "created": self.created}
+        return {
+            "loss": self.loss,
+            **self.summary(),
+            "seed": self.seed,
+            "max_evals": self.max_evals,
+            "method": self.method,
+            "objective": self.objective,
+            "semantics": self.semantics,
+            "folds": len(self.folds),
+            "created": self.created,
+        }
 
     @classmethod
-    def of(cls, program_id: int, cv, config, semantics: str, seconds: float = 0.0, created: float = 0.0) -> "CVScoreRecord":
+    def of(
+        cls, program_id: int, cv, config, semantics: str, seconds: float = 0.0, created: float = 0.0
+    ) -> CVScoreRecord:
         """From an evaluator.crossval.CrossValidation made with fit settings `config` (a FitConfig)."""
         summary = cv.summary()
         stats = {f"{m}_{s}": _number_or_none((summary.get(m) or {}).get(s)) for m in CV_METRICS for s in CV_STATS}
-        folds = [{"name": f.fold.name, "train": list(f.fold.train), "held_out": list(f.fold.held_out),
-                  "constants": f.constants, "train_loss": _finite_or_none(f.fit.loss), "evaluations": f.fit.evaluations}
-                 for f in cv.folds]
-        return cls(program_id=program_id, protocol=cv.protocol, loss=_number_or_none(cv.loss), **stats, seed=config.seed,
-                   max_evals=config.max_evals, method=config.method, objective=config.objective.name,
-                   weights=[list(w) for w in config.objective.weights], semantics=semantics, folds=folds,
-                   evaluations=sum(f.fit.evaluations for f in cv.folds), seconds=seconds, created=created)
+        folds = [
+            {
+                "name": f.fold.name,
+                "train": list(f.fold.train),
+                "held_out": list(f.fold.held_out),
+                "constants": f.constants,
+                "train_loss": _finite_or_none(f.fit.loss),
+                "evaluations": f.fit.evaluations,
+            }
+            for f in cv.folds
+        ]
+        return cls(
+            program_id=program_id,
+            protocol=cv.protocol,
+            loss=_number_or_none(cv.loss),
+            **stats,
+            seed=config.seed,
+            max_evals=config.max_evals,
+            method=config.method,
+            objective=config.objective.name,
+            weights=[list(w) for w in config.objective.weights],
+            semantics=semantics,
+            folds=folds,
+            evaluations=sum(f.fit.evaluations for f in cv.folds),
+            seconds=seconds,
+            created=created,
+        )
 
 
 @dataclass
@@ -285,7 +352,7 @@ class CVEvaluationRecord(EvaluationRecord):
     fold: str = column("TEXT NOT NULL")
 
     @classmethod
-    def of(cls, program_id: int, protocol: str, fold: str, row: MetricRow) -> "CVEvaluationRecord":
+    def of(cls, program_id: int, protocol: str, fold: str, row: MetricRow) -> CVEvaluationRecord:
         e = EvaluationRecord.of(program_id, dataclasses.replace(row, split=ALL))
         return cls(**{f.name: getattr(e, f.name) for f in dataclasses.fields(e)}, protocol=protocol, fold=fold)
 
@@ -296,5 +363,5 @@ class NewProgram:
 
     record: ProgramRecord
     evaluations: list[MetricRow] = field(default_factory=list)
-    cv: "CVScoreRecord | None" = None  # the CV score its full fit made (`evolve run --cv`), stored with it
-    cv_rows: list["CVEvaluationRecord"] = field(default_factory=list)
+    cv: CVScoreRecord | None = None  # the CV score its full fit made (`evolve run --cv`), stored with it
+    cv_rows: list[CVEvaluationRecord] = field(default_factory=list)

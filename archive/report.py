@@ -6,13 +6,13 @@ percentiles on the test split) drawn here as plain SVG markup, the cross-validat
 scores where `evolve archive cv` or the search stored them), and rendering the page with the
 jinja2 template `archive/templates/report.html.j2`. The page needs no network and no script.
 """
+
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass
 from importlib.resources import files
-from pathlib import Path
 
 import jinja2
 from markupsafe import Markup, escape
@@ -20,7 +20,15 @@ from markupsafe import Markup, escape
 from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.numbers import finite, fmt
 
-from .browse import cv_by_program, operator_label, preferred_protocol, protocol_order, run_programs, select_rows, split_rows
+from .browse import (
+    cv_by_program,
+    operator_label,
+    preferred_protocol,
+    protocol_order,
+    run_programs,
+    select_rows,
+    split_rows,
+)
 from .grid import COMPLEXITY_BIN, MAX_COMPLEXITY_BIN, best, cell_label, elites, pareto_front, scored
 from .records import GenerationRecord, RunRecord
 from .store import Archive
@@ -37,9 +45,11 @@ RAMP = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 
 # ---- scales ----
 
+
 @dataclass
 class Scale:
     """Maps a data interval onto pixels, linearly or in log10."""
+
     lo: float
     hi: float
     start: float
@@ -47,7 +57,7 @@ class Scale:
     log: bool = False
 
     @classmethod
-    def fit(cls, values: list[float], start: float, end: float, log: bool = False, pad: float = 0.05) -> "Scale":
+    def fit(cls, values: list[float], start: float, end: float, log: bool = False, pad: float = 0.05) -> Scale:
         vals = [v for v in values if finite(v) and (v > 0 or not log)]
         if not vals:
             vals = [1.0]
@@ -56,7 +66,7 @@ class Scale:
             lo, hi = math.log10(lo), math.log10(hi)
         span = hi - lo or (abs(hi) * 0.5 or 1.0)
         lo, hi = lo - span * pad, hi + span * pad
-        return cls(10 ** lo if log else lo, 10 ** hi if log else hi, start, end, log)
+        return cls(10**lo if log else lo, 10**hi if log else hi, start, end, log)
 
     def _t(self, v: float) -> float:
         if self.log:
@@ -85,7 +95,7 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
     mantissas = (1,) if decades > 3 else (1, 2, 5) if decades > 0.8 else (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)
     out = []
     for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
-        out += [m * 10 ** e for m in mantissas if lo <= m * 10 ** e <= hi]
+        out += [m * 10**e for m in mantissas if lo <= m * 10**e <= hi]
     if len(out) < 3:  # a narrow range: evenly spaced values read better than one lonely decade mark
         step = _nice_step((hi - lo) / 4)
         out = [round(k * step, 10) for k in range(math.ceil(lo / step), math.floor(hi / step) + 1)]
@@ -94,10 +104,14 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
 
 # ---- SVG primitives (strings; every text goes through escape) ----
 
+
 def _svg(width: int, height: int, label: str, body: list[str]) -> Markup:
-    return Markup(f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-                  f'role="img" aria-label="{escape(label)}" font-family="system-ui, sans-serif" font-size="11">'
-                  + "".join(body) + "</svg>")
+    return Markup(
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="{escape(label)}" font-family="system-ui, sans-serif" font-size="11">'
+        + "".join(body)
+        + "</svg>"
+    )
 
 
 def _text(x: float, y: float, s: str, anchor: str = "start", extra: str = "") -> str:
@@ -121,7 +135,9 @@ class Box:
 
 
 def _axes(box: Box, xs: Scale, ys: Scale, xlabel: str, ylabel: str) -> list[str]:
-    out = [f'<rect x="{box.left}" y="{box.top}" width="{box.right - box.left}" height="{box.bottom - box.top}" fill="none" stroke="#ccc"/>']
+    out = [
+        f'<rect x="{box.left}" y="{box.top}" width="{box.right - box.left}" height="{box.bottom - box.top}" fill="none" stroke="#ccc"/>'
+    ]
     for t in xs.ticks():
         x = xs(t)
         out.append(f'<line x1="{x}" y1="{box.top}" x2="{x}" y2="{box.bottom}" stroke="#eee"/>')
@@ -151,6 +167,7 @@ def _link(pid: int, inner: str) -> str:
 
 # ---- the plots ----
 
+
 def pareto_svg(programs) -> Markup:
     """Validation loss (log) vs complexity for every fully evaluated program; the front highlighted."""
     label = "Pareto front: validation loss vs complexity"
@@ -167,8 +184,13 @@ def pareto_svg(programs) -> Markup:
     for p in pts:
         if p.id not in front_ids:
             tip = _title(f"#{p.id} {operator_label(p)}: val {fmt(p.val_loss)}, complexity {p.complexity}")
-            body.append(_link(p.id, f'<circle cx="{xs(p.complexity)}" cy="{ys(p.val_loss)}" r="3.5" fill="{MUTED}" '
-                                    f'fill-opacity="0.7">{tip}</circle>'))
+            body.append(
+                _link(
+                    p.id,
+                    f'<circle cx="{xs(p.complexity)}" cy="{ys(p.val_loss)}" r="3.5" fill="{MUTED}" '
+                    f'fill-opacity="0.7">{tip}</circle>',
+                )
+            )
     # the front as an attainment staircase: each member holds until a more complex one improves on it
     stairs = []
     for i, p in enumerate(front):
@@ -176,14 +198,24 @@ def pareto_svg(programs) -> Markup:
         nxt = front[i + 1].complexity if i + 1 < len(front) else None
         if nxt is not None:
             stairs.append(f"{xs(nxt)},{ys(p.val_loss)}")
-    body.append(f'<polyline points="{" ".join(stairs)}" fill="none" stroke="{FRONT}" stroke-width="1.5" stroke-dasharray="4 3"/>')
+    body.append(
+        f'<polyline points="{" ".join(stairs)}" fill="none" stroke="{FRONT}" stroke-width="1.5" stroke-dasharray="4 3"/>'
+    )
     for p in front:
         tip = _title(f"#{p.id} {operator_label(p)}: val {fmt(p.val_loss)}, complexity {p.complexity} (front)")
         x, y = xs(p.complexity), ys(p.val_loss)
-        body.append(_link(p.id, f'<circle cx="{x}" cy="{y}" r="5" fill="{FRONT}">{tip}</circle>'
-                                + _text(x + 7, y - 6, f"#{p.id}", extra=f'fill="{FRONT}"')))
-    body += _legend(box.right + 15, box.top + 10, [(FRONT, f"Pareto front ({len(front)})"),
-                                                   (MUTED, f"other programs ({len(pts) - len(front)})")])
+        body.append(
+            _link(
+                p.id,
+                f'<circle cx="{x}" cy="{y}" r="5" fill="{FRONT}">{tip}</circle>'
+                + _text(x + 7, y - 6, f"#{p.id}", extra=f'fill="{FRONT}"'),
+            )
+        )
+    body += _legend(
+        box.right + 15,
+        box.top + 10,
+        [(FRONT, f"Pareto front ({len(front)})"), (MUTED, f"other programs ({len(pts) - len(front)})")],
+    )
     return _svg(W, H, label, body)
 
 
@@ -209,7 +241,9 @@ def history_svg(generations: list[GenerationRecord]) -> Markup:
             path.append(f"{xs(gen)},{ys(v)}")
         body.append(f'<polyline points="{" ".join(path)}" fill="none" stroke="{color}" stroke-width="2"/>')
         for gen, v in pts:
-            body.append(f'<circle cx="{xs(gen)}" cy="{ys(v)}" r="2.5" fill="{color}">{_title(f"generation {gen}: {name} {fmt(v)}")}</circle>')
+            body.append(
+                f'<circle cx="{xs(gen)}" cy="{ys(v)}" r="2.5" fill="{color}">{_title(f"generation {gen}: {name} {fmt(v)}")}</circle>'
+            )
     body += _legend(box.right + 15, box.top + 10, [(c, n) for _, c, n in series])
     return _svg(W, H, label, body)
 
@@ -219,7 +253,7 @@ def _ramp(t: float) -> str:
     t = min(max(t, 0.0), 1.0) * (len(RAMP) - 1)
     i = min(int(t), len(RAMP) - 2)
     f = t - i
-    a, b = (tuple(int(c[k:k + 2], 16) for k in (1, 3, 5)) for c in (RAMP[i], RAMP[i + 1]))
+    a, b = (tuple(int(c[k : k + 2], 16) for k in (1, 3, 5)) for c in (RAMP[i], RAMP[i + 1]))
     return "#" + "".join(f"{round(x + (y - x) * f):02x}" for x, y in zip(a, b))
 
 
@@ -251,25 +285,41 @@ def grid_svg(programs) -> Markup:
             fill = _ramp(t)
             ink = "#fff" if t < 0.6 else "#111"
             tip = _title(f"{cell_label((c, n))}: elite #{p.id}, val loss {fmt(p.val_loss)}")
-            body.append(_link(p.id, f'<rect x="{x}" y="{y}" width="{cw - 1}" height="{ch - 1}" fill="{fill}">{tip}</rect>'
-                                    + _text(x + cw / 2, y + ch / 2 + 4, f"#{p.id}", "middle", f'fill="{ink}" font-size="10"')))
+            body.append(
+                _link(
+                    p.id,
+                    f'<rect x="{x}" y="{y}" width="{cw - 1}" height="{ch - 1}" fill="{fill}">{tip}</rect>'
+                    + _text(x + cw / 2, y + ch / 2 + 4, f"#{p.id}", "middle", f'fill="{ink}" font-size="10"'),
+                )
+            )
     for i, c in enumerate(bins):
         lo_c = c * COMPLEXITY_BIN
         tick = f"{lo_c}+" if c == MAX_COMPLEXITY_BIN else str(lo_c)
         body.append(_text(left + i * cw + cw / 2, top + ch * len(comps) + 14, tick, "middle"))
-    body.append(_text(left + cw * len(bins) / 2, top + ch * len(comps) + 34, f"complexity bin (lower bound, {COMPLEXITY_BIN} nodes per bin)", "middle", 'font-size="12"'))
+    body.append(
+        _text(
+            left + cw * len(bins) / 2,
+            top + ch * len(comps) + 34,
+            f"complexity bin (lower bound, {COMPLEXITY_BIN} nodes per bin)",
+            "middle",
+            'font-size="12"',
+        )
+    )
     cy = top + ch * len(comps) / 2
     body.append(_text(14, cy, "components", "middle", f'font-size="12" transform="rotate(-90 14 {cy})"'))
-    body += _colorbar(left + cw * len(bins) + 25, top, 10 ** lo, 10 ** hi)
+    body += _colorbar(left + cw * len(bins) + 25, top, 10**lo, 10**hi)
     return _svg(W, H, label, body)
 
 
 def _colorbar(x: float, y: float, lo: float, hi: float) -> list[str]:
     stops = "".join(f'<stop offset="{i / (len(RAMP) - 1)}" stop-color="{c}"/>' for i, c in enumerate(RAMP))
-    return [f'<defs><linearGradient id="loss-ramp" x1="0" y1="0" x2="0" y2="1">{stops}</linearGradient></defs>',
-            f'<rect x="{x}" y="{y}" width="14" height="120" fill="url(#loss-ramp)"/>',
-            _text(x + 20, y + 9, f"{fmt(lo)} (best)"), _text(x + 20, y + 120, fmt(hi)),
-            _text(x, y + 140, "validation loss (log)")]
+    return [
+        f'<defs><linearGradient id="loss-ramp" x1="0" y1="0" x2="0" y2="1">{stops}</linearGradient></defs>',
+        f'<rect x="{x}" y="{y}" width="14" height="120" fill="url(#loss-ramp)"/>',
+        _text(x + 20, y + 9, f"{fmt(lo)} (best)"),
+        _text(x + 20, y + 120, fmt(hi)),
+        _text(x, y + 140, "validation loss (log)"),
+    ]
 
 
 def _row_layout(names: list[str], row_h: int, width: int = 760) -> tuple[Box, int]:
@@ -296,9 +346,17 @@ def _diamond(x: float, y: float, color: str, r: float = 6) -> str:
 
 
 def _observed_predicted_legend(x: float, y: float, predicted_marker: bool) -> list[str]:
-    mark = _diamond(x + 95, y - 4, PREDICTED) if predicted_marker else f'<rect x="{x + 90}" y="{y - 9}" width="10" height="10" fill="{PREDICTED}"/>'
-    return [f'<circle cx="{x + 5}" cy="{y - 4}" r="5" fill="{OBSERVED}"/>', _text(x + 14, y, "observed"),
-            mark, _text(x + 105, y, "predicted")]
+    mark = (
+        _diamond(x + 95, y - 4, PREDICTED)
+        if predicted_marker
+        else f'<rect x="{x + 90}" y="{y - 9}" width="10" height="10" fill="{PREDICTED}"/>'
+    )
+    return [
+        f'<circle cx="{x + 5}" cy="{y - 4}" r="5" fill="{OBSERVED}"/>',
+        _text(x + 14, y, "observed"),
+        mark,
+        _text(x + 105, y, "predicted"),
+    ]
 
 
 def means_svg(rows: list[MetricRow], key: str, ape_key: str, unit_label: str) -> Markup:
@@ -316,9 +374,11 @@ def means_svg(rows: list[MetricRow], key: str, ape_key: str, unit_label: str) ->
         y = box.top + i * row_h + row_h / 2
         o, p, name = r.observed.get(key), r.predicted.get(key), r.name
         ape = getattr(r.ape, ape_key)
-        body.append(f'<g>{_title(f"{name}: observed {fmt(o, 4)}, predicted {fmt(p, 4)}, APE {fmt(ape)}%")}'
-                    f'<line x1="{xs(o)}" y1="{y}" x2="{xs(p)}" y2="{y}" stroke="#bbb" stroke-width="3"/>'
-                    f'<circle cx="{xs(o)}" cy="{y}" r="5" fill="{OBSERVED}"/>{_diamond(xs(p), y, PREDICTED)}</g>')
+        body.append(
+            f"<g>{_title(f'{name}: observed {fmt(o, 4)}, predicted {fmt(p, 4)}, APE {fmt(ape)}%')}"
+            f'<line x1="{xs(o)}" y1="{y}" x2="{xs(p)}" y2="{y}" stroke="#bbb" stroke-width="3"/>'
+            f'<circle cx="{xs(o)}" cy="{y}" r="5" fill="{OBSERVED}"/>{_diamond(xs(p), y, PREDICTED)}</g>'
+        )
         body.append(_text(box.right + 10, y + 4, "APE n/a" if not finite(ape) else f"APE {ape:.1f}%"))
     body += _observed_predicted_legend(box.left, H - 8, predicted_marker=True)
     return _svg(760, H, label, body)
@@ -338,21 +398,29 @@ def distribution_svg(rows: list[MetricRow]) -> Markup:
     names = [r.name for r in rows]
     row_h = 30
     box, H = _row_layout(names, row_h)
-    ratios = [v / _percentiles(r)["observed"]["p50"] for r in rows for side in _percentiles(r).values() for v in side.values()]
+    ratios = [
+        v / _percentiles(r)["observed"]["p50"] for r in rows for side in _percentiles(r).values() for v in side.values()
+    ]
     xs = Scale.fit(ratios + [1.0], box.left, box.right, log=True)
     body = _row_axes(box, xs, "E2E latency / observed p50 (log scale): dot p50, tick p90, bar to p99", names, row_h)
-    body.append(f'<line x1="{xs(1.0)}" y1="{box.top}" x2="{xs(1.0)}" y2="{box.bottom}" stroke="#999" stroke-dasharray="3 3"/>')
+    body.append(
+        f'<line x1="{xs(1.0)}" y1="{box.top}" x2="{xs(1.0)}" y2="{box.bottom}" stroke="#999" stroke-dasharray="3 3"/>'
+    )
     for i, r in enumerate(rows):
         pct = _percentiles(r)
         base = pct["observed"]["p50"]
         for offset, side, color in ((-6, "observed", OBSERVED), (6, "predicted", PREDICTED)):
             q = {k: v / base for k, v in pct[side].items()}
             y = box.top + i * row_h + row_h / 2 + offset
-            tip = _title(f"{r.name} {side}: p50 {fmt(pct[side]['p50'], 4)} s, p90 {fmt(pct[side]['p90'], 4)} s, "
-                         f"p99 {fmt(pct[side]['p99'], 4)} s")
-            body.append(f'<g>{tip}<line x1="{xs(q["p50"])}" y1="{y}" x2="{xs(q["p99"])}" y2="{y}" stroke="{color}" '
-                        f'stroke-width="4" stroke-opacity="0.55"/><line x1="{xs(q["p90"])}" y1="{y - 5}" x2="{xs(q["p90"])}" '
-                        f'y2="{y + 5}" stroke="{color}" stroke-width="2"/><circle cx="{xs(q["p50"])}" cy="{y}" r="3.5" fill="{color}"/></g>')
+            tip = _title(
+                f"{r.name} {side}: p50 {fmt(pct[side]['p50'], 4)} s, p90 {fmt(pct[side]['p90'], 4)} s, "
+                f"p99 {fmt(pct[side]['p99'], 4)} s"
+            )
+            body.append(
+                f'<g>{tip}<line x1="{xs(q["p50"])}" y1="{y}" x2="{xs(q["p99"])}" y2="{y}" stroke="{color}" '
+                f'stroke-width="4" stroke-opacity="0.55"/><line x1="{xs(q["p90"])}" y1="{y - 5}" x2="{xs(q["p90"])}" '
+                f'y2="{y + 5}" stroke="{color}" stroke-width="2"/><circle cx="{xs(q["p50"])}" cy="{y}" r="3.5" fill="{color}"/></g>'
+            )
         body.append(_text(box.right + 10, box.top + i * row_h + row_h / 2 + 4, f"p50 {fmt(base)} s"))
     body += _observed_predicted_legend(box.left, H - 8, predicted_marker=False)
     return _svg(760, H, label, body)
@@ -360,11 +428,16 @@ def distribution_svg(rows: list[MetricRow]) -> Markup:
 
 def _percentiles(row: MetricRow) -> dict | None:
     pct = row.e2e_percentiles_s or {}
-    ok = all(finite((pct.get(s) or {}).get(q)) and pct[s][q] > 0 for s in ("observed", "predicted") for q in ("p50", "p90", "p99"))
+    ok = all(
+        finite((pct.get(s) or {}).get(q)) and pct[s][q] > 0
+        for s in ("observed", "predicted")
+        for q in ("p50", "p90", "p99")
+    )
     return pct if ok else None
 
 
 # ---- context and rendering ----
+
 
 def run_summary(archive: Archive, run: RunRecord, programs) -> dict:
     rid = run.id
@@ -379,19 +452,27 @@ def run_summary(archive: Archive, run: RunRecord, programs) -> dict:
         o["full"] += p.full
         o["front"] += p.id in front_ids
     return {
-        "data_label": run.data_label, "synthetic": run.synthetic, "seed": run.seed, "run_id": rid,
+        "data_label": run.data_label,
+        "synthetic": run.synthetic,
+        "seed": run.seed,
+        "run_id": rid,
         "generations_completed": archive.last_generation(rid),
         "seconds": sum(g.seconds for g in generations),
         "evaluations": sum(g.evaluations for g in generations),
-        "n_programs": len(programs), "n_full": sum(p.full for p in programs), "n_front": len(front_ids),
+        "n_programs": len(programs),
+        "n_full": sum(p.full for p in programs),
+        "n_front": len(front_ids),
         "operators": dict(sorted(operators.items(), key=lambda kv: -kv[1]["programs"])),
         "rejections": dict(Counter(r.rule for r in archive.rejections(rid)).most_common()),
-        "llm": {"calls": len(calls), "cached": sum(c.cached for c in calls),
-                "outcomes": dict(Counter(c.outcome for c in calls).most_common()),
-                "models": dict(Counter(c.model for c in calls).most_common()),
-                "prompt_tokens": sum(c.prompt_tokens for c in calls),
-                "completion_tokens": sum(c.completion_tokens for c in calls),
-                "cost_usd": sum(c.cost_usd for c in calls)},
+        "llm": {
+            "calls": len(calls),
+            "cached": sum(c.cached for c in calls),
+            "outcomes": dict(Counter(c.outcome for c in calls).most_common()),
+            "models": dict(Counter(c.model for c in calls).most_common()),
+            "prompt_tokens": sum(c.prompt_tokens for c in calls),
+            "completion_tokens": sum(c.completion_tokens for c in calls),
+            "cost_usd": sum(c.cost_usd for c in calls),
+        },
     }
 
 
@@ -408,7 +489,9 @@ def build_context(archive: Archive) -> dict:
         "cv_rows": [r for r in select_rows(programs, include_screened=True, sort="cv", cv=cv) if r["cv"]],
         "archive_dir": str(archive.dir),
         "summary": run_summary(archive, run, programs),
-        "best": top, "best_operator": operator_label(top) if top else None, "best_test_rows": test_rows,
+        "best": top,
+        "best_operator": operator_label(top) if top else None,
+        "best_test_rows": test_rows,
         "plots": {
             "pareto": pareto_svg(programs),
             "history": history_svg(archive.generations(run.id)),

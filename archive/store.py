@@ -7,20 +7,34 @@ last completed generation: resuming redoes the interrupted generation from scrat
 because a generation is a deterministic function of (seed, generation, archive state), the
 redone generation is the one that would have been written.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.metrics import MetricRow
 
-from .records import (CVEvaluationRecord, CVScoreRecord, EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram,
-                      ProgramRecord, RejectionRecord, RunRecord, ddl, encode, insert, select)
+from .records import (
+    CVEvaluationRecord,
+    CVScoreRecord,
+    EvaluationRecord,
+    GenerationRecord,
+    LLMCallRecord,
+    NewProgram,
+    ProgramRecord,
+    RejectionRecord,
+    RunRecord,
+    ddl,
+    encode,
+    insert,
+    select,
+)
 
 SCHEMA_VERSION = 2
 
@@ -40,24 +54,30 @@ TABLES: tuple[tuple[str, type, str], ...] = (  # table, record, table constraint
 def _add_cv_tables(db: sqlite3.Connection) -> None:
     """1 -> 2: the cross-validation tables, as schema 2 declared them (frozen here: a later schema
     changes them by its own migration); an archive of schema 1 has no CV scores."""
-    db.execute("CREATE TABLE IF NOT EXISTS cv_scores (program_id INTEGER NOT NULL REFERENCES programs(id), "
-               "protocol TEXT NOT NULL, loss REAL, e2e_mean REAL, e2e_median REAL, e2e_max REAL, ttft_mean REAL, "
-               "ttft_median REAL, ttft_max REAL, itl_mean REAL, itl_median REAL, itl_max REAL, seed INTEGER NOT NULL, "
-               "max_evals INTEGER, method TEXT NOT NULL, objective TEXT NOT NULL, weights TEXT NOT NULL, "
-               "semantics TEXT NOT NULL, folds TEXT NOT NULL, evaluations INTEGER NOT NULL, seconds REAL NOT NULL, "
-               "created REAL NOT NULL, PRIMARY KEY (program_id, protocol));")
-    db.execute("CREATE TABLE IF NOT EXISTS cv_evaluations (program_id INTEGER NOT NULL REFERENCES programs(id), "
-               "experiment TEXT NOT NULL, split TEXT NOT NULL, n_requests INTEGER NOT NULL, "
-               "observed TEXT NOT NULL, predicted TEXT NOT NULL, ape_e2e REAL, ape_ttft REAL, ape_itl REAL, "
-               "timeouts_observed INTEGER, timeouts_predicted INTEGER, extra TEXT, protocol TEXT NOT NULL, "
-               "fold TEXT NOT NULL, PRIMARY KEY (program_id, protocol, experiment));")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS cv_scores (program_id INTEGER NOT NULL REFERENCES programs(id), "
+        "protocol TEXT NOT NULL, loss REAL, e2e_mean REAL, e2e_median REAL, e2e_max REAL, ttft_mean REAL, "
+        "ttft_median REAL, ttft_max REAL, itl_mean REAL, itl_median REAL, itl_max REAL, seed INTEGER NOT NULL, "
+        "max_evals INTEGER, method TEXT NOT NULL, objective TEXT NOT NULL, weights TEXT NOT NULL, "
+        "semantics TEXT NOT NULL, folds TEXT NOT NULL, evaluations INTEGER NOT NULL, seconds REAL NOT NULL, "
+        "created REAL NOT NULL, PRIMARY KEY (program_id, protocol));"
+    )
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS cv_evaluations (program_id INTEGER NOT NULL REFERENCES programs(id), "
+        "experiment TEXT NOT NULL, split TEXT NOT NULL, n_requests INTEGER NOT NULL, "
+        "observed TEXT NOT NULL, predicted TEXT NOT NULL, ape_e2e REAL, ape_ttft REAL, ape_itl REAL, "
+        "timeouts_observed INTEGER, timeouts_predicted INTEGER, extra TEXT, protocol TEXT NOT NULL, "
+        "fold TEXT NOT NULL, PRIMARY KEY (program_id, protocol, experiment));"
+    )
 
 
 # MIGRATIONS[v] upgrades an archive from schema v to v + 1 in place (inside one transaction).
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_cv_tables}
-SCHEMA = "\n".join(["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"]
-                   + [ddl(record, table, constraints) for table, record, constraints in TABLES]
-                   + ["CREATE INDEX IF NOT EXISTS programs_hash ON programs(run_id, source_hash);"])
+SCHEMA = "\n".join(
+    ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"]
+    + [ddl(record, table, constraints) for table, record, constraints in TABLES]
+    + ["CREATE INDEX IF NOT EXISTS programs_hash ON programs(run_id, source_hash);"]
+)
 
 
 class ArchiveError(UserError):
@@ -68,7 +88,7 @@ class Archive:
     FILE = "archive.sqlite"
 
     @classmethod
-    def open(cls, directory: str | Path, writable: bool = False) -> "Archive":
+    def open(cls, directory: str | Path, writable: bool = False) -> Archive:
         """An existing archive: read-only (browsing never writes, even to a run in progress) or
         writable (which migrates an older schema in place). No archive there, or one that cannot
         be read: a one-line ArchiveError naming the file."""
@@ -104,8 +124,10 @@ class Archive:
         try:
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if tables and "meta" not in tables:  # never take over someone else's database
-                raise ArchiveError(f"{path}: a SQLite database that is not a stepml-evolve archive "
-                                   f"(tables: {', '.join(sorted(tables))}); choose another --archive")
+                raise ArchiveError(
+                    f"{path}: a SQLite database that is not a stepml-evolve archive "
+                    f"(tables: {', '.join(sorted(tables))}); choose another --archive"
+                )
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             if tables:
@@ -126,19 +148,27 @@ class Archive:
         except ValueError:
             version = None
         if version is None:
-            raise ArchiveError(f"{path}: the archive records no schema version; it is damaged or not a stepml-evolve archive")
+            raise ArchiveError(
+                f"{path}: the archive records no schema version; it is damaged or not a stepml-evolve archive"
+            )
         if version > SCHEMA_VERSION:
-            raise ArchiveError(f"{path}: archive schema {version} is newer than this stepml-evolve reads "
-                               f"({SCHEMA_VERSION}); upgrade stepml-evolve to open it")
+            raise ArchiveError(
+                f"{path}: archive schema {version} is newer than this stepml-evolve reads "
+                f"({SCHEMA_VERSION}); upgrade stepml-evolve to open it"
+            )
         if version == SCHEMA_VERSION:
             return
         missing = [v for v in range(version, SCHEMA_VERSION) if v not in MIGRATIONS]
         if missing:
-            raise ArchiveError(f"{path}: archive schema {version} is too old for this stepml-evolve "
-                               f"(reads {SCHEMA_VERSION}; no migration from {missing[0]})")
+            raise ArchiveError(
+                f"{path}: archive schema {version} is too old for this stepml-evolve "
+                f"(reads {SCHEMA_VERSION}; no migration from {missing[0]})"
+            )
         if not migrate:
-            raise ArchiveError(f"{path}: archive schema {version} is older than this stepml-evolve reads "
-                               f"({SCHEMA_VERSION}); `evolve archive migrate --archive {path.parent}` upgrades it in place")
+            raise ArchiveError(
+                f"{path}: archive schema {version} is older than this stepml-evolve reads "
+                f"({SCHEMA_VERSION}); `evolve archive migrate --archive {path.parent}` upgrades it in place"
+            )
         with self.transaction() as db:
             for v in range(version, SCHEMA_VERSION):
                 MIGRATIONS[v](db)
@@ -165,8 +195,19 @@ class Archive:
     # ---- runs ----
     def create_run(self, data_label: str, fingerprint: str, synthetic: bool, seed: int, config: dict) -> int:
         with self.transaction() as db:
-            return insert(db, "runs", RunRecord(id=None, created=time.time(), data_label=data_label,
-                                                data_fingerprint=fingerprint, synthetic=synthetic, seed=seed, config=config))
+            return insert(
+                db,
+                "runs",
+                RunRecord(
+                    id=None,
+                    created=time.time(),
+                    data_label=data_label,
+                    data_fingerprint=fingerprint,
+                    synthetic=synthetic,
+                    seed=seed,
+                    config=config,
+                ),
+            )
 
     def run(self, run_id: int | None = None) -> RunRecord | None:
         """The run `run_id`, or the latest run; None if there is none."""
@@ -201,7 +242,9 @@ class Archive:
         return rows[0] if rows else None
 
     def evaluations(self, program_id: int) -> list[EvaluationRecord]:
-        return select(self.db, EvaluationRecord, "evaluations", "program_id=?", (program_id,), order="split, experiment")
+        return select(
+            self.db, EvaluationRecord, "evaluations", "program_id=?", (program_id,), order="split, experiment"
+        )
 
     def metric_rows(self, program_id: int, split: str | None = None) -> list[MetricRow]:
         """The program's per-experiment rows (of one split, or all), by split then experiment."""
@@ -232,26 +275,45 @@ class Archive:
                 db.execute(f"DELETE FROM {table} WHERE program_id=? AND protocol=?", (score.program_id, score.protocol))
             insert(db, "cv_scores", score)
             for r in rows:
-                insert(db, "cv_evaluations", dataclasses.replace(r, program_id=score.program_id, protocol=score.protocol))
+                insert(
+                    db, "cv_evaluations", dataclasses.replace(r, program_id=score.program_id, protocol=score.protocol)
+                )
 
     def cv_scores(self, program_id: int | None = None, run_id: int | None = None) -> list[CVScoreRecord]:
         """CV scores of one program, of a run's programs, or all; by program, then protocol."""
         if program_id is not None:
-            return select(self.db, CVScoreRecord, "cv_scores", "program_id=?", (program_id,), order="program_id, protocol")
+            return select(
+                self.db, CVScoreRecord, "cv_scores", "program_id=?", (program_id,), order="program_id, protocol"
+            )
         if run_id is not None:
-            return select(self.db, CVScoreRecord, "cv_scores", "program_id IN (SELECT id FROM programs WHERE run_id=?)",
-                          (run_id,), order="program_id, protocol")
+            return select(
+                self.db,
+                CVScoreRecord,
+                "cv_scores",
+                "program_id IN (SELECT id FROM programs WHERE run_id=?)",
+                (run_id,),
+                order="program_id, protocol",
+            )
         return select(self.db, CVScoreRecord, "cv_scores", order="program_id, protocol")
 
     def cv_evaluations(self, program_id: int, protocol: str | None = None) -> list[CVEvaluationRecord]:
         """The held-out experiments of a program's CV scores (one protocol, or all), by protocol, fold, experiment."""
-        where, args = ("program_id=? AND protocol=?", (program_id, protocol)) if protocol else ("program_id=?", (program_id,))
+        where, args = (
+            ("program_id=? AND protocol=?", (program_id, protocol)) if protocol else ("program_id=?", (program_id,))
+        )
         return select(self.db, CVEvaluationRecord, "cv_evaluations", where, args, order="protocol, fold, experiment")
 
     # ---- writing one generation ----
-    def write_generation(self, run_id: int, generation: int, seconds: float, programs: list[NewProgram],
-                         rejections: list[RejectionRecord], llm_calls: list[LLMCallRecord],
-                         stats: GenerationRecord) -> list[int]:
+    def write_generation(
+        self,
+        run_id: int,
+        generation: int,
+        seconds: float,
+        programs: list[NewProgram],
+        rejections: list[RejectionRecord],
+        llm_calls: list[LLMCallRecord],
+        stats: GenerationRecord,
+    ) -> list[int]:
         """Write a whole generation atomically; returns the new program ids in order.
 
         Records get their run and generation here; an LLM call names its program by
@@ -259,7 +321,9 @@ class Archive:
         ids: list[int] = []
         with self.transaction() as db:
             for p in programs:
-                pid = insert(db, "programs", dataclasses.replace(p.record, id=None, run_id=run_id, generation=generation))
+                pid = insert(
+                    db, "programs", dataclasses.replace(p.record, id=None, run_id=run_id, generation=generation)
+                )
                 ids.append(pid)
                 for row in p.evaluations:
                     insert(db, "evaluations", EvaluationRecord.of(pid, row))
@@ -271,7 +335,16 @@ class Archive:
                 insert(db, "rejections", dataclasses.replace(rj, id=None, run_id=run_id, generation=generation))
             for c in llm_calls:
                 pid = ids[c.program_index] if c.program_index is not None else None
-                insert(db, "llm_calls", dataclasses.replace(c, id=None, run_id=run_id, generation=generation, program_id=pid))
-            insert(db, "generations", dataclasses.replace(stats, run_id=run_id, generation=generation,
-                                                          completed=time.time(), seconds=seconds))
+                insert(
+                    db,
+                    "llm_calls",
+                    dataclasses.replace(c, id=None, run_id=run_id, generation=generation, program_id=pid),
+                )
+            insert(
+                db,
+                "generations",
+                dataclasses.replace(
+                    stats, run_id=run_id, generation=generation, completed=time.time(), seconds=seconds
+                ),
+            )
         return ids

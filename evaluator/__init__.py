@@ -9,16 +9,20 @@ What callers use, by job (each name is imported from its module on first use, so
   fitting     fit, FitConfig, FitResult (fitting.py); cross_validate, make_folds (crossval.py)
   errors      UserError, the base of every error a user can cause
 """
+
 from stepml_evolve.lazy import attach
 
-__getattr__, __dir__, __all__ = attach(__name__, {
-    ".datasets": ("load_data", "LoadedData", "DataError"),
-    ".experiments": ("Experiment", "SPLITS"),
-    ".dsl": ("parse_program", "load_program", "Program", "ProgramError"),
-    ".engine": ("Engine",),
-    ".metrics": ("MetricRow",),
-    ".objectives": ("Objective", "load_objective"),
-    ".fitting": ("fit", "FitConfig", "FitResult"),
-    ".crossval": ("cross_validate", "make_folds", "CrossValidation"),
-    ".errors": ("UserError",),
-})
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        ".datasets": ("load_data", "LoadedData", "DataError"),
+        ".experiments": ("Experiment", "SPLITS"),
+        ".dsl": ("parse_program", "load_program", "Program", "ProgramError"),
+        ".engine": ("Engine",),
+        ".metrics": ("MetricRow",),
+        ".objectives": ("Objective", "load_objective"),
+        ".fitting": ("fit", "FitConfig", "FitResult"),
+        ".crossval": ("cross_validate", "make_folds", "CrossValidation"),
+        ".errors": ("UserError",),
+    },
+)

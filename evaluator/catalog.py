@@ -4,6 +4,7 @@ Owns loading and checking the YAML: every hardware number must be a number state
 this module expects for it (HARDWARE_UNITS), and every model's model_config must build a valid
 ModelArch. Lookups by alias live in hardware.py; this module only reads and validates.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,8 +58,9 @@ def _number(where: str, entry) -> float:
         raise ValueError(f"{where}: expected {{value, unit, source}}, got {entry!r}")
     value = entry["value"]
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{where}: value {value!r} is not a positive number "
-                         "(YAML reads 989.5e12 as text: write 989.5e+12)")
+        raise ValueError(
+            f"{where}: value {value!r} is not a positive number (YAML reads 989.5e12 as text: write 989.5e+12)"
+        )
     return float(value)
 
 
@@ -76,8 +78,14 @@ def _hardware(name: str, spec) -> Hardware:
     aliases = tuple(str(a) for a in spec["aliases"])
     if any(a != a.lower() for a in aliases):
         raise ValueError(f"{where}: aliases must be lower-case")
-    return Hardware(name=name, **numbers, source=str(spec["source"]), description=str(spec["description"]),
-                    go_name=spec["go_name"], aliases=aliases)
+    return Hardware(
+        name=name,
+        **numbers,
+        source=str(spec["source"]),
+        description=str(spec["description"]),
+        go_name=spec["go_name"],
+        aliases=aliases,
+    )
 
 
 def _model(name: str, config) -> ServedModel:

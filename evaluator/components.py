@@ -21,6 +21,7 @@ TP degree tp, experts E with top-k, 2-byte weights and KV):
 FLOPs and bytes are divided by tp (sharded); the all-reduce bytes are already per GPU.
 `context` is the number of tokens already in the KV cache before the step's new tokens.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -69,9 +70,24 @@ N_COEFFICIENTS = 10
 
 def coefficients(arch: ModelArch, hw: Hardware, tp: int) -> np.ndarray:
     """Per-experiment constants of the formulas, in microseconds per unit of work."""
-    return np.array(coefficient_values(
-        arch.layers, arch.hidden, arch.heads, arch.head_dim, arch.kv_heads, arch.ffn, arch.vocab, arch.num_experts,
-        arch.top_k, hw.peak_flops, hw.hbm_bytes_per_s, hw.link_bytes_per_s, tp), dtype=np.float64)
+    return np.array(
+        coefficient_values(
+            arch.layers,
+            arch.hidden,
+            arch.heads,
+            arch.head_dim,
+            arch.kv_heads,
+            arch.ffn,
+            arch.vocab,
+            arch.num_experts,
+            arch.top_k,
+            hw.peak_flops,
+            hw.hbm_bytes_per_s,
+            hw.link_bytes_per_s,
+            tp,
+        ),
+        dtype=np.float64,
+    )
 
 
 # ---- Translated to Go ---------------------------------------------------------------------
@@ -91,8 +107,21 @@ def coefficients(arch: ModelArch, hw: Hardware, tp: int) -> np.ndarray:
 # stay below 2**53 (true for any real model, ~1e14 at most), so both round at the same divisions.
 
 
-def coefficient_values(layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k,
-                       peak_flops, hbm_bytes_per_s, link_bytes_per_s, tp):
+def coefficient_values(
+    layers,
+    hidden,
+    heads,
+    head_dim,
+    kv_heads,
+    ffn,
+    vocab,
+    num_experts,
+    top_k,
+    peak_flops,
+    hbm_bytes_per_s,
+    link_bytes_per_s,
+    tp,
+):
     """The coefficient vector in K_* slot order, from architecture sizes (element counts; head_dim
     = hidden // heads; num_experts = top_k = 0 for dense models), hardware peaks (FLOP/s, bytes/s)
     and the TP degree."""
@@ -113,8 +142,18 @@ def coefficient_values(layers, hidden, heads, head_dim, kv_heads, ffn, vocab, nu
     topk_fraction = top_k / num_experts if num_experts > 0 else 0.0
     kv_us_per_token = 2 * layers * kv_dim * BYTES_PER_KV_ELEM / tp / hbm_bytes_per_s * us
     allreduce_us_per_token = 2 * layers * (2 * (tp - 1) / tp) * hidden * BYTES_PER_KV_ELEM / link_bytes_per_s * us
-    return (gemm_us_per_token, attn_us_per_pair, dense_weight_us, expert_weight_us, num_experts, topk_fraction,
-            kv_us_per_token, allreduce_us_per_token, layers, tp)
+    return (
+        gemm_us_per_token,
+        attn_us_per_pair,
+        dense_weight_us,
+        expert_weight_us,
+        num_experts,
+        topk_fraction,
+        kv_us_per_token,
+        allreduce_us_per_token,
+        layers,
+        tp,
+    )
 
 
 def component_values(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max, k):
@@ -138,8 +177,26 @@ def component_values(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max, k):
     n_req = n_pf + n_dc
     layers = k[K_LAYERS] + 0.0 * tokens
     tp = k[K_TP] + 0.0 * tokens
-    return (gemm_pf, gemm_dc, attn_pf, attn_dc, weights, kv_read, kv_write, allreduce, experts,
-            n_req, n_pf, n_dc, tok_pf, tokens, ctx_sum, ctx_max, layers, tp)
+    return (
+        gemm_pf,
+        gemm_dc,
+        attn_pf,
+        attn_dc,
+        weights,
+        kv_read,
+        kv_write,
+        allreduce,
+        experts,
+        n_req,
+        n_pf,
+        n_dc,
+        tok_pf,
+        tokens,
+        ctx_sum,
+        ctx_max,
+        layers,
+        tp,
+    )
 
 
 def from_trajectory(step, new_tokens, context, is_prefill, n_steps: int, k: np.ndarray) -> np.ndarray:
@@ -160,7 +217,12 @@ def from_trajectory(step, new_tokens, context, is_prefill, n_steps: int, k: np.n
     ctx_max = np.zeros(n_steps)
     np.maximum.at(ctx_max, step, c)
     totals = (
-        per_step(n * pf), per_step(pf.astype(np.float64)), per_step(pf * n * (c + n / 2.0)),
-        per_step(pf * c), per_step(dc.astype(np.float64)), per_step(dc * c), ctx_max,
+        per_step(n * pf),
+        per_step(pf.astype(np.float64)),
+        per_step(pf * n * (c + n / 2.0)),
+        per_step(pf * c),
+        per_step(dc.astype(np.float64)),
+        per_step(dc * c),
+        ctx_max,
     )
     return np.array(component_values(*totals, k), dtype=np.float64)

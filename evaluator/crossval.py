@@ -11,6 +11,7 @@ CV loss is the fit's objective over the held-out rows of every fold, so it reads
 loss. Folds are independent fits, run concurrently on the engine's pool; every fit is a pure
 function of its seed, so the numbers do not depend on the worker count or on which fold ends first.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,14 +55,16 @@ def make_folds(protocol: str, experiments: list[Experiment]) -> list[Fold]:
             held.setdefault(key(e), []).append(e.name)
         origin = f"protocol {protocol}"
     elif protocol.startswith(GROUPS_PREFIX):
-        path = Path(protocol[len(GROUPS_PREFIX):])
+        path = Path(protocol[len(GROUPS_PREFIX) :])
         held = _read_groups(path, [e.name for e in experiments])
         origin = str(path)
     else:
         raise FoldError(f"protocol must be {', '.join(PROTOCOLS)} or {GROUPS_PREFIX}FILE, not {protocol!r}")
     if protocol in PROTOCOLS and len(held) < 2:
-        raise FoldError(f"{origin}: the data has one {'model' if protocol == 'lomo' else 'workload'} only, "
-                        "so there is nothing to hold out")
+        raise FoldError(
+            f"{origin}: the data has one {'model' if protocol == 'lomo' else 'workload'} only, "
+            "so there is nothing to hold out"
+        )
     names = [e.name for e in experiments]
     folds = []
     for fold, out in sorted(held.items()):
@@ -128,8 +131,11 @@ def summarize(rows: list[MetricRow]) -> dict[str, dict[str, float]]:
     for metric in APE_KEYS:
         v = np.array([_ape(r, metric) for r in rows], dtype=float)
         v = v[~np.isnan(v)]
-        out[metric] = ({"mean": float(v.mean()), "median": float(np.median(v)), "max": float(v.max())}
-                       if len(v) else {"mean": math.nan, "median": math.nan, "max": math.nan})
+        out[metric] = (
+            {"mean": float(v.mean()), "median": float(np.median(v)), "max": float(v.max())}
+            if len(v)
+            else {"mean": math.nan, "median": math.nan, "max": math.nan}
+        )
     return out
 
 
@@ -138,18 +144,32 @@ def _ape(row: MetricRow, metric: str) -> float:
     return math.nan if v is None else float(v)
 
 
-def cross_validate(program: Program, experiments: list[Experiment], engine: Engine, protocol: str,
-                   folds: list[Fold], config: FitConfig = FitConfig(), start: dict[str, float] | None = None,
-                   progress: ProgressFn | None = None, percentiles: bool = False,
-                   in_distribution: bool = False) -> CrossValidation:
+def cross_validate(
+    program: Program,
+    experiments: list[Experiment],
+    engine: Engine,
+    protocol: str,
+    folds: list[Fold],
+    config: FitConfig = FitConfig(),
+    start: dict[str, float] | None = None,
+    progress: ProgressFn | None = None,
+    percentiles: bool = False,
+    in_distribution: bool = False,
+) -> CrossValidation:
     """Fit each fold on its train experiments (global scope) and score its held-out ones on all requests.
     With `in_distribution`, also fit on every experiment and score them all the same way, for comparison."""
     by_name = {e.name: e for e in experiments}
     config = dataclasses.replace(config, scope="global", experiments=None)
 
     def one(fold: Fold) -> FoldResult:
-        res = fit(program, [by_name[n] for n in fold.train], engine, config, start=start,
-                  progress=(lambda g, *a: progress(fold.name, *a)) if progress else None)
+        res = fit(
+            program,
+            [by_name[n] for n in fold.train],
+            engine,
+            config,
+            start=start,
+            progress=(lambda g, *a: progress(fold.name, *a)) if progress else None,
+        )
         held = [by_name[n] for n in fold.held_out]
         vector = np.array([res.constants["all"][k] for k in program.constants], dtype=float)
         rows = engine.score(program, [vector] * len(held), (ALL,), held, percentiles)[ALL]

@@ -1,6 +1,7 @@
 """Where experiments come from: a directory given by the user, or the built-in synthetic sample
 (generated once into the cache directory; label says "synthetic"). Also what `evolve data`
 reports about them (`DataCheck`) and writes (`write_synthetic_sample`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .experiments import Experiment, ExperimentError, LoadOptions, experiment_dirs, load_experiments
-from .prompt_reuse import DEFAULT_POLICY, POLICIES as PROMPT_REUSE_POLICIES
+from .prompt_reuse import DEFAULT_POLICY
 
 SYNTHETIC_SEED = 0
 OUTPUT_LEN_POLICIES = ("profile", "reported")  # see LoadOptions.output_len
@@ -42,7 +43,7 @@ class LoadedData:
                     h.update(hashlib.sha256(p.read_bytes()).digest())
         return h.hexdigest()[:16]
 
-    def require_experiments(self) -> "LoadedData":
+    def require_experiments(self) -> LoadedData:
         """Itself, if at least one experiment loaded."""
         if not self.experiments:
             raise DataError(f"{self.label}: no valid experiments")
@@ -69,12 +70,23 @@ class ExperimentSummary:
     prompt_reuse: dict | None = None  # what the loader decided about shared prompts (prompt_reuse.ReuseReport)
 
     @classmethod
-    def of(cls, e: Experiment) -> "ExperimentSummary":
-        return cls(name=e.name, model=e.model, tp=e.tp, moe=e.arch.moe, hardware=e.hardware.name,
-                   n_requests=e.n_requests, n_failed=e.n_failed,
-                   output_len=e.output_len_used if e.output_len_used is not None else "reported",
-                   observed=e.observed_means(), split=e.split_sizes(), synthetic=e.synthetic, notes=e.notes,
-                   measurement=e.measurement, prompt_reuse=e.prompt_reuse.to_json() if e.prompt_reuse else None)
+    def of(cls, e: Experiment) -> ExperimentSummary:
+        return cls(
+            name=e.name,
+            model=e.model,
+            tp=e.tp,
+            moe=e.arch.moe,
+            hardware=e.hardware.name,
+            n_requests=e.n_requests,
+            n_failed=e.n_failed,
+            output_len=e.output_len_used if e.output_len_used is not None else "reported",
+            observed=e.observed_means(),
+            split=e.split_sizes(),
+            synthetic=e.synthetic,
+            notes=e.notes,
+            measurement=e.measurement,
+            prompt_reuse=e.prompt_reuse.to_json() if e.prompt_reuse else None,
+        )
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -90,13 +102,21 @@ class DataCheck:
     errors: list[ExperimentError]
 
     def to_json(self) -> dict:
-        return {"data": self.label, "synthetic": self.synthetic, "experiments": [e.to_json() for e in self.experiments],
-                "errors": [{"name": e.experiment, "error": e.problem} for e in self.errors]}
+        return {
+            "data": self.label,
+            "synthetic": self.synthetic,
+            "experiments": [e.to_json() for e in self.experiments],
+            "errors": [{"name": e.experiment, "error": e.problem} for e in self.errors],
+        }
 
 
-def check_data(data: str | Path | None = None, output_len: str = "profile", prompt_reuse: str = DEFAULT_POLICY) -> DataCheck:
+def check_data(
+    data: str | Path | None = None, output_len: str = "profile", prompt_reuse: str = DEFAULT_POLICY
+) -> DataCheck:
     loaded = load_data(data, output_len=output_len, prompt_reuse=prompt_reuse)
-    return DataCheck(loaded.label, loaded.synthetic, [ExperimentSummary.of(e) for e in loaded.experiments], loaded.errors)
+    return DataCheck(
+        loaded.label, loaded.synthetic, [ExperimentSummary.of(e) for e in loaded.experiments], loaded.errors
+    )
 
 
 def cache_dir() -> Path:
@@ -134,8 +154,12 @@ def synthetic_dir(size: str | None = None) -> Path:
     return target
 
 
-def load_data(data: str | Path | None = None, output_len: str = "profile",
-              split: tuple[float, float] = (0.6, 0.2), prompt_reuse: str = DEFAULT_POLICY) -> LoadedData:
+def load_data(
+    data: str | Path | None = None,
+    output_len: str = "profile",
+    split: tuple[float, float] = (0.6, 0.2),
+    prompt_reuse: str = DEFAULT_POLICY,
+) -> LoadedData:
     """Load experiments from `data`, or the synthetic sample when `data` is None. The bad ones are
     in `errors`; a directory without any experiment is a DataError."""
     try:
@@ -162,5 +186,7 @@ def write_synthetic_sample(out_dir: Path, seed: int = SYNTHETIC_SEED, size: str 
     from .synthetic import write_sample
 
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise DataError(f"{out_dir}: exists and is not an empty directory; the sample goes into a new one (nothing written)")
+        raise DataError(
+            f"{out_dir}: exists and is not an empty directory; the sample goes into a new one (nothing written)"
+        )
     return write_sample(out_dir, seed=seed, size=size or sample_size())

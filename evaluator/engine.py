@@ -5,10 +5,12 @@ replay loop is numba code that releases the GIL; measured on 2 cores: 16 experim
 on one thread, 0.36 s on two), or Ray tasks on a cluster (ray_executor.py). Results come back
 in job order, so they are identical for any worker count and any cluster.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
+
 import numpy as np
 
 from .dsl import CompiledProgram, Program, compile_program
@@ -43,8 +45,14 @@ def windowed(exp: Experiment, fraction: float) -> Experiment:
     return dataclasses.replace(exp, split=split)
 
 
-def _replay_rows(exp: Experiment, compiled: CompiledProgram, constants: np.ndarray, splits: tuple[str, ...],
-                 semantics: str, percentiles: bool) -> dict[str, MetricRow]:
+def _replay_rows(
+    exp: Experiment,
+    compiled: CompiledProgram,
+    constants: np.ndarray,
+    splits: tuple[str, ...],
+    semantics: str,
+    percentiles: bool,
+) -> dict[str, MetricRow]:
     """One replay covering every split in `splits` (it stops once they are settled)."""
     res = replay(exp, compiled, constants, horizon=split_horizon(exp, splits), semantics=semantics)
     if not res.ok:
@@ -52,13 +60,20 @@ def _replay_rows(exp: Experiment, compiled: CompiledProgram, constants: np.ndarr
     return {s: split_metrics(exp, res, s, percentiles) for s in splits}
 
 
-def _replay_row(exp: Experiment, compiled: CompiledProgram, constants: np.ndarray, split: str, semantics: str) -> MetricRow:
+def _replay_row(
+    exp: Experiment, compiled: CompiledProgram, constants: np.ndarray, split: str, semantics: str
+) -> MetricRow:
     return _replay_rows(exp, compiled, constants, (split,), semantics, False)[split]
 
 
 class Engine:
-    def __init__(self, experiments: list[Experiment], workers: int | None = None, semantics: str = DEFAULT_SEMANTICS,
-                 cluster: Cluster | None = None):
+    def __init__(
+        self,
+        experiments: list[Experiment],
+        workers: int | None = None,
+        semantics: str = DEFAULT_SEMANTICS,
+        cluster: Cluster | None = None,
+    ):
         """semantics: how a step is accounted ("blis" or "vllm"; see replay.SEMANTICS). workers:
         replay threads; with a `cluster` replays run there instead."""
         if semantics not in SEMANTICS:
@@ -80,8 +95,14 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
-    def score(self, program: Program | CompiledProgram, constants: list[np.ndarray], splits=("test",),
-              experiments: list[Experiment] | None = None, percentiles: bool = False) -> dict[str, list[MetricRow]]:
+    def score(
+        self,
+        program: Program | CompiledProgram,
+        constants: list[np.ndarray],
+        splits=("test",),
+        experiments: list[Experiment] | None = None,
+        percentiles: bool = False,
+    ) -> dict[str, list[MetricRow]]:
         """Metric rows per split for each experiment, each replayed with its own constant vector.
 
         One replay per experiment covers every requested split (it stops once they are settled).
@@ -92,19 +113,36 @@ class Engine:
             raise ValueError("one constant vector per experiment")
 
         splits = tuple(splits)
-        results = self.executor.map(_replay_rows, [(e, (compiled, c, splits, self.semantics, percentiles))
-                                                   for e, c in zip(exps, constants)])
+        results = self.executor.map(
+            _replay_rows, [(e, (compiled, c, splits, self.semantics, percentiles)) for e, c in zip(exps, constants)]
+        )
         return {s: [r[s] for r in results] for s in splits}
 
-    def population_losses(self, compiled: CompiledProgram, population: list[np.ndarray], experiments: list[Experiment],
-                          split: str = "train", objective: Objective = DEFAULT) -> list[float]:
+    def population_losses(
+        self,
+        compiled: CompiledProgram,
+        population: list[np.ndarray],
+        experiments: list[Experiment],
+        split: str = "train",
+        objective: Objective = DEFAULT,
+    ) -> list[float]:
         """Loss on `split` of each constant vector over `experiments`; all replays handed out at once."""
-        rows = self.executor.map(_replay_row, [(e, (compiled, x, split, self.semantics)) for x in population for e in experiments])
+        rows = self.executor.map(
+            _replay_row, [(e, (compiled, x, split, self.semantics)) for x in population for e in experiments]
+        )
         n = len(experiments)
-        return [objective.of_rows(rows[p * n:(p + 1) * n]) for p in range(len(population))]
+        return [objective.of_rows(rows[p * n : (p + 1) * n]) for p in range(len(population))]
 
-    def record(self, compiled: CompiledProgram, vector: VectorProgram, constants: np.ndarray,
-               experiments: list[Experiment], split: str = "train") -> list[tuple[MetricRow, TrajectoryModel | None]]:
+    def record(
+        self,
+        compiled: CompiledProgram,
+        vector: VectorProgram,
+        constants: np.ndarray,
+        experiments: list[Experiment],
+        split: str = "train",
+    ) -> list[tuple[MetricRow, TrajectoryModel | None]]:
         """Closed-loop replay of each experiment at `constants`, keeping what the trajectory
         surrogate needs (see surrogate.py)."""
-        return self.executor.map(record, [(e, (compiled, vector, constants, split, self.semantics)) for e in experiments])
+        return self.executor.map(
+            record, [(e, (compiled, vector, constants, split, self.semantics)) for e in experiments]
+        )

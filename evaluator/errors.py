@@ -4,6 +4,7 @@ Its message is one line naming the file, flag or program and the problem. The co
 catches `UserError` once, at its top (`evolve.console.CommandGroup`, the class of every typer app), prints `error: <message>` and exits 2;
 anything else reaching the top is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 

@@ -5,12 +5,14 @@ The engine hands every replay to an executor as a job: a module-level function o
 a CV decides from them does not depend on where or in what order the jobs ran: the archive is the
 same bit for bit on threads and on any cluster size.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import UserError
 from .experiments import Experiment
@@ -33,7 +35,7 @@ class Cluster:
     remote_workers: int | None = None
 
     @classmethod
-    def of(cls, address: str | None, remote_workers: int | None = None) -> "Cluster | None":
+    def of(cls, address: str | None, remote_workers: int | None = None) -> Cluster | None:
         """From the command-line options, checked (before any data is read)."""
         if address is None:
             if remote_workers is not None:
@@ -68,5 +70,7 @@ def check_cluster(cluster: str | None) -> None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ClusterError("--cluster needs Ray, an optional extra: pip install 'stepml-evolve[ray]' "
-                           "(from a checkout: pip install '.[ray]')") from None
+        raise ClusterError(
+            "--cluster needs Ray, an optional extra: pip install 'stepml-evolve[ray]' "
+            "(from a checkout: pip install '.[ray]')"
+        ) from None

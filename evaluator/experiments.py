@@ -20,6 +20,7 @@ handled here, each with a policy in `LoadOptions`:
     arrival_time_us, the moment its TTFT and E2E are measured from.
   * temporal split by arrival time, default 60/20/20.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,18 @@ import numpy as np
 from .errors import UserError
 from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .model_arch import ModelArch
-from .prompt_reuse import (DEFAULT_POLICY, POLICIES, ReuseReport, Sharing, assign_prompts, cycle_sharing, detect_cycle,
-                           expected_cached_share, prefix_groups, trace_sharing)
+from .prompt_reuse import (
+    DEFAULT_POLICY,
+    POLICIES,
+    ReuseReport,
+    Sharing,
+    assign_prompts,
+    cycle_sharing,
+    detect_cycle,
+    expected_cached_share,
+    prefix_groups,
+    trace_sharing,
+)
 
 SPLITS = ("train", "validate", "test")
 ALL = "all"  # every request of an experiment (held-out experiments in cross-validation are scored on it)
@@ -133,11 +144,28 @@ class Experiment:
         return int(self.failed.sum())
 
     @classmethod
-    def from_arrays(cls, name: str, arrival_us, input_tokens, output_tokens, *, arch: ModelArch, tp: int = 1,
-                    hardware: str = DEFAULT_HARDWARE, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
-                    kv_blocks: int = 10_000, block_size: int = 16, prefix_group=None, prefix_tokens: int = 0,
-                    group_tokens=None, prompt=None, timeout_s: float = 300.0, model: str = "in-memory",
-                    split=(0.6, 0.2)) -> "Experiment":
+    def from_arrays(
+        cls,
+        name: str,
+        arrival_us,
+        input_tokens,
+        output_tokens,
+        *,
+        arch: ModelArch,
+        tp: int = 1,
+        hardware: str = DEFAULT_HARDWARE,
+        max_num_seqs: int = 128,
+        max_num_batched_tokens: int = 2048,
+        kv_blocks: int = 10_000,
+        block_size: int = 16,
+        prefix_group=None,
+        prefix_tokens: int = 0,
+        group_tokens=None,
+        prompt=None,
+        timeout_s: float = 300.0,
+        model: str = "in-memory",
+        split=(0.6, 0.2),
+    ) -> Experiment:
         """An in-memory experiment without ground truth (observations are NaN), for generators and tests.
         prefix_group[i] >= 0: request i starts with that group's shared prefix, group_tokens[g] long
         (or prefix_tokens for every group); prompt[i]: requests with equal ids sent identical prompts."""
@@ -152,33 +180,59 @@ class Experiment:
         # the loader guarantees these for real data; the replay relies on them
         if (inputs < 1).any() or (out < 1).any():
             raise ValueError(f"{name}: every request needs input_tokens >= 1 and output_tokens >= 1")
-        if (groups.shape != (n,) or (groups < -1).any() or len(lengths) < n_groups or any(t < 0 for t in lengths)
-                or ((groups >= 0) & (inputs < np.array(lengths + (0,), dtype=np.int64)[groups])).any()):
-            raise ValueError(f"{name}: prefix_group needs one group (or -1) per request, each grouped prompt at least "
-                             f"as long as its group's prefix (group_tokens={lengths[:8]})")
+        if (
+            groups.shape != (n,)
+            or (groups < -1).any()
+            or len(lengths) < n_groups
+            or any(t < 0 for t in lengths)
+            or ((groups >= 0) & (inputs < np.array(lengths + (0,), dtype=np.int64)[groups])).any()
+        ):
+            raise ValueError(
+                f"{name}: prefix_group needs one group (or -1) per request, each grouped prompt at least "
+                f"as long as its group's prefix (group_tokens={lengths[:8]})"
+            )
         if prompts.shape != (n,) or (prompts < 0).any() or not _prompts_consistent(prompts, inputs, groups):
-            raise ValueError(f"{name}: prompt needs one non-negative id per request; requests of one prompt need "
-                             "one input length and one group")
+            raise ValueError(
+                f"{name}: prompt needs one non-negative id per request; requests of one prompt need "
+                "one input length and one group"
+            )
         return cls(
-            name=name, model=model, workload="", tp=tp, hardware=get_hardware(hardware), arch=arch,
+            name=name,
+            model=model,
+            workload="",
+            tp=tp,
+            hardware=get_hardware(hardware),
+            arch=arch,
             server=ServerConfig(max_num_seqs, max_num_batched_tokens, kv_blocks, block_size),
-            arrival_us=arrival, input_tokens=inputs, output_tokens=out, reported_output_tokens=out.copy(),
-            prefix_group=groups, group_tokens=lengths[:n_groups], prompt=prompts,
-            failed=np.zeros(n, bool), abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
-            e2e_s=np.full(n, np.nan), ttft_s=np.full(n, np.nan), split=_temporal_split(n, split),
+            arrival_us=arrival,
+            input_tokens=inputs,
+            output_tokens=out,
+            reported_output_tokens=out.copy(),
+            prefix_group=groups,
+            group_tokens=lengths[:n_groups],
+            prompt=prompts,
+            failed=np.zeros(n, bool),
+            abort_after_us=np.full(n, int(timeout_s * 1e6), dtype=np.int64),
+            e2e_s=np.full(n, np.nan),
+            ttft_s=np.full(n, np.nan),
+            split=_temporal_split(n, split),
         )
 
-    def trace_view(self) -> tuple["Experiment", list[str]]:
+    def trace_view(self) -> tuple[Experiment, list[str]]:
         """The experiment as a BLIS trace v2 states its prompts (prompt_reuse.trace_sharing), and
         the trace's group names: what `blis replay` of the exported trace replays."""
         sharing, names = trace_sharing(self.sharing, self.input_tokens)
-        return dataclasses.replace(self, prompt=sharing.prompt, prefix_group=sharing.group,
-                                   group_tokens=sharing.group_tokens), names
+        return dataclasses.replace(
+            self, prompt=sharing.prompt, prefix_group=sharing.group, group_tokens=sharing.group_tokens
+        ), names
 
-    def head(self, n: int) -> "Experiment":
+    def head(self, n: int) -> Experiment:
         """The experiment cut to its first n requests (in arrival order)."""
-        per_request = {f.name: getattr(self, f.name)[:n] for f in dataclasses.fields(self)
-                       if isinstance(getattr(self, f.name), np.ndarray)}  # group_tokens is a tuple: kept whole
+        per_request = {
+            f.name: getattr(self, f.name)[:n]
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), np.ndarray)
+        }  # group_tokens is a tuple: kept whole
         return dataclasses.replace(self, **per_request)
 
     def split_mask(self, split: str) -> np.ndarray:
@@ -211,7 +265,9 @@ def _read_json(exp: str, path: Path):
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ExperimentError(exp, f"{path.name}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise ExperimentError(
+            exp, f"{path.name}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ExperimentError(exp, f"{path.name}: unreadable ({e})") from None
 
@@ -238,8 +294,10 @@ def _summary_means(path: Path) -> dict | None:
         return None
     try:
         lat = json.loads(path.read_text())["successes"]["latency"]
-        return {"e2e_mean_s": float(lat["request_latency"]["mean"]),
-                "ttft_mean_s": float(lat["time_to_first_token"]["mean"])}
+        return {
+            "e2e_mean_s": float(lat["request_latency"]["mean"]),
+            "ttft_mean_s": float(lat["time_to_first_token"]["mean"]),
+        }
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, OSError):
         return None
 
@@ -257,8 +315,11 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     elif options.output_len == "profile":
         # it holds the output length the server generated (EOS ignored) and the shared system
         # prompt behind the prefix-cache hits: without it the replay would be quietly wrong
-        raise ExperimentError(exp, "missing file profile.json (needed for the output length and the shared "
-                                   "prefix; --output-len reported uses the client's token counts instead)")
+        raise ExperimentError(
+            exp,
+            "missing file profile.json (needed for the output length and the shared "
+            "prefix; --output-len reported uses the client's token counts instead)",
+        )
     else:
         profile = {}
     if not isinstance(meta, dict) or not isinstance(meta.get("requests"), list):
@@ -326,7 +387,9 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     truth_failed, e2e, ttft = truth_failed[pos], e2e[pos], ttft[pos]
     if not np.array_equal(truth_failed, failed):
         i = int(np.argmax(truth_failed != failed))
-        raise ExperimentError(exp, f"has_error differs between requests.json and ground_truth.json at request {int(index[i])}")
+        raise ExperimentError(
+            exp, f"has_error differs between requests.json and ground_truth.json at request {int(index[i])}"
+        )
     ok = ~failed
     if not np.isfinite(e2e).all() or (e2e <= 0).any():
         raise ExperimentError(exp, "ground_truth.json: missing or non-positive e2e_s")
@@ -338,7 +401,9 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         raise ExperimentError(exp, "no successful request to compare against")
 
     order = np.argsort(arrival, kind="stable")  # arrival order; the data is sorted already
-    arrival, inputs, reported_out, failed, e2e, ttft = (a[order] for a in (arrival, inputs, reported_out, failed, e2e, ttft))
+    arrival, inputs, reported_out, failed, e2e, ttft = (
+        a[order] for a in (arrival, inputs, reported_out, failed, e2e, ttft)
+    )
     ok = ~failed
 
     notes = []
@@ -357,17 +422,35 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     sys_len = int(shared.get("system_prompt_len") or cfg.get("system_prompt_len") or 0)
     n_system = int(shared.get("num_unique_system_prompts") or cfg.get("numprefix_groups") or 0)
     recorded = _recorded_groups(exp, reqs, order, sys_len)
-    inputs, sharing, reuse, imputed = _prompt_sharing(exp, options.prompt_reuse, recorded, inputs, failed & (inputs <= 0),
-                                                      sys_len, n_system, server.block_size, reqs, order, notes)
+    inputs, sharing, reuse, imputed = _prompt_sharing(
+        exp,
+        options.prompt_reuse,
+        recorded,
+        inputs,
+        failed & (inputs <= 0),
+        sys_len,
+        n_system,
+        server.block_size,
+        reqs,
+        order,
+        notes,
+    )
 
     measurement = meta.get("measurement", "client")
     if measurement not in MEASUREMENTS:
-        raise ExperimentError(exp, f"requests.json: measurement must be one of {', '.join(MEASUREMENTS)}, "
-                                   f"not {measurement!r}"[:200])
+        raise ExperimentError(
+            exp, f"requests.json: measurement must be one of {', '.join(MEASUREMENTS)}, not {measurement!r}"[:200]
+        )
     cfg_timeout = cfg.get("client_timeout_s")
-    if cfg_timeout is not None and (isinstance(cfg_timeout, bool) or not isinstance(cfg_timeout, (int, float))
-                                    or not math.isfinite(cfg_timeout) or cfg_timeout <= 0):
-        raise ExperimentError(exp, f"requests.json: config.client_timeout_s must be a positive number, got {cfg_timeout!r}")
+    if cfg_timeout is not None and (
+        isinstance(cfg_timeout, bool)
+        or not isinstance(cfg_timeout, (int, float))
+        or not math.isfinite(cfg_timeout)
+        or cfg_timeout <= 0
+    ):
+        raise ExperimentError(
+            exp, f"requests.json: config.client_timeout_s must be a positive number, got {cfg_timeout!r}"
+        )
 
     if options.client_timeout_s is not None:
         timeout_s = options.client_timeout_s
@@ -383,22 +466,47 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         name=exp,
         model=str(meta.get("model_id") or meta.get("model_short") or "unknown"),
         workload=str(meta.get("profile") or ""),
-        tp=tp, hardware=hardware, arch=arch, server=server,
+        tp=tp,
+        hardware=hardware,
+        arch=arch,
+        server=server,
         arrival_us=np.round(arrival).astype(np.int64),
-        input_tokens=inputs, output_tokens=output, reported_output_tokens=reported_out,
-        failed=failed, abort_after_us=abort_after,
-        e2e_s=e2e, ttft_s=ttft, split=_temporal_split(n, options.split),
-        source_split=str(meta.get("split") or ""), output_len_used=out_len_used,
-        n_imputed_inputs=imputed, summary=_summary_means(path / "summary_lifecycle_metrics.json"),
-        synthetic=bool(meta.get("synthetic", False)), notes=notes,
-        prefix_group=sharing.group, group_tokens=sharing.group_tokens, prompt=sharing.prompt,
-        recorded_groups=recorded is not None, measurement=measurement, prompt_reuse=reuse,
+        input_tokens=inputs,
+        output_tokens=output,
+        reported_output_tokens=reported_out,
+        failed=failed,
+        abort_after_us=abort_after,
+        e2e_s=e2e,
+        ttft_s=ttft,
+        split=_temporal_split(n, options.split),
+        source_split=str(meta.get("split") or ""),
+        output_len_used=out_len_used,
+        n_imputed_inputs=imputed,
+        summary=_summary_means(path / "summary_lifecycle_metrics.json"),
+        synthetic=bool(meta.get("synthetic", False)),
+        notes=notes,
+        prefix_group=sharing.group,
+        group_tokens=sharing.group_tokens,
+        prompt=sharing.prompt,
+        recorded_groups=recorded is not None,
+        measurement=measurement,
+        prompt_reuse=reuse,
     )
 
 
-def _prompt_sharing(exp: str, policy: str, recorded: tuple[np.ndarray, tuple[int, ...]] | None, inputs: np.ndarray,
-                    unknown: np.ndarray, sys_len: int, n_system: int, block: int, reqs: list, order: np.ndarray,
-                    notes: list[str]) -> tuple[np.ndarray, Sharing, ReuseReport, int]:
+def _prompt_sharing(
+    exp: str,
+    policy: str,
+    recorded: tuple[np.ndarray, tuple[int, ...]] | None,
+    inputs: np.ndarray,
+    unknown: np.ndarray,
+    sys_len: int,
+    n_system: int,
+    block: int,
+    reqs: list,
+    order: np.ndarray,
+    notes: list[str],
+) -> tuple[np.ndarray, Sharing, ReuseReport, int]:
     """The prompt structure under `policy` (prompt_reuse.py), the input lengths with the unknown ones
     (failed requests record none) filled in, and how many were filled."""
     n = len(inputs)
@@ -410,7 +518,9 @@ def _prompt_sharing(exp: str, policy: str, recorded: tuple[np.ndarray, tuple[int
         assignment = assign_prompts(inputs, known, cycle.period)
         inputs = assignment.lengths
         if assignment.n_imputed:
-            notes.append(f"{assignment.n_imputed} failed requests without input length: their prompt's length in the cycle")
+            notes.append(
+                f"{assignment.n_imputed} failed requests without input length: their prompt's length in the cycle"
+            )
     rest = unknown & (inputs <= 0)
     if rest.any():
         inputs[rest] = int(np.median(inputs[known]))
@@ -426,18 +536,28 @@ def _prompt_sharing(exp: str, policy: str, recorded: tuple[np.ndarray, tuple[int
         if over.any():
             i = int(np.flatnonzero(over)[0])
             rec = reqs[int(order[i])]
-            raise ExperimentError(exp, f"requests.json: request {rec.get('index')} has prefix_length "
-                                       f"{lengths[groups[i]]} of group {rec.get('prefix_group')!r} but only "
-                                       f"{int(inputs[i])} input tokens"[:240])
+            raise ExperimentError(
+                exp,
+                f"requests.json: request {rec.get('index')} has prefix_length "
+                f"{lengths[groups[i]]} of group {rec.get('prefix_group')!r} but only "
+                f"{int(inputs[i])} input tokens"[:240],
+            )
         short = grouped & ~known
         inputs[short] = np.maximum(inputs[short], np.array(lengths, dtype=np.int64)[groups[short]])
         sharing = Sharing(np.arange(n, dtype=np.int64), groups, lengths)
         report = ReuseReport(policy, "recorded", n_prompts=len(lengths))
     elif cycle is not None:
         sharing = cycle_sharing(assignment, cycle.period, sys_len if sys_len >= block else 0, n_system)
-        report = ReuseReport(policy, "cycle", period=cycle.period, share_matched=round(cycle.share, 4),
-                             n_prompts=cycle.period, n_swapped=assignment.n_swapped,
-                             n_unmatched=assignment.n_unmatched, n_imputed=assignment.n_imputed)
+        report = ReuseReport(
+            policy,
+            "cycle",
+            period=cycle.period,
+            share_matched=round(cycle.share, 4),
+            n_prompts=cycle.period,
+            n_swapped=assignment.n_swapped,
+            n_unmatched=assignment.n_unmatched,
+            n_imputed=assignment.n_imputed,
+        )
     else:
         note = "no cycle in the input lengths: system prompts only" if policy == "detect" else ""
         if sys_len >= block:
@@ -446,12 +566,16 @@ def _prompt_sharing(exp: str, policy: str, recorded: tuple[np.ndarray, tuple[int
             report = ReuseReport(policy, "system-prompt", n_prompts=max(n_system, 1), note=note)
         else:
             sharing = Sharing.none(n)
-            report = ReuseReport(policy, "none", note=note + ("; " if note else "") + "no system prompt of a block or more")
+            report = ReuseReport(
+                policy, "none", note=note + ("; " if note else "") + "no system prompt of a block or more"
+            )
     report = dataclasses.replace(report, cached_share=round(expected_cached_share(inputs, sharing, block), 4))
     return inputs, sharing, report, imputed
 
 
-def _recorded_groups(exp: str, reqs: list, order: np.ndarray, default_len: int) -> tuple[np.ndarray, tuple[int, ...]] | None:
+def _recorded_groups(
+    exp: str, reqs: list, order: np.ndarray, default_len: int
+) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """The per-request prefix groups the data recorded (arrival order, numbered by first
     appearance) and each group's prefix length, or None when no request records a group.
     Two lengths inside one group are refused: the group's requests share one prefix."""
@@ -469,14 +593,20 @@ def _recorded_groups(exp: str, reqs: list, order: np.ndarray, default_len: int) 
         rec = reqs[int(order[pos])]
         length = rec.get("prefix_length", default_len)
         if isinstance(length, bool) or not isinstance(length, int) or not 0 < length < 2**31:
-            raise ExperimentError(exp, f"requests.json: request {rec.get('index')} has prefix group {g!r} but no "
-                                       f"positive prefix_length (nor a profile system_prompt_len)"[:240])
+            raise ExperimentError(
+                exp,
+                f"requests.json: request {rec.get('index')} has prefix group {g!r} but no "
+                f"positive prefix_length (nor a profile system_prompt_len)"[:240],
+            )
         k = ids.setdefault(g, len(ids))
         if k == len(lengths):
             lengths.append(length)
         elif lengths[k] != length:
-            raise ExperimentError(exp, f"requests.json: request {rec.get('index')} has prefix_length {length} but "
-                                       f"group {g!r} started with {lengths[k]} (one group, one shared prefix)"[:240])
+            raise ExperimentError(
+                exp,
+                f"requests.json: request {rec.get('index')} has prefix_length {length} but "
+                f"group {g!r} started with {lengths[k]} (one group, one shared prefix)"[:240],
+            )
         groups[pos] = k
     return groups, tuple(lengths)
 
@@ -499,13 +629,17 @@ def _check_types(exp: str, file: str, records: list, ints: tuple[str, ...]) -> N
             raise ExperimentError(exp, f"{file}: record {i} is not an object")
         for key in ints:
             v = rec.get(key)
-            if isinstance(v, bool) or not isinstance(v, int) or not -2**62 < v < 2**62:
+            if isinstance(v, bool) or not isinstance(v, int) or not -(2**62) < v < 2**62:
                 raise ExperimentError(exp, f"{file}: {key} of record {i} must be an integer, not {v!r}"[:200])
         if not isinstance(rec.get("has_error", False), bool):
-            raise ExperimentError(exp, f"{file}: has_error of record {i} must be true or false, not {rec['has_error']!r}"[:200])
+            raise ExperimentError(
+                exp, f"{file}: has_error of record {i} must be true or false, not {rec['has_error']!r}"[:200]
+            )
 
 
-def load_experiments(data_dir: str | Path, options: LoadOptions = LoadOptions()) -> tuple[list[Experiment], list[ExperimentError]]:
+def load_experiments(
+    data_dir: str | Path, options: LoadOptions = LoadOptions()
+) -> tuple[list[Experiment], list[ExperimentError]]:
     """Every experiment under data_dir: the good ones, and one error per bad one."""
     good, bad = [], []
     for d in experiment_dirs(data_dir):
@@ -516,5 +650,9 @@ def load_experiments(data_dir: str | Path, options: LoadOptions = LoadOptions())
         except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
             # a field of an unexpected type or size that no specific check caught: still one line,
             # still only this experiment
-            bad.append(ExperimentError(d.name, f"unexpected content ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"))
+            bad.append(
+                ExperimentError(
+                    d.name, f"unexpected content ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+                )
+            )
     return good, bad

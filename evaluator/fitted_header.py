@@ -8,29 +8,45 @@ Two commands write fitted programs, each with its form of the header:
 `render()` gives the header's text, which `Program.with_constants(header=...)` writes after
 `# fitted: ` on each line; `FittedHeader.parse` reads a program's source back into the fields.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
 from .numbers import fmt
-from .prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, LEGACY_POLICY
+from .prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE
+from .prompt_reuse import LEGACY_POLICY
 from .replay import DEFAULT_SEMANTICS
 
 DEFAULT_METHOD = "trust-region"  # fitting.METHODS[0] (fitting imports the engine; this module stays light)
 
 PREFIX = "# fitted: "
 _ARCHIVED = re.compile(r"program #(\d+) of (.*) \(generation (\d+), (.*)\)")
-_KEYS = ("data", "seed", "scope", "group", "restarts", "semantics", "prompt_reuse", "method", "objective", "train_loss_all_groups",
-         "train_loss", "evaluations",
-         "train", "val", "test")
+_KEYS = (
+    "data",
+    "seed",
+    "scope",
+    "group",
+    "restarts",
+    "semantics",
+    "prompt_reuse",
+    "method",
+    "objective",
+    "train_loss_all_groups",
+    "train_loss",
+    "evaluations",
+    "train",
+    "val",
+    "test",
+)
 # a key=value field, or the bare `quick` flag; values run to the next field (a data label may hold spaces)
-_FIELD = re.compile(r"(?:^| )(?:(%s)=|(quick)(?= |$))" % "|".join(_KEYS))
+_FIELD = re.compile(r"(?:^| )(?:(" + "|".join(_KEYS) + r")=|(quick)(?= |$))")
 
 
 def header_lines(source: str) -> list[str]:
     """The text of a program's `# fitted:` lines, in order (none if it has no header)."""
-    return [ln[len(PREFIX):] for ln in source.splitlines() if ln.startswith(PREFIX)]
+    return [ln[len(PREFIX) :] for ln in source.splitlines() if ln.startswith(PREFIX)]
 
 
 def _loss(x: float | None) -> str:
@@ -76,22 +92,32 @@ class FittedHeader:
 
     def render(self) -> str:
         if self.program_id is not None:
-            return (f"program {self.origin}\n"
-                    f"data={self.data} seed={self.seed} prompt_reuse={self.prompt_reuse} train={_loss(self.train_loss)} "
-                    f"val={_loss(self.val_loss)} test={_loss(self.test_loss)}")
-        return (f"data={self.data} seed={self.seed} scope={self.scope} group={self.group}"
-                + (f" restarts={self.restarts}" if self.restarts else "") + (" quick" if self.quick else "")
-                + (f" semantics={self.semantics}" if self.semantics != DEFAULT_SEMANTICS else "")
-                + f" prompt_reuse={self.prompt_reuse}"
-                + (f" method={self.method}" if self.method != DEFAULT_METHOD else "")
-                + (f" objective={self.objective}" if self.objective != "rms" else "")
-                + f" {'train_loss_all_groups' if self.loss_of_all_groups else 'train_loss'}={_loss(self.train_loss)}"
-                + f" evaluations={self.evaluations}")
+            return (
+                f"program {self.origin}\n"
+                f"data={self.data} seed={self.seed} prompt_reuse={self.prompt_reuse} train={_loss(self.train_loss)} "
+                f"val={_loss(self.val_loss)} test={_loss(self.test_loss)}"
+            )
+        return (
+            f"data={self.data} seed={self.seed} scope={self.scope} group={self.group}"
+            + (f" restarts={self.restarts}" if self.restarts else "")
+            + (" quick" if self.quick else "")
+            + (f" semantics={self.semantics}" if self.semantics != DEFAULT_SEMANTICS else "")
+            + f" prompt_reuse={self.prompt_reuse}"
+            + (f" method={self.method}" if self.method != DEFAULT_METHOD else "")
+            + (f" objective={self.objective}" if self.objective != "rms" else "")
+            + f" {'train_loss_all_groups' if self.loss_of_all_groups else 'train_loss'}={_loss(self.train_loss)}"
+            + f" evaluations={self.evaluations}"
+        )
 
     def labelled(self) -> dict[str, str]:
         """The archived form as labelled fields, for a comment block (emit-go's Go file header)."""
-        return {"program": self.origin, "data": self.data, "seed": str(self.seed), "prompt reuse": self.prompt_reuse,
-                "loss": f"train {_loss(self.train_loss)}, validation {_loss(self.val_loss)}, test {_loss(self.test_loss)}"}
+        return {
+            "program": self.origin,
+            "data": self.data,
+            "seed": str(self.seed),
+            "prompt reuse": self.prompt_reuse,
+            "loss": f"train {_loss(self.train_loss)}, validation {_loss(self.val_loss)}, test {_loss(self.test_loss)}",
+        }
 
     @classmethod
     def parse(cls, source: str) -> FittedHeader | None:
@@ -103,18 +129,34 @@ class FittedHeader:
             return None
         try:
             if archived:
-                return cls(data=fields["data"], seed=int(fields["seed"]), program_id=int(archived[1]), archive=archived[2],
-                           generation=int(archived[3]), operator=archived[4], train_loss=_number(fields["train"]),
-                           prompt_reuse=fields.get("prompt_reuse", LEGACY_POLICY),
-                           val_loss=_number(fields["val"]), test_loss=_number(fields["test"]))
+                return cls(
+                    data=fields["data"],
+                    seed=int(fields["seed"]),
+                    program_id=int(archived[1]),
+                    archive=archived[2],
+                    generation=int(archived[3]),
+                    operator=archived[4],
+                    train_loss=_number(fields["train"]),
+                    prompt_reuse=fields.get("prompt_reuse", LEGACY_POLICY),
+                    val_loss=_number(fields["val"]),
+                    test_loss=_number(fields["test"]),
+                )
             all_groups = "train_loss_all_groups" in fields
-            return cls(data=fields["data"], seed=int(fields["seed"]), scope=fields["scope"], group=fields["group"],
-                       restarts=int(fields.get("restarts", 0)), quick="quick" in fields,
-                       semantics=fields.get("semantics", DEFAULT_SEMANTICS),
-                       prompt_reuse=fields.get("prompt_reuse", LEGACY_POLICY),
-                       method=fields.get("method", DEFAULT_METHOD), objective=fields.get("objective", "rms"),
-                       train_loss=float(fields["train_loss_all_groups" if all_groups else "train_loss"]),
-                       loss_of_all_groups=all_groups, evaluations=int(fields["evaluations"]))
+            return cls(
+                data=fields["data"],
+                seed=int(fields["seed"]),
+                scope=fields["scope"],
+                group=fields["group"],
+                restarts=int(fields.get("restarts", 0)),
+                quick="quick" in fields,
+                semantics=fields.get("semantics", DEFAULT_SEMANTICS),
+                prompt_reuse=fields.get("prompt_reuse", LEGACY_POLICY),
+                method=fields.get("method", DEFAULT_METHOD),
+                objective=fields.get("objective", "rms"),
+                train_loss=float(fields["train_loss_all_groups" if all_groups else "train_loss"]),
+                loss_of_all_groups=all_groups,
+                evaluations=int(fields["evaluations"]),
+            )
         except (KeyError, ValueError):
             return None
 
@@ -124,4 +166,4 @@ def _fields(line: str) -> dict[str, str]:
     if not marks or marks[0].start() != 0:
         return {}
     ends = [m.start() for m in marks[1:]] + [len(line)]
-    return {m[1] or m[2]: line[m.end():end] for m, end in zip(marks, ends)}
+    return {m[1] or m[2]: line[m.end() : end] for m, end in zip(marks, ends)}

@@ -32,13 +32,14 @@ Fit scope: one constant set for all experiments ("global"), one per model ("mode
 per experiment ("experiment"). Quick mode (screening in the search): a subset of experiments
 (one per model), a shortened window, a small budget, warm-started with a small step.
 """
+
 from __future__ import annotations
 
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -102,8 +103,17 @@ def quick_config(seed: int = 0, experiments: list[Experiment] | None = None, met
             if cur is None or score > int((~cur.failed).sum()) - 10 * cur.n_failed:
                 best[e.model] = e
         names = tuple(sorted(e.name for e in best.values()))
-    return FitConfig(seed=seed, max_evals=QUICK_EVALS[method], sigma0=0.15, popsize=8, tolfun=1e-2, window=0.3,
-                     experiments=names, method=method, candidates=1)
+    return FitConfig(
+        seed=seed,
+        max_evals=QUICK_EVALS[method],
+        sigma0=0.15,
+        popsize=8,
+        tolfun=1e-2,
+        window=0.3,
+        experiments=names,
+        method=method,
+        candidates=1,
+    )
 
 
 def group_key(exp: Experiment, scope: str) -> str:
@@ -182,8 +192,14 @@ def fit_experiments(experiments: list[Experiment], config: FitConfig) -> list[Ex
     return exps
 
 
-def fit(program: Program, experiments: list[Experiment], engine: Engine, config: FitConfig = FitConfig(),
-        start: dict[str, float] | None = None, progress: ProgressFn | None = None) -> FitResult:
+def fit(
+    program: Program,
+    experiments: list[Experiment],
+    engine: Engine,
+    config: FitConfig = FitConfig(),
+    start: dict[str, float] | None = None,
+    progress: ProgressFn | None = None,
+) -> FitResult:
     """Fit `program`'s constants; `start` warm-starts from other values (e.g. a parent's), moved
     into the program's bounds first. Every fitted value lies inside its constant's bounds."""
     t0 = time.perf_counter()
@@ -195,8 +211,16 @@ def fit(program: Program, experiments: list[Experiment], engine: Engine, config:
     if program.bounds:  # choosing a start point inside the bounds (a parent's values may lie outside)
         v0 = np.clip(v0, lo, hi)
     groups = group_experiments(exps, config.scope)
-    result = FitResult(config.scope, dict(zip(names, map(float, v0))), {},
-                       {g: [e.name for e in es] for g, es in groups.items()}, math.nan, 0, 0, 0.0)
+    result = FitResult(
+        config.scope,
+        dict(zip(names, map(float, v0))),
+        {},
+        {g: [e.name for e in es] for g, es in groups.items()},
+        math.nan,
+        0,
+        0,
+        0.0,
+    )
     if not names:  # nothing to fit
         losses = engine.population_losses(compiled, [v0], exps, config.split, config.objective)
         result.constants = {g: {} for g in groups}
@@ -218,7 +242,7 @@ def fit(program: Program, experiments: list[Experiment], engine: Engine, config:
     return result
 
 
-def _quiet_cma(x0, sigma0, opts) -> "cma.CMAEvolutionStrategy":
+def _quiet_cma(x0, sigma0, opts) -> cma.CMAEvolutionStrategy:
     """A CMA-ES with its own random stream: with its default sampler pycma seeds and draws from
     numpy's global generator, so fits running at the same time (cross-validation folds) would
     take each other's numbers and no longer be a function of their seed."""
@@ -240,8 +264,17 @@ class _GroupFit:
     """Fits one group's constants (in CMA coordinates) with the configured method, counting
     closed-loop evaluations, iterations and history into the shared result."""
 
-    def __init__(self, program, compiled, engine, config: FitConfig, tf: _Transform, result: FitResult, t0: float,
-                 progress: ProgressFn | None):
+    def __init__(
+        self,
+        program,
+        compiled,
+        engine,
+        config: FitConfig,
+        tf: _Transform,
+        result: FitResult,
+        t0: float,
+        progress: ProgressFn | None,
+    ):
         self.program, self.compiled, self.engine, self.cfg, self.tf = program, compiled, engine, config, tf
         self.lo, self.hi = tf.cma_bounds()  # the constants' bounds in CMA coordinates
         self.result, self.t0, self.progress = result, t0, progress
@@ -254,8 +287,10 @@ class _GroupFit:
 
     def losses(self, X, gexps) -> list[float]:
         pop = [self.tf.from_cma(x) for x in X]
-        return [_safe(v) for v in self.engine.population_losses(self.compiled, pop, gexps, self.cfg.split,
-                                                               self.cfg.objective)]
+        return [
+            _safe(v)
+            for v in self.engine.population_losses(self.compiled, pop, gexps, self.cfg.split, self.cfg.objective)
+        ]
 
     def note(self, group: str, it: int, evals: int, best_loss: float) -> None:
         self.result.history.append((self.result.evaluations + evals, best_loss))
@@ -275,17 +310,22 @@ class _GroupFit:
             best_x, best_loss, evals, it = self.cmaes(gi, group, gexps, best_x, best_loss, evals, it)
         else:
             for restart in range(1 + self.cfg.restarts):  # each restart: a fresh region around the best point
-                best_x, best_loss, models, evals, it = self.trust_region(gi, group, gexps, best_x, best_loss, models,
-                                                                         evals, it, restart)
+                best_x, best_loss, models, evals, it = self.trust_region(
+                    gi, group, gexps, best_x, best_loss, models, evals, it, restart
+                )
         self.result.evaluations += evals
         self.result.iterations += it
         return best_x, best_loss
 
     def cmaes(self, gi, group, gexps, best_x, best_loss, evals, it):
         for restart in range(1 + self.cfg.restarts):  # each restart: a fresh CMA-ES from the best point so far
-            opts = {"seed": cma_seed(self.cfg.seed, gi, restart),
-                    "maxfevals": max(1, self.max_evals - 1),  # the start point is evaluation 1
-                    "tolfun": self.cfg.tolfun, "tolx": 1e-6, "verbose": -9}
+            opts = {
+                "seed": cma_seed(self.cfg.seed, gi, restart),
+                "maxfevals": max(1, self.max_evals - 1),  # the start point is evaluation 1
+                "tolfun": self.cfg.tolfun,
+                "tolx": 1e-6,
+                "verbose": -9,
+            }
             if self.cfg.popsize:
                 opts["popsize"] = self.cfg.popsize
             if self.tf.bounded:  # pycma's bound handling (BoundTransform): every candidate asked is inside
@@ -327,8 +367,14 @@ class _GroupFit:
             it += 1
             lo, hi = np.maximum(x - rho, self.lo), np.minimum(x + rho, self.hi)  # the region within the bounds
             # the surrogate's CMA-ES: its group and iteration take the second and third part weights
-            opts = {"seed": cma_seed(cfg.seed + 7 * restart, 0, gi, it), "maxfevals": sur_budget, "tolfun": cfg.tolfun * 0.1,
-                    "tolx": 1e-4 * rho, "verbose": -9, "bounds": [list(lo), list(hi)]}
+            opts = {
+                "seed": cma_seed(cfg.seed + 7 * restart, 0, gi, it),
+                "maxfevals": sur_budget,
+                "tolfun": cfg.tolfun * 0.1,
+                "tolx": 1e-4 * rho,
+                "verbose": -9,
+                "bounds": [list(lo), list(hi)],
+            }
             if cfg.popsize:
                 opts["popsize"] = cfg.popsize
             es = _quiet_cma(x, rho / 2, opts)
@@ -354,7 +400,9 @@ class _GroupFit:
             # other points of the surrogate's final search distribution: the closed loop is rugged
             # at small scales (a batch forms one step earlier or later), so a few neighbours of the
             # surrogate's optimum are judged too and the best of them is the step taken
-            extra = [np.clip(np.array(y), lo, hi) for y in es.ask(max(0, cfg.candidates - 1))] if cfg.candidates > 1 else []
+            extra = (
+                [np.clip(np.array(y), lo, hi) for y in es.ask(max(0, cfg.candidates - 1))] if cfg.candidates > 1 else []
+            )
             for y in extra:
                 if evals >= budget_end:
                     break

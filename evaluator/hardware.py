@@ -4,6 +4,7 @@ with its unit and source; evaluator/catalog.py reads and checks them.
 Peak numbers are vendor datasheet figures for dense BF16 (no sparsity). Components are
 expressed as times at these peaks, so a fitted scale constant of 1.0 means "runs at peak".
 """
+
 from __future__ import annotations
 
 from .catalog import Hardware, catalog

@@ -5,6 +5,7 @@ simulated but excluded). A request that succeeded in reality but that the replay
 counts with the time the client gave up (its E2E, and its TTFT if no first token came).
 ITL per request = (E2E - TTFT) / (output length - 1); means are over requests.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -117,19 +118,30 @@ def split_metrics(exp: Experiment, result: ReplayResult, split: str, percentiles
             "predicted": {f"p{p}": float(v) for p, v in zip(q, np.percentile(pe2e[ok], q))} if has else {},
         }
     return MetricRow(
-        name=exp.name, split=split, n_requests=int(ok.sum()), observed=observed, predicted=predicted,
+        name=exp.name,
+        split=split,
+        n_requests=int(ok.sum()),
+        observed=observed,
+        predicted=predicted,
         ape=Errors(*(_ape(predicted.get(m), observed.get(m)) for m in APE_KEYS.values())),
         timeouts=Timeouts(int((in_split & exp.failed).sum()), int((in_split & (result.state == TIMED_OUT)).sum())),
-        e2e_percentiles_s=pct)
+        e2e_percentiles_s=pct,
+    )
 
 
 def failed_row(exp: Experiment, split: str, reason: str) -> MetricRow:
     """The row of an experiment whose replay failed: predictions NaN, APE infinite."""
     ok = exp.split_mask(split) & ~exp.failed
-    return MetricRow(name=exp.name, split=split, n_requests=int(ok.sum()),
-                     observed=_means(exp.e2e_s[ok], exp.ttft_s[ok], exp.output_tokens[ok]),
-                     predicted=Means(math.nan, math.nan, math.nan), ape=Errors(math.inf, math.inf, math.inf),
-                     timeouts=Timeouts(int((exp.split_mask(split) & exp.failed).sum()), -1), error=reason)
+    return MetricRow(
+        name=exp.name,
+        split=split,
+        n_requests=int(ok.sum()),
+        observed=_means(exp.e2e_s[ok], exp.ttft_s[ok], exp.output_tokens[ok]),
+        predicted=Means(math.nan, math.nan, math.nan),
+        ape=Errors(math.inf, math.inf, math.inf),
+        timeouts=Timeouts(int((exp.split_mask(split) & exp.failed).sum()), -1),
+        error=reason,
+    )
 
 
 def rms(values) -> float:

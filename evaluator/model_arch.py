@@ -3,6 +3,7 @@
 Parameter and FLOP counts derived from it live in components.coefficient_values (one definition,
 also translated to Go).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ class ModelArch:
         return self.hidden // self.heads
 
     @classmethod
-    def from_model_config(cls, mc: dict) -> "ModelArch":
+    def from_model_config(cls, mc: dict) -> ModelArch:
         """Build from the replay format's model_config; raises ValueError on bad fields."""
         required = ["num_layers", "hidden_dim", "num_heads", "num_kv_heads", "intermediate_dim"]
         missing = [k for k in required if k not in mc]
@@ -52,8 +53,12 @@ class ModelArch:
         if experts and not 0 < top_k <= experts:
             raise ValueError(f"model_config.num_experts_per_tok={top_k} invalid for {experts} experts")
         return cls(
-            layers=vals["num_layers"], hidden=vals["hidden_dim"], heads=vals["num_heads"],
-            kv_heads=vals["num_kv_heads"], ffn=vals["intermediate_dim"],
+            layers=vals["num_layers"],
+            hidden=vals["hidden_dim"],
+            heads=vals["num_heads"],
+            kv_heads=vals["num_kv_heads"],
+            ffn=vals["intermediate_dim"],
             vocab=int(mc.get("vocab_size") or 32000),
-            num_experts=experts, top_k=top_k if experts else 0,
+            num_experts=experts,
+            top_k=top_k if experts else 0,
         )

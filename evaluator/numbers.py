@@ -3,6 +3,7 @@
 It lives in evaluator/ because the `# fitted:` header (evaluator/fitted_header.py) needs it as
 much as archive/ and evolve/ do, and dependencies point only towards evaluator/.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,5 +22,5 @@ def fmt(x, spec: str | int = 3, missing: str = "n/a", keep_inf: bool = False) ->
     if not (finite(x) or (keep_inf and isinstance(x, float) and math.isinf(x))):
         return missing
     if isinstance(spec, int):
-        return f"{x:,.0f}" if abs(x) >= 10 ** spec else f"{x:.{spec}g}"
+        return f"{x:,.0f}" if abs(x) >= 10**spec else f"{x:.{spec}g}"
     return format(x, spec)

@@ -11,6 +11,7 @@ scale each experiment's APE before worst3 ranks them. Experiments with no measur
 (NaN APE) carry no information and are skipped; a failed replay (infinite APE) makes the loss
 infinite.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -21,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
-from .readers import read_yaml
 from .metrics import MetricRow, rms
+from .readers import read_yaml
 
 OBJECTIVES = ("rms", "worst3")
 
@@ -47,7 +48,9 @@ class Objective:
         return 1.0
 
     def describe(self) -> str:
-        what = {"rms": "RMS APE mean E2E + RMS APE mean TTFT, %", "worst3": "mean of the 3 worst APE mean E2E, %"}[self.name]
+        what = {"rms": "RMS APE mean E2E + RMS APE mean TTFT, %", "worst3": "mean of the 3 worst APE mean E2E, %"}[
+            self.name
+        ]
         return what + (f"; weights {', '.join(f'{p}={w:g}' for p, w in self.weights)}" if self.weights else "")
 
     def settings(self) -> dict:
@@ -104,8 +107,9 @@ def _positive_number(w) -> bool:
     return math.isfinite(w) and w > 0
 
 
-def load_objective(name: str = "rms", weights_file: str | Path | None = None,
-                   experiments: list[str] | None = None) -> Objective:
+def load_objective(
+    name: str = "rms", weights_file: str | Path | None = None, experiments: list[str] | None = None
+) -> Objective:
     """The objective `name` with the weights of a YAML file (pattern -> positive weight); with
     `experiments`, a pattern matching none of them is refused (a typo would silently weigh 1)."""
     if weights_file is None:

@@ -1,5 +1,6 @@
 """Files the commands write: named, checked before any work is done, written atomically, never
 over an input. A bad output path is a one-line error, not a traceback after minutes of fitting."""
+
 from __future__ import annotations
 
 import os

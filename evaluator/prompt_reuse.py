@@ -29,6 +29,7 @@ prompts, so every full block is shared) and its group (-1: none), per group the 
 prompts share. The first `group_tokens[g] // block` blocks of a grouped request are the group's,
 the others its prompt's.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -68,7 +69,7 @@ class Sharing:
     group_tokens: tuple[int, ...]  # per group: the tokens its requests share
 
     @classmethod
-    def none(cls, n: int) -> "Sharing":
+    def none(cls, n: int) -> Sharing:
         return cls(np.arange(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), ())
 
 

@@ -13,6 +13,7 @@ result is the same, since a replay is a pure function of its inputs. Losing the 
 head node, the connection) raises ClusterError: the run stops with one line and the archive
 holds every generation that completed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,9 @@ import hashlib
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import ray
@@ -83,7 +85,9 @@ def _worker_fingerprint() -> str:
 class RayExecutor:
     def __init__(self, experiments: list[Experiment], cluster: str, remote_workers: int | None = None):
         self.cluster = cluster
-        logging.getLogger("ray").setLevel(logging.ERROR)  # its notices; what goes wrong reaches the user as a ClusterError
+        logging.getLogger("ray").setLevel(
+            logging.ERROR
+        )  # its notices; what goes wrong reaches the user as a ClusterError
         for attempt in range(1, CONNECT_ATTEMPTS + 1):
             t0 = time.monotonic()
             try:
@@ -97,8 +101,10 @@ class RayExecutor:
                 # worth another try; one that did not answer (a timeout) is not.
                 answered = time.monotonic() - t0 < QUICK_FAILURE_S or SESSION_FAILURE in str(e)
                 if attempt == CONNECT_ATTEMPTS or not answered:
-                    raise ClusterError(f"--cluster {cluster}: cannot connect to a Ray cluster there ({_one_line(e)}); "
-                                       "start one with `ray start --head` (see the README)") from None
+                    raise ClusterError(
+                        f"--cluster {cluster}: cannot connect to a Ray cluster there ({_one_line(e)}); "
+                        "start one with `ray start --head` (see the README)"
+                    ) from None
                 time.sleep(2 * attempt)
         try:
             cpus = int(ray.cluster_resources().get("CPU", 0))
@@ -120,14 +126,22 @@ class RayExecutor:
         nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        prints = ray.get([_worker_fingerprint.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                          .remote() for n in nodes])
+        prints = ray.get(
+            [
+                _worker_fingerprint.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                ).remote()
+                for n in nodes
+            ]
+        )
         mine = code_fingerprint()
         other = sorted({p for p in prints if p != mine})
         if other:
-            raise ClusterError(f"--cluster {self.cluster}: {len([p for p in prints if p != mine])} of {len(nodes)} nodes run a "
-                               f"different stepml-evolve evaluator (code {other[0]}, here {mine}); install this version on "
-                               "every node, or their replays would differ")
+            raise ClusterError(
+                f"--cluster {self.cluster}: {len([p for p in prints if p != mine])} of {len(nodes)} nodes run a "
+                f"different stepml-evolve evaluator (code {other[0]}, here {mine}); install this version on "
+                "every node, or their replays would differ"
+            )
 
     def _handle(self, exp: Experiment) -> tuple[Any, np.ndarray | None]:
         """(object reference, split override): a base experiment or a windowed copy of one travels
@@ -135,8 +149,9 @@ class RayExecutor:
         base = self._base.get(exp.name)
         if base is exp:
             return self._refs[exp.name], None
-        if base is not None and all(getattr(exp, f.name) is getattr(base, f.name) or f.name == "split"
-                                    for f in dataclasses.fields(Experiment)):
+        if base is not None and all(
+            getattr(exp, f.name) is getattr(base, f.name) or f.name == "split" for f in dataclasses.fields(Experiment)
+        ):
             return self._refs[exp.name], exp.split
         held = self._extra.get(id(exp))
         if held is None or held[0] is not exp:
@@ -165,8 +180,10 @@ class RayExecutor:
             # request failed. Reference invalid?"), not as a RayError
             if not isinstance(e, (RayError, ConnectionError)) and _connected():
                 raise
-            raise ClusterError(f"lost the Ray cluster at {self.cluster} ({_one_line(e)}); every completed generation "
-                               "is in the archive: run the same command with --resume, here or on a new cluster") from None
+            raise ClusterError(
+                f"lost the Ray cluster at {self.cluster} ({_one_line(e)}); every completed generation "
+                "is in the archive: run the same command with --resume, here or on a new cluster"
+            ) from None
 
     def close(self) -> None:
         self._extra.clear()

@@ -1,5 +1,6 @@
 """Reading a user's JSON or YAML file with one-line errors that name it (a missing file, unreadable
 bytes, malformed content with where), raised as the caller's UserError subclass."""
+
 from __future__ import annotations
 
 import json

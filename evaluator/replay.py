@@ -23,6 +23,7 @@ E2E = TTFT + those + post_decode_time. A preempted request starts over.
 The loop is numba-compiled once; programs run on the stack machine of dsl/vm.py, so a new
 program or constant vector costs no compilation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ def _ceil_div(a, b):
 # ---- requests that arrived and wait out their queueing time: a binary min-heap by (ready, r),
 # so equal ready times keep arrival order (as BLIS orders events of one tick) ----
 
+
 @njit(cache=True, nogil=True)
 def _before(a, b, ready):
     return ready[a] < ready[b] or (ready[a] == ready[b] and a < b)
@@ -118,6 +120,7 @@ def _heap_pop(heap, size, ready):
 # shared-prefix group g is key goff[g] + i; any other block i of request r is key pkey[r] + i,
 # where requests that sent the same prompt have the same pkey. Only full prompt blocks filled
 # during prefill are keyed (the others hold output tokens no prompt can match).
+
 
 @njit(cache=True, nogil=True)
 def _fl_remove(b, nxt, prv, head_tail):
@@ -186,8 +189,28 @@ def _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt):
 
 
 @njit(cache=True, nogil=True)
-def _allocate(r, tok, in_prefill, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail,
-              pgroup, gblocks, goff, pkey, no_prompt):
+def _allocate(
+    r,
+    tok,
+    in_prefill,
+    inputs,
+    block,
+    nb,
+    rtok,
+    rblk,
+    roff,
+    ref,
+    key,
+    keymap,
+    nxt,
+    prv,
+    head_tail,
+    pgroup,
+    gblocks,
+    goff,
+    pkey,
+    no_prompt,
+):
     """Store tok more tokens of r: fill its last block, then take blocks from the free list's head
     (dropping the content they held). Full prompt blocks written during prefill get their key
     (none when no_prompt[r]: its blocks start at its first output token)."""
@@ -243,9 +266,34 @@ def _next_event(t, arrival, order, nxt_arrival, ready, heap, n_heap):
 
 
 @njit(cache=True, nogil=True)
-def _simulate(arrival, inputs, outputs, pgroup, gblocks, goff, pkey, key_space, abort_after, max_seqs, budget_tokens,
-              kv_blocks, block, blis, k, code, lits, entries, consts, horizon, max_steps, record, traj, steps_rec, totals_rec,
-              diag):
+def _simulate(
+    arrival,
+    inputs,
+    outputs,
+    pgroup,
+    gblocks,
+    goff,
+    pkey,
+    key_space,
+    abort_after,
+    max_seqs,
+    budget_tokens,
+    kv_blocks,
+    block,
+    blis,
+    k,
+    code,
+    lits,
+    entries,
+    consts,
+    horizon,
+    max_steps,
+    record,
+    traj,
+    steps_rec,
+    totals_rec,
+    diag,
+):
     n = arrival.shape[0]
     stack = np.zeros(STACK_SIZE)
     local = np.zeros(LOCALS_SIZE)
@@ -260,7 +308,16 @@ def _simulate(arrival, inputs, outputs, pgroup, gblocks, goff, pkey, key_space, 
         if not np.isfinite(x):
             diag[0] = x
             diag[1] = 2.0
-            return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
+            return (
+                BAD_QUEUE_TIME,
+                0,
+                0,
+                -1,
+                np.full(n, -1, np.int64),
+                np.full(n, -1, np.int64),
+                np.zeros(n, np.int8),
+                np.zeros(n, np.int32),
+            )
         out_tok = max(0, int(np.round(min(x, MAX_US))))
     post_decode = 0
     if entries[3] >= 0:
@@ -268,7 +325,16 @@ def _simulate(arrival, inputs, outputs, pgroup, gblocks, goff, pkey, key_space, 
         if not np.isfinite(x):
             diag[0] = x
             diag[1] = 3.0
-            return BAD_QUEUE_TIME, 0, 0, -1, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int32)
+            return (
+                BAD_QUEUE_TIME,
+                0,
+                0,
+                -1,
+                np.full(n, -1, np.int64),
+                np.full(n, -1, np.int64),
+                np.zeros(n, np.int8),
+                np.zeros(n, np.int32),
+            )
         post_decode = max(0, int(np.round(min(x, MAX_US))))
     ready = arrival.copy()
     order = np.argsort(arrival, kind="mergesort")  # arrival order
@@ -410,8 +476,28 @@ def _simulate(arrival, inputs, outputs, pgroup, gblocks, goff, pkey, key_space, 
             if need == 0 and (rtok[r] + tok < nb[r] * block or nb[r] * block > inputs[r] or no_prompt[r]):
                 rtok[r] += tok  # fits in the last block, which stays partial or holds output tokens (no key)
             else:
-                _allocate(r, tok, progress[r] < inputs[r], inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt,
-                          prv, head_tail, pgroup, gblocks, goff, pkey, no_prompt)
+                _allocate(
+                    r,
+                    tok,
+                    progress[r] < inputs[r],
+                    inputs,
+                    block,
+                    nb,
+                    rtok,
+                    rblk,
+                    roff,
+                    ref,
+                    key,
+                    keymap,
+                    nxt,
+                    prv,
+                    head_tail,
+                    pgroup,
+                    gblocks,
+                    goff,
+                    pkey,
+                    no_prompt,
+                )
             sched[i] = tok
             budget -= tok
             c = float(progress[r])
@@ -453,10 +539,31 @@ def _simulate(arrival, inputs, outputs, pgroup, gblocks, goff, pkey, key_space, 
                     break
                 qhead += 1
                 if tok > 0:  # BLIS claims cached blocks only along with new tokens
-                    rtok[r] = _claim_cached(r, hits, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup,
-                                            gblocks, goff, pkey)
-                    _allocate(r, tok, True, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail,
-                              pgroup, gblocks, goff, pkey, no_prompt)
+                    rtok[r] = _claim_cached(
+                        r, hits, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup, gblocks, goff, pkey
+                    )
+                    _allocate(
+                        r,
+                        tok,
+                        True,
+                        inputs,
+                        block,
+                        nb,
+                        rtok,
+                        rblk,
+                        roff,
+                        ref,
+                        key,
+                        keymap,
+                        nxt,
+                        prv,
+                        head_tail,
+                        pgroup,
+                        gblocks,
+                        goff,
+                        pkey,
+                        no_prompt,
+                    )
                 else:
                     admitted_empty = True
                     no_prompt[r] = True
@@ -550,8 +657,28 @@ def _simulate(arrival, inputs, outputs, pgroup, gblocks, goff, pkey, key_space, 
                     e2e[r] = acc[r] + post_decode
                     state[r] = FINISHED
                     if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
-                        _allocate(r, 1, False, inputs, block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv,
-                                  head_tail, pgroup, gblocks, goff, pkey, no_prompt)
+                        _allocate(
+                            r,
+                            1,
+                            False,
+                            inputs,
+                            block,
+                            nb,
+                            rtok,
+                            rblk,
+                            roff,
+                            ref,
+                            key,
+                            keymap,
+                            nxt,
+                            prv,
+                            head_tail,
+                            pgroup,
+                            gblocks,
+                            goff,
+                            pkey,
+                            no_prompt,
+                        )
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -581,7 +708,9 @@ class Trajectory:
     step_us: np.ndarray
     kv_blocks_used: np.ndarray  # after the step's allocations
     running: np.ndarray  # requests in the running batch during the step
-    totals: np.ndarray  # (steps, 7): the batch totals component_values takes (tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max)
+    totals: (
+        np.ndarray
+    )  # (steps, 7): the batch totals component_values takes (tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max)
 
     @property
     def n_steps(self) -> int:
@@ -613,10 +742,13 @@ class ReplayResult:
 
     def failure(self) -> str:
         """One line saying what went wrong (empty when the replay succeeded)."""
-        return {OK: "", BAD_STEP_TIME: f"step_time returned {self.bad_value:g} (must be finite and positive) at step {self.n_steps}",
-                STEP_LIMIT: f"simulation exceeded the step limit ({self.n_steps} steps)",
-                BAD_QUEUE_TIME: f"{self.bad_function} returned {self.bad_value:g} (must be finite)",
-                TRAJECTORY_FULL: "trajectory buffer full"}[self.status]
+        return {
+            OK: "",
+            BAD_STEP_TIME: f"step_time returned {self.bad_value:g} (must be finite and positive) at step {self.n_steps}",
+            STEP_LIMIT: f"simulation exceeded the step limit ({self.n_steps} steps)",
+            BAD_QUEUE_TIME: f"{self.bad_function} returned {self.bad_value:g} (must be finite)",
+            TRAJECTORY_FULL: "trajectory buffer full",
+        }[self.status]
 
 
 _COEF_CACHE: dict[tuple, np.ndarray] = {}
@@ -644,8 +776,15 @@ def key_layout(exp: Experiment) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
     return gblocks, goff, (n_group_keys + poff[which]).astype(np.int64), int(n_group_keys + poff[-1])
 
 
-def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | None = None,
-           record: bool = False, max_steps: int = 50_000_000, semantics: str = DEFAULT_SEMANTICS) -> ReplayResult:
+def replay(
+    exp: Experiment,
+    program: CompiledProgram,
+    constants,
+    horizon: int | None = None,
+    record: bool = False,
+    max_steps: int = 50_000_000,
+    semantics: str = DEFAULT_SEMANTICS,
+) -> ReplayResult:
     """Replay `exp` closed-loop with `program` at `constants` (array in program order).
 
     horizon: stop once every request at arrival position < horizon finished or timed out
@@ -670,20 +809,60 @@ def replay(exp: Experiment, program: CompiledProgram, constants, horizon: int | 
         totals_rec = np.zeros((cap, 7))
         diag = np.zeros(4)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
-            exp.arrival_us, exp.input_tokens, exp.output_tokens, exp.prefix_group, *layout, exp.abort_after_us,
-            s.max_num_seqs, s.max_num_batched_tokens, s.kv_blocks, s.block_size, semantics == "blis",
-            experiment_coefficients(exp), program.code, program.literals, program.entries, consts, horizon, max_steps,
-            record, traj, steps_rec, totals_rec, diag)
+            exp.arrival_us,
+            exp.input_tokens,
+            exp.output_tokens,
+            exp.prefix_group,
+            *layout,
+            exp.abort_after_us,
+            s.max_num_seqs,
+            s.max_num_batched_tokens,
+            s.kv_blocks,
+            s.block_size,
+            semantics == "blis",
+            experiment_coefficients(exp),
+            program.code,
+            program.literals,
+            program.entries,
+            consts,
+            horizon,
+            max_steps,
+            record,
+            traj,
+            steps_rec,
+            totals_rec,
+            diag,
+        )
         if status != TRAJECTORY_FULL:
             break
         cap = max(cap * 4, 1 << 20)
     trajectory = None
     if record and status == OK:
         t = traj[:n_rec]
-        trajectory = Trajectory(step=t[:, 0], new_tokens=t[:, 1], context=t[:, 2], is_prefill=t[:, 3].astype(bool),
-                                request=t[:, 4], step_start_us=steps_rec[:steps, 0], step_us=steps_rec[:steps, 1],
-                                kv_blocks_used=steps_rec[:steps, 2], running=steps_rec[:steps, 3],
-                                totals=totals_rec[:steps])
+        trajectory = Trajectory(
+            step=t[:, 0],
+            new_tokens=t[:, 1],
+            context=t[:, 2],
+            is_prefill=t[:, 3].astype(bool),
+            request=t[:, 4],
+            step_start_us=steps_rec[:steps, 0],
+            step_us=steps_rec[:steps, 1],
+            kv_blocks_used=steps_rec[:steps, 2],
+            running=steps_rec[:steps, 3],
+            totals=totals_rec[:steps],
+        )
     which = {1: "queueing_time", 2: "output_token_time", 3: "post_decode_time"}.get(int(diag[1]), "step_time")
-    return ReplayResult(int(status), int(steps), int(clock), ttft, e2e, state, pre, trajectory, float(diag[0]), which,
-                        int(diag[2]), int(diag[3]))
+    return ReplayResult(
+        int(status),
+        int(steps),
+        int(clock),
+        ttft,
+        e2e,
+        state,
+        pre,
+        trajectory,
+        float(diag[0]),
+        which,
+        int(diag[2]),
+        int(diag[3]),
+    )

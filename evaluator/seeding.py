@@ -7,6 +7,7 @@ Two mixes, each kept exactly as first written (an archive depends on every numbe
   `cma_seed(seed, *parts)` one CMA-ES run inside a fit: the fit's seed and up to three integers
                            (group, restart, iteration), prime-weighted, in pycma's range 1 .. 2**31 - 2.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,5 +25,5 @@ def mix(*parts: int) -> int:
 
 def cma_seed(seed: int, *parts: int) -> int:
     """The seed of one CMA-ES run of a fit seeded `seed`: 1 .. 2**31 - 2."""
-    weighted = sum(p * w for p, w in zip(parts, CMA_PART_WEIGHTS[:len(parts)], strict=True))
+    weighted = sum(p * w for p, w in zip(parts, CMA_PART_WEIGHTS[: len(parts)], strict=True))
     return (seed * CMA_SEED_WEIGHT + weighted) % (2**31 - 2) + 1

@@ -22,6 +22,7 @@ The surrogate equals the closed-loop means at the constants it was recorded with
 is only a local model away from them (batching, preemption and time-outs are frozen);
 `fitting.py` uses it inside a trust region and lets the closed-loop replay judge every step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,13 +51,21 @@ class VectorProgram:
     queue_reads_step: bool = False  # queueing_time reads r.last_step_us (a step's duration: moves with the constants)
 
     @classmethod
-    def of(cls, program: Program) -> "VectorProgram":
+    def of(cls, program: Program) -> VectorProgram:
         def maybe(name):
             return compile_vector(program, name) if name in program.functions else None
+
         queue = maybe("queueing_time")
         text = " ".join([queue.result, *(x for _, x in queue.statements)]) if queue is not None else ""
-        return cls(compile_vector(program, "step_time"), queue, maybe("output_token_time"),
-                   maybe("post_decode_time"), tuple(program.constants), "r_" in text, "r_last_step_us" in text)
+        return cls(
+            compile_vector(program, "step_time"),
+            queue,
+            maybe("output_token_time"),
+            maybe("post_decode_time"),
+            tuple(program.constants),
+            "r_" in text,
+            "r_last_step_us" in text,
+        )
 
     def constant_inputs(self, population: np.ndarray) -> dict[str, np.ndarray]:
         """c_<name> as (P, 1) columns, so they broadcast against per-step or per-request rows."""
@@ -95,8 +104,14 @@ class TrajectoryModel:
     arrival_step: np.ndarray | None = None
 
 
-def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, constants: np.ndarray,
-           split: str = "train", semantics: str = DEFAULT_SEMANTICS) -> tuple[MetricRow, TrajectoryModel | None]:
+def record(
+    exp: Experiment,
+    compiled: CompiledProgram,
+    vector: VectorProgram,
+    constants: np.ndarray,
+    split: str = "train",
+    semantics: str = DEFAULT_SEMANTICS,
+) -> tuple[MetricRow, TrajectoryModel | None]:
     """Closed-loop replay of `exp` on `split` with the trajectory kept: its metric row (what
     the closed loop judges) and the model to re-time it (None if the replay failed)."""
     res = replay(exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics)
@@ -109,12 +124,19 @@ def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, co
     ok = exp.split_mask(split) & ~exp.failed
     n_ok = int(ok.sum())
     model = TrajectoryModel(
-        name=exp.name, n_ok=n_ok, observed_us=np.array([row.observed.e2e_mean_s, row.observed.ttft_mean_s]) * 1e6,
+        name=exp.name,
+        n_ok=n_ok,
+        observed_us=np.array([row.observed.e2e_mean_s, row.observed.ttft_mean_s]) * 1e6,
         recorded_us=np.array([row.predicted.e2e_mean_s, row.predicted.ttft_mean_s]) * 1e6,
-        components={f"f_{n}": comps[i] for i, n in enumerate(COMPONENT_NAMES)}, weight=np.zeros((2, n_steps)),
-        queued=(np.zeros(0, np.int64), np.zeros(0, np.int64)), out_tok_count=np.zeros(2), n_finished=0,
-        input_tokens=exp.input_tokens.astype(np.float64), output_tokens=exp.output_tokens.astype(np.float64),
-        linear0=np.zeros(2))
+        components={f"f_{n}": comps[i] for i, n in enumerate(COMPONENT_NAMES)},
+        weight=np.zeros((2, n_steps)),
+        queued=(np.zeros(0, np.int64), np.zeros(0, np.int64)),
+        out_tok_count=np.zeros(2),
+        n_finished=0,
+        input_tokens=exp.input_tokens.astype(np.float64),
+        output_tokens=exp.output_tokens.astype(np.float64),
+        linear0=np.zeros(2),
+    )
     if n_ok == 0:
         return row, model
 
@@ -141,8 +163,8 @@ def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, co
     after = np.where(in_flight >= 0, in_flight + 1, np.searchsorted(start, ready, side="left"))
 
     def lifetime_weight(mask):
-        w = np.bincount(after[mask], minlength=n_steps + 1)[:n_steps + 1].astype(np.float64)
-        w -= np.bincount(first[mask] + 1, minlength=n_steps + 1)[:n_steps + 1]
+        w = np.bincount(after[mask], minlength=n_steps + 1)[: n_steps + 1].astype(np.float64)
+        w -= np.bincount(first[mask] + 1, minlength=n_steps + 1)[: n_steps + 1]
         w = np.cumsum(w)[:n_steps]
         fl = mask & (in_flight >= 0)
         return w + np.bincount(in_flight[fl], weights=left[fl], minlength=n_steps)
@@ -150,12 +172,15 @@ def record(exp: Experiment, compiled: CompiledProgram, vector: VectorProgram, co
     decoding = finished[t.request] & (t.step > first[t.request])  # finished requests' steps after the first token
     decode_steps = np.bincount(t.step[decoding], minlength=n_steps).astype(np.float64)
     fin_timed = finished & timed
-    model.components, model.weight = _classes(comps, np.stack([lifetime_weight(fin_timed) + decode_steps,
-                                                               lifetime_weight(timed)]))
+    model.components, model.weight = _classes(
+        comps, np.stack([lifetime_weight(fin_timed) + decode_steps, lifetime_weight(timed)])
+    )
     model.queued = (np.flatnonzero(fin_timed), np.flatnonzero(timed))
     model.out_tok_count = np.array([fin_timed.sum() + decoding.sum(), timed.sum()], dtype=np.float64)
     model.n_finished = int(finished.sum())
-    model.linear0 = linear(model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0])[0]
+    model.linear0 = linear(model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0])[
+        0
+    ]
     return row, model
 
 
@@ -190,8 +215,9 @@ def _classes(comps: np.ndarray, weight: np.ndarray) -> tuple[dict[str, np.ndarra
     return {f"f_{n}": reps[j] for j, n in enumerate(COMPONENT_NAMES)}, np.concatenate(weights, axis=1)
 
 
-def _recorded_delays(vector: VectorProgram, constants: np.ndarray, model: TrajectoryModel,
-                     arrival_us: np.ndarray) -> tuple[np.ndarray, float]:
+def _recorded_delays(
+    vector: VectorProgram, constants: np.ndarray, model: TrajectoryModel, arrival_us: np.ndarray
+) -> tuple[np.ndarray, float]:
     """Ready times (n,) and output_token_time at the recorded constants, rounded as the replay does."""
     consts = vector.constant_inputs(constants[None, :])
     ready = arrival_us.astype(np.float64)
@@ -200,8 +226,9 @@ def _recorded_delays(vector: VectorProgram, constants: np.ndarray, model: Trajec
     return ready, float(_scalar_delay(vector.output_token_time, consts, 1)[0])
 
 
-def _request_queue_us(vector: VectorProgram, population: np.ndarray, model: TrajectoryModel,
-                      last: np.ndarray | None = None) -> np.ndarray:
+def _request_queue_us(
+    vector: VectorProgram, population: np.ndarray, model: TrajectoryModel, last: np.ndarray | None = None
+) -> np.ndarray:
     """(P, n) queueing_time of every request, rounded as the replay rounds it. `last`: the step in
     flight at each arrival re-timed, (P, n), when the caller has it (SurrogateSet: from its one
     step_time pass); else it is computed here."""
@@ -210,8 +237,14 @@ def _request_queue_us(vector: VectorProgram, population: np.ndarray, model: Traj
     return _queue_us(vector, population, model.input_tokens, model.output_tokens, model.arrival_step, last)
 
 
-def _queue_us(vector: VectorProgram, population: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
-              arrival_step: np.ndarray | None, last: np.ndarray | None) -> np.ndarray:
+def _queue_us(
+    vector: VectorProgram,
+    population: np.ndarray,
+    input_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    arrival_step: np.ndarray | None,
+    last: np.ndarray | None,
+) -> np.ndarray:
     """(P, n) queueing_time of n requests given their fields (and, when the program reads it, the
     re-timed step in flight at each arrival), rounded as the replay rounds it."""
     p, n = len(population), len(input_tokens)
@@ -222,9 +255,14 @@ def _queue_us(vector: VectorProgram, population: np.ndarray, input_tokens: np.nd
     return np.maximum(0.0, _us(np.broadcast_to(q, (p, n))))
 
 
-def delay_part(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray,
-               shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-               last: np.ndarray | None = None, queued: np.ndarray | None = None) -> np.ndarray:
+def delay_part(
+    model: TrajectoryModel,
+    vector: VectorProgram,
+    population: np.ndarray,
+    shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    last: np.ndarray | None = None,
+    queued: np.ndarray | None = None,
+) -> np.ndarray:
     """(P, 2): the summed E2E and TTFT terms from queueing_time, output_token_time, post_decode_time.
     `shared`: those three per vector when they do not depend on the request (see shared_delays);
     `last`: see _request_queue_us; `queued`: (P, 2) the summed per-request queueing times, when
@@ -267,14 +305,17 @@ def linear(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray
     return (dt @ model.weight.T) + delay_part(model, vector, population)
 
 
-def step_us(components: dict[str, np.ndarray], vector: VectorProgram, population: np.ndarray,
-            judged: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def step_us(
+    components: dict[str, np.ndarray], vector: VectorProgram, population: np.ndarray, judged: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(P, G) step durations of each class of `components` (not rounded: a class stands for many
     steps), and (P,) whether every one (of the first `judged`, if given) is valid (finite and
     positive, as the replay requires)."""
     width = len(next(iter(components.values())))
-    x = np.broadcast_to(evaluate_vector(vector.step_time, {**components, **vector.constant_inputs(population)}),
-                        (len(population), width))
+    x = np.broadcast_to(
+        evaluate_vector(vector.step_time, {**components, **vector.constant_inputs(population)}),
+        (len(population), width),
+    )
     valid = np.all(np.isfinite(x[:, :judged]) & (x[:, :judged] > 0), axis=1)
     return np.maximum(1.0, np.minimum(np.where(np.isfinite(x), x, 1.0), MAX_US)), valid
 
@@ -324,7 +365,9 @@ class SurrogateSet:
         self.models, self.vector = models, vector
         self.live = [i for i, m in enumerate(models) if m.n_ok]
         parts = [models[i] for i in self.live]
-        self.components = {k: np.concatenate([m.components[k] for m in parts]) for k in parts[0].components} if parts else {}
+        self.components = (
+            {k: np.concatenate([m.components[k] for m in parts]) for k in parts[0].components} if parts else {}
+        )
         # classes of the j-th live model are columns bounds[j] of the concatenation
         sizes = np.array([m.weight.shape[1] for m in parts], dtype=np.int64)
         ends = np.cumsum(sizes)
@@ -335,8 +378,9 @@ class SurrogateSet:
         # a queueing_time reading r.last_step_us re-times each arrival's step in flight: those steps
         # join the same pass, after the classes, in the order of the live models' requests
         if parts and vector.queue_reads_step:
-            self.components = {k: np.concatenate([v, *(m.arrival_components[k] for m in parts)])
-                               for k, v in self.components.items()}
+            self.components = {
+                k: np.concatenate([v, *(m.arrival_components[k] for m in parts)]) for k, v in self.components.items()
+            }
         # a queueing_time reading a request field is evaluated once over every live model's requests;
         # model j's E2E (row 0) and TTFT (row 1) terms are columns queued_bounds[row][j] of the
         # requests picked by queued_index[row]
@@ -360,7 +404,7 @@ class SurrogateSet:
         if not self.live:
             return e2e, ttft
         every, valid = step_us(self.components, self.vector, population, judged=self.n_classes)
-        dt = every[:, :self.n_classes]
+        dt = every[:, : self.n_classes]
         sums = np.zeros((p, len(self.live), 2))
         if len(self.nonempty):  # per-model segment sums (a model may have no weighted class at all)
             for row, w in enumerate(self.weight):
@@ -369,8 +413,9 @@ class SurrogateSet:
         queued = self._queued_sums(population, every) if self.vector.queue_reads_request else None
         for j, i in enumerate(self.live):
             m = self.models[i]
-            lin = sums[:, j] + delay_part(m, self.vector, population, shared,
-                                          queued=queued[:, j] if queued is not None else None)
+            lin = sums[:, j] + delay_part(
+                m, self.vector, population, shared, queued=queued[:, j] if queued is not None else None
+            )
             ok = valid & np.all(np.isfinite(lin), axis=1)
             means = m.recorded_us + m.gain * (lin - m.linear0) / m.n_ok
             ape = np.abs(means - m.observed_us) / m.observed_us * 100.0
@@ -381,7 +426,7 @@ class SurrogateSet:
     def _queued_sums(self, population: np.ndarray, every: np.ndarray) -> np.ndarray:
         """(P, live models, 2) summed queueing times of the requests in each model's E2E and TTFT,
         from one numexpr pass over every live model's requests."""
-        last = every[:, self.n_classes:] if self.vector.queue_reads_step else None
+        last = every[:, self.n_classes :] if self.vector.queue_reads_step else None
         q = _queue_us(self.vector, population, self.input_tokens, self.output_tokens, self.arrival_step, last)
         out = np.zeros((len(population), len(self.live), 2))
         for row in range(2):

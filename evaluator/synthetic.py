@@ -18,6 +18,7 @@ are recorded as failures, like the real data. Four experiments (dense TP1, GQA T
 and one overloaded long-output run) of 1,200-2,400 requests keep the default job quick.
 Everything is a deterministic function of the generator seed.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,10 +55,43 @@ MODELS = {name: m.model_config for name, m in catalog().models.items()}  # model
 
 # name, model, tp, kv blocks, stages [(seconds, rate)], system prompt, question, output len, groups, timeout s
 SCENARIOS = [
-    ("synth-llama-2-7b-tp1-general", "meta-llama/Llama-2-7b-hf", 1, 7462, [(150, 4.0), (150, 10.0)], 100, 450, 248, 9, 300.0),
+    (
+        "synth-llama-2-7b-tp1-general",
+        "meta-llama/Llama-2-7b-hf",
+        1,
+        7462,
+        [(150, 4.0), (150, 10.0)],
+        100,
+        450,
+        248,
+        9,
+        300.0,
+    ),
     ("synth-llama-2-70b-tp4-codegen", "meta-llama/Llama-2-70b-hf", 4, 31356, [(300, 5.0)], 100, 470, 247, 11, 300.0),
-    ("synth-mixtral-8x7b-tp2-roleplay", "mistralai/Mixtral-8x7B-v0.1", 2, 27510, [(300, 6.0)], 150, 600, 251, 10, 300.0),
-    ("synth-codellama-34b-tp2-reasoning", "codellama/CodeLlama-34b-Instruct-hf", 2, 26602, [(300, 4.0)], 100, 930, 1448, 23, 90.0),
+    (
+        "synth-mixtral-8x7b-tp2-roleplay",
+        "mistralai/Mixtral-8x7B-v0.1",
+        2,
+        27510,
+        [(300, 6.0)],
+        150,
+        600,
+        251,
+        10,
+        300.0,
+    ),
+    (
+        "synth-codellama-34b-tp2-reasoning",
+        "codellama/CodeLlama-34b-Instruct-hf",
+        2,
+        26602,
+        [(300, 4.0)],
+        100,
+        930,
+        1448,
+        23,
+        90.0,
+    ),
 ]
 NOISE_SIGMA = 0.02
 N_PROMPTS = 100  # the prompt list the client cycles through
@@ -76,8 +110,10 @@ class SampleSize:
     timeouts: dict = field(default_factory=dict)  # scenario -> client time-out (s), where not the scenario's
 
 
-SAMPLE_SIZES = {"full": SampleSize(1.0, N_PROMPTS),
-                "small": SampleSize(0.2, 25, {"synth-codellama-34b-tp2-reasoning": 43.8})}
+SAMPLE_SIZES = {
+    "full": SampleSize(1.0, N_PROMPTS),
+    "small": SampleSize(0.2, 25, {"synth-codellama-34b-tp2-reasoning": 43.8}),
+}
 SWAP_RATE = 0.005  # share of consecutive sends that arrive in swapped order
 
 
@@ -119,9 +155,21 @@ def generate(seed: int = 0, size: str = "full") -> list[tuple[dict, list, dict, 
         n = len(arrival)
         prompt, inputs, group = _prompts(rng, n, sys_len, question, groups, sizing.n_prompts)
         bs = 16
-        exp = Experiment.from_arrays(name, arrival, inputs, np.full(n, out_len), arch=ModelArch.from_model_config(MODELS[model]),
-                                     tp=tp, kv_blocks=blocks, block_size=bs, prefix_group=group, prefix_tokens=sys_len,
-                                     prompt=prompt, timeout_s=timeout_s, model=model)
+        exp = Experiment.from_arrays(
+            name,
+            arrival,
+            inputs,
+            np.full(n, out_len),
+            arch=ModelArch.from_model_config(MODELS[model]),
+            tp=tp,
+            kv_blocks=blocks,
+            block_size=bs,
+            prefix_group=group,
+            prefix_tokens=sys_len,
+            prompt=prompt,
+            timeout_s=timeout_s,
+            model=model,
+        )
         res = replay(exp, compiled, consts)
         if not res.ok:
             raise RuntimeError(f"synthetic oracle failed on {name}: {res.failure()}")
@@ -130,25 +178,70 @@ def generate(seed: int = 0, size: str = "full") -> list[tuple[dict, list, dict, 
         ttft = np.where(done, res.ttft_us / 1e6 * rng.lognormal(0.0, NOISE_SIGMA, n), np.nan)
         ttft = np.minimum(ttft, e2e)
         requests = {
-            "experiment": name, "model_id": model, "model_short": model.split("/")[-1].lower(), "profile": name.rsplit("-", 1)[-1],
-            "split": "train", "synthetic": True, "hardware": "H100", "generator": {"version": GENERATOR_VERSION, "seed": seed},
-            "config": {"tensor_parallelism": tp, "max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                       "kv_blocks_total_gpu": blocks, "block_size": bs, "num_prefix_groups": 0, "users_per_group": 0,
-                       "system_prompt_len": 0},
+            "experiment": name,
+            "model_id": model,
+            "model_short": model.split("/")[-1].lower(),
+            "profile": name.rsplit("-", 1)[-1],
+            "split": "train",
+            "synthetic": True,
+            "hardware": "H100",
+            "generator": {"version": GENERATOR_VERSION, "seed": seed},
+            "config": {
+                "tensor_parallelism": tp,
+                "max_num_seqs": 128,
+                "max_num_batched_tokens": 2048,
+                "kv_blocks_total_gpu": blocks,
+                "block_size": bs,
+                "num_prefix_groups": 0,
+                "users_per_group": 0,
+                "system_prompt_len": 0,
+            },
             "model_config": MODELS[model],
-            "requests": [{"index": i, "arrival_time_us": int(arrival[i]), "input_tokens": 0 if not done[i] else int(inputs[i]),
-                          "output_tokens": int(out_len) if done[i] else 0, "prefix_group": "", "has_error": bool(not done[i])}
-                         for i in range(n)],
+            "requests": [
+                {
+                    "index": i,
+                    "arrival_time_us": int(arrival[i]),
+                    "input_tokens": 0 if not done[i] else int(inputs[i]),
+                    "output_tokens": int(out_len) if done[i] else 0,
+                    "prefix_group": "",
+                    "has_error": bool(not done[i]),
+                }
+                for i in range(n)
+            ],
         }
-        truth = [{"index": i, "has_error": bool(not done[i]), "e2e_s": float(e2e[i]),
-                  **({"ttft_s": float(ttft[i])} if done[i] else {})} for i in range(n)]
-        profile = {"data": {"type": "shared_prefix", "shared_prefix": {
-            "num_unique_system_prompts": groups, "system_prompt_len": sys_len, "question_len": question, "output_len": out_len}},
+        truth = [
+            {
+                "index": i,
+                "has_error": bool(not done[i]),
+                "e2e_s": float(e2e[i]),
+                **({"ttft_s": float(ttft[i])} if done[i] else {}),
+            }
+            for i in range(n)
+        ]
+        profile = {
+            "data": {
+                "type": "shared_prefix",
+                "shared_prefix": {
+                    "num_unique_system_prompts": groups,
+                    "system_prompt_len": sys_len,
+                    "question_len": question,
+                    "output_len": out_len,
+                },
+            },
             "load": {"type": "constant", "stages": [{"duration": d, "rate": r} for d, r in stages]},
-            "server": {"ignore_eos": True, "model_name": model}, "synthetic": True}
-        summary = {"successes": {"count": int(done.sum()), "latency": {
-            "request_latency": {"mean": float(e2e[done].mean())}, "time_to_first_token": {"mean": float(ttft[done].mean())}}},
-            "failures": {"count": int((~done).sum())}}
+            "server": {"ignore_eos": True, "model_name": model},
+            "synthetic": True,
+        }
+        summary = {
+            "successes": {
+                "count": int(done.sum()),
+                "latency": {
+                    "request_latency": {"mean": float(e2e[done].mean())},
+                    "time_to_first_token": {"mean": float(ttft[done].mean())},
+                },
+            },
+            "failures": {"count": int((~done).sum())},
+        }
         out.append((requests, truth, profile, summary))
     return out
 
@@ -166,6 +259,7 @@ def write_sample(out_dir: str | Path, seed: int = 0, size: str = "full") -> list
         (d / "summary_lifecycle_metrics.json").write_text(json.dumps(summary, indent=1))
         (d / "exp-config.yaml").write_text(
             f"model: {requests['model_id']}\ntensor_parallelism: {requests['config']['tensor_parallelism']}\n"
-            "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\napp: stepml-evolve synthetic\n")
+            "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\napp: stepml-evolve synthetic\n"
+        )
         dirs.append(d)
     return dirs

@@ -12,16 +12,20 @@ command line or the search):
   emit_program, emitted_sources          `evolve emit-go` (to files, or as text)
   write_report                           `evolve archive report`
 """
+
 from stepml_evolve.lazy import attach
 
-__getattr__, __dir__, __all__ = attach(__name__, {
-    ".cli": ("main",),
-    ".commands.run": ("run_search",),
-    ".search.loop": ("SearchConfig",),
-    ".commands.eval": ("evaluate_program",),
-    ".commands.fit": ("fit_program",),
-    ".commands.cv": ("cross_validate_program",),
-    ".commands.archive": ("cross_validate_archive",),
-    ".commands.emit_go": ("emit_program", "emitted_sources"),
-    ".commands.report": ("write_report",),
-})
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        ".cli": ("main",),
+        ".commands.run": ("run_search",),
+        ".search.loop": ("SearchConfig",),
+        ".commands.eval": ("evaluate_program",),
+        ".commands.fit": ("fit_program",),
+        ".commands.cv": ("cross_validate_program",),
+        ".commands.archive": ("cross_validate_archive",),
+        ".commands.emit_go": ("emit_program", "emitted_sources"),
+        ".commands.report": ("write_report",),
+    },
+)

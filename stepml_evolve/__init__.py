@@ -10,9 +10,13 @@ program DSL, replay, fitting), `stepml_evolve.archive` (the SQLite archive), `st
 (the search, the commands, Go and BLIS), `stepml_evolve.seeds` and `stepml_evolve.prompts`.
 Names are imported on first use, so importing any module of the package stays light.
 """
+
 from .lazy import attach
 
-__getattr__, __dir__, __all__ = attach(__name__, {
-    ".api": ("open_archive", "ArchiveView", "score", "fit", "Fitted", "emit_go"),
-    ".evaluator.errors": ("UserError",),
-})
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        ".api": ("open_archive", "ArchiveView", "score", "fit", "Fitted", "emit_go"),
+        ".evaluator.errors": ("UserError",),
+    },
+)

@@ -13,14 +13,15 @@ evolve.commands for `eval`, `fit` and `emit-go`), so it gives what the command g
 is a file path or its text (anything holding a newline), which is validated, then handled as a
 file in a temporary directory. Bad input raises the command's one-line `UserError`.
 """
+
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 
@@ -65,8 +66,9 @@ class ArchiveView:
     def evaluations(self) -> pd.DataFrame:
         """Per program, experiment and split: observed and predicted mean E2E, TTFT, ITL, their APE
         (%), timeouts, E2E percentiles (fully evaluated programs; screened ones have none)."""
-        return self._read(lambda archive, run, programs: evaluation_frame({p.id: archive.metric_rows(p.id)
-                                                                           for p in programs}))
+        return self._read(
+            lambda archive, run, programs: evaluation_frame({p.id: archive.metric_rows(p.id) for p in programs})
+        )
 
     @property
     def cv_scores(self) -> pd.DataFrame:
@@ -155,25 +157,43 @@ class Fitted:
         return next(iter(self.programs.values()))
 
 
-def fit(program: ProgramSpec, data: PathSpec | None = None, *, seed: int = FitConfig.seed,
-        max_evals: int | None = FitConfig.max_evals, **options) -> Fitted:
+def fit(
+    program: ProgramSpec,
+    data: PathSpec | None = None,
+    *,
+    seed: int = FitConfig.seed,
+    max_evals: int | None = FitConfig.max_evals,
+    **options,
+) -> Fitted:
     """The program's constants fitted on the train split of `data` (default: the synthetic sample)
     and scored on validate and test, as `evolve fit --seed SEED --max-evals N` fits them (same seed
     and data, same constants); nothing is written. `options`: the other `evolve fit` options
     (scope, method, objective, weights, restarts, quick, workers, semantics, prompt_reuse, output_len)."""
     with _program_file(program) as path, tempfile.TemporaryDirectory(prefix="stepml-evolve-") as out:
         setup, rest = _setup(data, dict(options))
-        fitted = fit_program(path, setup, seed=seed, max_evals=max_evals, out=Path(out) / f"{path.stem}.fitted.py",
-                             **rest)
+        fitted = fit_program(
+            path, setup, seed=seed, max_evals=max_evals, out=Path(out) / f"{path.stem}.fitted.py", **rest
+        )
         texts = {group: p.read_text() for group, p in zip(fitted.result.constants, fitted.written)}
-    return Fitted(texts, fitted.result.constants, {"train": fitted.result.loss, **fitted.losses},
-                  metric_frame([r for rows in fitted.rows.values() for r in rows]), fitted.result.evaluations,
-                  fitted.result.seconds)
+    return Fitted(
+        texts,
+        fitted.result.constants,
+        {"train": fitted.result.loss, **fitted.losses},
+        metric_frame([r for rows in fitted.rows.values() for r in rows]),
+        fitted.result.evaluations,
+        fitted.result.seconds,
+    )
 
 
-def emit_go(program: ProgramSpec | int, out: PathSpec | None = None, *,
-            archive: PathSpec | None = None, target: str = DEFAULT_TARGET, name: str = DEFAULT_NAME,
-            within: float | None = None) -> str:
+def emit_go(
+    program: ProgramSpec | int,
+    out: PathSpec | None = None,
+    *,
+    archive: PathSpec | None = None,
+    target: str = DEFAULT_TARGET,
+    name: str = DEFAULT_NAME,
+    within: float | None = None,
+) -> str:
     """The gofmt-clean Go model (package latency, BLIS's LatencyModel) of a program file or text,
     or of an archive's program: an id, `best` or `simplest` (`within` percent of the best) of
     `archive` (default: the newest under runs/), as `evolve emit-go` chooses it. Written to `out`

@@ -2,6 +2,7 @@
 (the `evolve archive list --json` fields, the Pareto front as a boolean column, one CV loss column
 per protocol), per-experiment metric rows (flat columns), CV scores and generations (one column
 per field of their records)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,10 +13,23 @@ from stepml_evolve.archive.browse import CVScores, protocol_order, select_rows
 from stepml_evolve.archive.records import CVScoreRecord, GenerationRecord, ProgramRecord
 from stepml_evolve.evaluator.metrics import MetricRow
 
-METRIC_COLUMNS = ("experiment", "split", "n_requests",
-                  "observed_e2e_mean_s", "observed_ttft_mean_s", "observed_itl_mean_ms",
-                  "predicted_e2e_mean_s", "predicted_ttft_mean_s", "predicted_itl_mean_ms",
-                  "ape_e2e", "ape_ttft", "ape_itl", "timeouts_observed", "timeouts_predicted", "error")
+METRIC_COLUMNS = (
+    "experiment",
+    "split",
+    "n_requests",
+    "observed_e2e_mean_s",
+    "observed_ttft_mean_s",
+    "observed_itl_mean_ms",
+    "predicted_e2e_mean_s",
+    "predicted_ttft_mean_s",
+    "predicted_itl_mean_ms",
+    "ape_e2e",
+    "ape_ttft",
+    "ape_itl",
+    "timeouts_observed",
+    "timeouts_predicted",
+    "error",
+)
 
 
 def _frame(records: list[dict], columns) -> pd.DataFrame:
@@ -51,8 +65,9 @@ def metric_records(rows: list[MetricRow]) -> list[dict]:
         for side in ("observed", "predicted"):
             record.update({f"{side}_{k}": v for k, v in dataclasses.asdict(getattr(r, side)).items()})
         record.update({f"ape_{k}": v for k, v in dataclasses.asdict(r.ape).items()})
-        record.update({"timeouts_observed": r.timeouts.observed, "timeouts_predicted": r.timeouts.predicted,
-                       "error": r.error})
+        record.update(
+            {"timeouts_observed": r.timeouts.observed, "timeouts_predicted": r.timeouts.predicted, "error": r.error}
+        )
         for side, percentiles in (r.e2e_percentiles_s or {}).items():
             record.update({f"{side}_e2e_{p}_s": v for p, v in percentiles.items()})
         out.append(record)

@@ -2,6 +2,7 @@
 package names the modules that hold what it offers, and a module is imported when one of its
 names is first used. So `import stepml_evolve.evaluator.errors` (which runs every enclosing
 `__init__`) stays light: no numba, pandas or CLI comes with a package's face."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
 """Shared fixtures. Real data lives beside the project in ../shared/data/replay (CI always has
 it); tests that need it skip with a clear reason where it is absent."""
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,8 @@ REAL_DATA = Path(os.environ.get("STEPML_REAL_DATA", ROOT.parent / "shared" / "da
 HAVE_REAL_DATA = (REAL_DATA / "20260217-155451-llama-2-7b-tp1-codegen" / "requests.json").is_file()
 
 needs_real_data = pytest.mark.skipif(
-    not HAVE_REAL_DATA, reason=f"real replay data not found at {REAL_DATA} (set STEPML_REAL_DATA to its directory)")
+    not HAVE_REAL_DATA, reason=f"real replay data not found at {REAL_DATA} (set STEPML_REAL_DATA to its directory)"
+)
 
 
 @pytest.fixture(scope="session")
@@ -116,8 +118,9 @@ def blis_build(tmp_path_factory) -> Path:
     env = {**os.environ, "PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def build(dest: Path):
-        proc = subprocess.run(["bash", str(BLIS_SNAPSHOT / "build.sh"), str(dest)], env=env, capture_output=True,
-                              text=True, timeout=900)
+        proc = subprocess.run(
+            ["bash", str(BLIS_SNAPSHOT / "build.sh"), str(dest)], env=env, capture_output=True, text=True, timeout=900
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
     dest = made_once(tmp_path_factory, "blis-build", build)
@@ -135,8 +138,23 @@ def blis_checkout(blis_build, tmp_path) -> Path:
     return dest
 
 
-SEARCHED = ["run", "--generations", "3", "--seed", "3", "--seed-fit-evals", "16", "--full-fit-evals", "12",
-            "--quick-evals", "8", "--children", "5", "--front-cv", "lomo"]
+SEARCHED = [
+    "run",
+    "--generations",
+    "3",
+    "--seed",
+    "3",
+    "--seed-fit-evals",
+    "16",
+    "--full-fit-evals",
+    "12",
+    "--quick-evals",
+    "8",
+    "--children",
+    "5",
+    "--front-cv",
+    "lomo",
+]
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +175,7 @@ def searched_archive(tmp_path_factory) -> Path:
 
 # ---- helpers shared by test modules ----
 
+
 def only_error_line(res, *texts):
     """Exit 2, and the error is the one `error:` line and the last line of stderr (notes such as
     'using the built-in synthetic sample' may come before it); no traceback."""
@@ -173,7 +192,7 @@ def snapshot(archive_dir) -> dict:
     db = sqlite3.connect(archive_dir / Archive.FILE)
     q = {
         "programs": "SELECT id, generation, source_hash, source, constants, parents, operator, operator_detail, island, complexity,"
-                    " n_components, components, quick_loss, screen_loss, train_loss, val_loss, test_loss, stage FROM programs ORDER BY id",
+        " n_components, components, quick_loss, screen_loss, train_loss, val_loss, test_loss, stage FROM programs ORDER BY id",
         "evaluations": "SELECT * FROM evaluations ORDER BY program_id, experiment, split",
         "rejections": "SELECT id, generation, operator, parents, rule, reason, source FROM rejections ORDER BY id",
         "generations": "SELECT generation, n_children, n_rejected, n_promoted, best_train, best_val, evaluations FROM generations ORDER BY generation",

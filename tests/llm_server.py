@@ -6,6 +6,7 @@ seconds) then a reply, ("garbage", body), or ("answer", fn): the reply fn(reques
 runs out, `default(n)` answers.
 Every request body is kept for inspection.
 """
+
 from __future__ import annotations
 
 import threading
@@ -52,21 +53,24 @@ class ScriptedLLM:
 
 
 def _completion(text: str) -> dict:
-    return chat_completion(text, "test-model", {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150},
-                           "chatcmpl-test")
+    return chat_completion(
+        text, "test-model", {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}, "chatcmpl-test"
+    )
 
 
 def program_reply(extra_component: str = "n_req", note: str = "adds a per-request term") -> str:
-    return ("Here is a better program:\n```python\n"
-            '"""Roofline with an extra term."""\n'
-            'CONSTANTS = {"overhead_us": 2000.0, "c_compute": 2.0, "c_memory": 1.3, "k_extra": 10.0, "queue_us": 2000.0, "out_tok_us": 50.0}\n\n'
-            "def step_time(f, c):\n"
-            "    compute = f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc\n"
-            "    memory = f.weights + f.kv_read + f.kv_write\n"
-            f"    return c.overhead_us + max(c.c_compute * compute, c.c_memory * memory) + c.k_extra * f.{extra_component}\n\n"
-            "def queueing_time(r, c):\n    return c.queue_us\n\n"
-            "def output_token_time(c):\n    return c.out_tok_us\n```\n"
-            f"It {note}.")
+    return (
+        "Here is a better program:\n```python\n"
+        '"""Roofline with an extra term."""\n'
+        'CONSTANTS = {"overhead_us": 2000.0, "c_compute": 2.0, "c_memory": 1.3, "k_extra": 10.0, "queue_us": 2000.0, "out_tok_us": 50.0}\n\n'
+        "def step_time(f, c):\n"
+        "    compute = f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc\n"
+        "    memory = f.weights + f.kv_read + f.kv_write\n"
+        f"    return c.overhead_us + max(c.c_compute * compute, c.c_memory * memory) + c.k_extra * f.{extra_component}\n\n"
+        "def queueing_time(r, c):\n    return c.queue_us\n\n"
+        "def output_token_time(c):\n    return c.out_tok_us\n```\n"
+        f"It {note}."
+    )
 
 
 INVALID_REPLY = "```python\nimport os\ndef step_time(f, c):\n    return os.getpid()\n```"

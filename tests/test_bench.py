@@ -1,4 +1,5 @@
 """`evolve bench` reports the documented figures (their values are measurements, not asserted)."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,9 @@ from stepml_evolve.evolve.cli.app import app
 
 
 def test_bench_json_has_the_documented_keys(synthetic):
-    res = CliRunner().invoke(app, ["bench", "--data", str(synthetic.directory), "--skip-fit", "--search-generations", "1", "--json"])
+    res = CliRunner().invoke(
+        app, ["bench", "--data", str(synthetic.directory), "--skip-fit", "--search-generations", "1", "--json"]
+    )
     assert res.exit_code == 0, res.output
     figures = json.loads(res.stdout)
     for key in ("replay_s_largest", "full_eval_s", "quick_fit_s", "generations_per_hour"):

@@ -1,11 +1,12 @@
 """The emitted model inside real BLIS predicts what the tool predicts: three real experiments
 exported (`evolve data export --blis-trace`), replayed by `blis replay` with the model installed by
 `evolve emit-go --blis`, and compared per request with the tool's replay (BLIS semantics)."""
+
 from __future__ import annotations
 
 import pytest
-
 from conftest import REAL_DATA, needs_real_data
+
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evolve.blis.compare import compare_with_blis
 from stepml_evolve.evolve.blis.install import install_into_blis
@@ -54,12 +55,37 @@ def test_blis_compare_installs_the_program_and_reports_per_request_agreement(bli
 
     data = synthetic_dir()
     name = sorted(d.name for d in data.iterdir() if d.is_dir())[0]
-    res = CliRunner().invoke(app, ["blis-compare", str(seed_path("roofline")), "--blis", str(blis_checkout), "--data", str(data),
-                                   "--experiment", name, "--requests", "400", "--json"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "blis-compare",
+            str(seed_path("roofline")),
+            "--blis",
+            str(blis_checkout),
+            "--data",
+            str(data),
+            "--experiment",
+            name,
+            "--requests",
+            "400",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     (row,) = json.loads(res.stdout)
     assert row["experiment"] == name and row["n_compared"] > 100
     assert row["exact_e2e"] == 1.0 and row["exact_ttft"] == 1.0 and row["e2e_diff_pct"] == 0.0
-    res = CliRunner().invoke(app, ["blis-compare", str(seed_path("roofline")), "--blis", str(blis_checkout), "--data", str(data),
-                                   "--experiment", "no-such-experiment"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "blis-compare",
+            str(seed_path("roofline")),
+            "--blis",
+            str(blis_checkout),
+            "--data",
+            str(data),
+            "--experiment",
+            "no-such-experiment",
+        ],
+    )
     assert res.exit_code == 2 and "no experiment directories named no-such-experiment" in res.stderr

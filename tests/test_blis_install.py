@@ -2,6 +2,7 @@
 ../shared/blis, built once per session by the `blis_build` fixture and copied per test), built,
 vetted and tested there, then run by BLIS's own binary. BLIS's `go test -short ./sim/...` (every
 package, BLIS's golden datasets skipped) runs once, in the first test; the others test ./sim/ and ./sim/latency/."""
+
 from __future__ import annotations
 
 import hashlib
@@ -24,14 +25,36 @@ TRACE_CSV = (
     "arrival_time_us,send_time_us,first_chunk_time_us,last_chunk_time_us,num_chunks,status,error_message,finish_reason\n"
     "0,,,,,0,sp0,100,true,491,247,0,0,0,0,0,,300000000,0,0,0,0,0,0,ok,,\n"
     "1,,,,,0,sp0,100,true,489,247,0,0,0,0,0,,300053490,0,53490,53490,0,0,0,ok,,\n"
-    "2,,,,,0,sp1,100,true,500,247,0,0,0,0,0,,300064932,0,64932,64932,0,0,0,ok,,\n")
-LLAMA_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "torch_dtype": "float16",
-            "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
-            "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096}
-MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu", "torch_dtype": "bfloat16",
-           "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-           "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 32768,
-           "num_local_experts": 8, "num_experts_per_tok": 2}
+    "2,,,,,0,sp1,100,true,500,247,0,0,0,0,0,,300064932,0,64932,64932,0,0,0,ok,,\n"
+)
+LLAMA_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "torch_dtype": "float16",
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +72,14 @@ def install(program, blis, *args):
 
 def tree(root) -> dict[str, tuple[str, int]]:
     """Every file's content hash and (but for the rebuilt binary) its mtime."""
-    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), 0 if p.name == "blis" else p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): (
+            hashlib.sha256(p.read_bytes()).hexdigest(),
+            0 if p.name == "blis" else p.stat().st_mtime_ns,
+        )
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def one_error_line(res, *needles):
@@ -69,11 +98,33 @@ def replay(blis, tmp_path, config: dict, *flags) -> tuple[subprocess.CompletedPr
     (folder / "config.json").write_text(json.dumps(config))
     results = tmp_path / f"{config['model_type']}.results.json"
     proc = subprocess.run(
-        [str(blis / "blis"), "replay", "--trace-header", str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv"),
-         "--model", config["model_type"], "--latency-model", "stepml-evolved", "--model-config-folder", str(folder),
-         "--defaults-filepath", str(blis / "defaults.yaml"), "--hardware-config", str(blis / "hardware_config.json"),
-         "--horizon", "100000000000", "--results-path", str(results), *flags],
-        capture_output=True, text=True, timeout=300)
+        [
+            str(blis / "blis"),
+            "replay",
+            "--trace-header",
+            str(tmp_path / "t.yaml"),
+            "--trace-data",
+            str(tmp_path / "t.csv"),
+            "--model",
+            config["model_type"],
+            "--latency-model",
+            "stepml-evolved",
+            "--model-config-folder",
+            str(folder),
+            "--defaults-filepath",
+            str(blis / "defaults.yaml"),
+            "--hardware-config",
+            str(blis / "hardware_config.json"),
+            "--horizon",
+            "100000000000",
+            "--results-path",
+            str(results),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc, json.loads(results.read_text())
 
@@ -83,7 +134,12 @@ def test_installed_model_builds_vets_and_passes_blis_own_tests(blis_checkout, fi
     ./sim/...`: it skips only BLIS's golden-dataset and end-to-end routing runs, 4 of the 4.5 min)."""
     res = install(fitted, blis_checkout, "--go-test", "-short ./sim/...")
     assert res.exit_code == 0, res.output + res.stderr
-    for line in ("go build ./...: ok", "go build -o blis .: ok", "go vet ./sim/latency/: ok", "go test -short ./sim/...: ok"):
+    for line in (
+        "go build ./...: ok",
+        "go build -o blis .: ok",
+        "go vet ./sim/latency/: ok",
+        "go test -short ./sim/...: ok",
+    ):
         assert line in res.stdout, res.stdout
     latency = blis_checkout / "sim" / "latency"
     assert (latency / "stepml_evolved.go").read_text().startswith("// Code generated by stepml-evolve emit-go.")
@@ -102,8 +158,19 @@ def test_second_install_changes_nothing_and_blis_replays_with_the_model(blis_che
     assert tree(blis_checkout) == before
 
     # BLIS's binary runs the model: a dense model on H100 (the README's command) ...
-    _, dense = replay(blis_checkout, tmp_path, LLAMA_7B, "--hardware", "H100", "--tp", "1", "--total-kv-blocks", "1000",
-                      "--log", "error")
+    _, dense = replay(
+        blis_checkout,
+        tmp_path,
+        LLAMA_7B,
+        "--hardware",
+        "H100",
+        "--tp",
+        "1",
+        "--total-kv-blocks",
+        "1000",
+        "--log",
+        "error",
+    )
     assert sorted(r["request_id"] for r in dense) == [0, 1, 2]
     assert all(0 < r["ttft_us"] < r["e2e_us"] for r in dense)
     # ... and Mixtral (MoE fields from config.json) on BLIS's A100-80 at TP 2, KV blocks auto-calculated
@@ -121,7 +188,9 @@ def test_reemitting_and_a_second_backend_never_duplicate_registrations(blis_chec
     assert res.exit_code == 0, res.output + res.stderr
     assert "now calls NewOtherFromConfig" in res.stdout
     assert model.read_text() != first and "func NewOtherModel(" in model.read_text()
-    res = install(fitted, blis_checkout, "--backend", "stepml-fitted", "--name", "Fitted", "--go-test", "./sim/latency/")
+    res = install(
+        fitted, blis_checkout, "--backend", "stepml-fitted", "--name", "Fitted", "--go-test", "./sim/latency/"
+    )
     assert res.exit_code == 0, res.output + res.stderr
     latency = (blis_checkout / "sim" / "latency" / "latency.go").read_text()
     assert latency.count('case "stepml-evolved":') == 1 and latency.count('case "stepml-fitted":') == 1
@@ -129,32 +198,43 @@ def test_reemitting_and_a_second_backend_never_duplicate_registrations(blis_chec
     bundle = (blis_checkout / "sim" / "bundle.go").read_text()
     assert bundle.count('"stepml-evolved": true') == 1 and bundle.count('"stepml-fitted": true') == 1
     test = (blis_checkout / "sim" / "bundle_test.go").read_text()
-    assert 'exactly 4 backends\n\texpected := []string{"roofline", "stepml-evolved", "stepml-fitted", "trained-physics"}' in test
+    assert (
+        'exactly 4 backends\n\texpected := []string{"roofline", "stepml-evolved", "stepml-fitted", "trained-physics"}'
+        in test
+    )
     root = (blis_checkout / "cmd" / "root.go").read_text()
     assert root.count('stepMLEvolvedBackends := map[string]bool{"stepml-evolved": true, "stepml-fitted": true}') == 1
     assert root.count("if stepMLEvolvedBackends[backend] {") == 1
 
     # a name another file defines, a backend of BLIS's own: refused, nothing written
     before = tree(blis_checkout)
-    one_error_line(install(fitted, blis_checkout, "--backend", "stepml-third", "--name", "Fitted"), "stepml_fitted.go", "--name")
+    one_error_line(
+        install(fitted, blis_checkout, "--backend", "stepml-third", "--name", "Fitted"), "stepml_fitted.go", "--name"
+    )
     one_error_line(install(fitted, blis_checkout, "--backend", "roofline"), "sim/bundle.go", "BLIS's latency backends")
     assert tree(blis_checkout) == before
 
     # a failing Go check: its line, the end of its output, one error line, exit 2
     (blis_checkout / "sim" / "latency" / "zz_fails_test.go").write_text(
-        'package latency\n\nimport "testing"\n\nfunc TestZZFails(t *testing.T) { t.Fatal("deliberately") }\n')
+        'package latency\n\nimport "testing"\n\nfunc TestZZFails(t *testing.T) { t.Fatal("deliberately") }\n'
+    )
     res = install(fitted, blis_checkout, "--go-test", "./sim/latency/")
     assert res.exit_code == 2 and "go test ./sim/latency/: FAILED (exit 1" in res.stdout
-    assert "deliberately" in res.stderr and res.stderr.rstrip().splitlines()[-1].startswith("error: go test ./sim/latency/ failed")
+    assert "deliberately" in res.stderr and res.stderr.rstrip().splitlines()[-1].startswith(
+        "error: go test ./sim/latency/ failed"
+    )
 
 
-@pytest.mark.parametrize("path, old, new", [
-    ("sim/latency/latency.go", "unknown backend %q; valid options", "no such backend %q; valid options"),
-    ("sim/bundle.go", "validLatencyBackends          = map", "validBackends = map"),
-    ("sim/bundle_test.go", "exactly 2 backends", "exactly two backends"),
-    ("cmd/root.go", "// Analytical backends: parse HF config", "// Analytical: parse HF config"),
-    ("sim/latency/latency.go", DEFAULT_CASE, DEFAULT_CASE + ' hw.Backend, "")\n' + DEFAULT_CASE),  # twice
-])
+@pytest.mark.parametrize(
+    "path, old, new",
+    [
+        ("sim/latency/latency.go", "unknown backend %q; valid options", "no such backend %q; valid options"),
+        ("sim/bundle.go", "validLatencyBackends          = map", "validBackends = map"),
+        ("sim/bundle_test.go", "exactly 2 backends", "exactly two backends"),
+        ("cmd/root.go", "// Analytical backends: parse HF config", "// Analytical: parse HF config"),
+        ("sim/latency/latency.go", DEFAULT_CASE, DEFAULT_CASE + ' hw.Backend, "")\n' + DEFAULT_CASE),  # twice
+    ],
+)
 def test_an_anchor_missing_or_twice_leaves_the_checkout_untouched(blis_checkout, fitted, path, old, new):
     f = blis_checkout / path
     text = f.read_text()
@@ -169,17 +249,25 @@ def test_an_anchor_missing_or_twice_leaves_the_checkout_untouched(blis_checkout,
 
 def test_a_five_method_blis_is_refused_naming_its_target(blis_checkout, fitted):
     f = blis_checkout / "sim" / "latency_model.go"
-    f.write_text(f.read_text().replace("\tPostDecodeFixedOverhead() int64\n",
-                                       "\tSchedulingProcessingTime() int64\n\tPreemptionProcessingTime() int64\n"))
+    f.write_text(
+        f.read_text().replace(
+            "\tPostDecodeFixedOverhead() int64\n",
+            "\tSchedulingProcessingTime() int64\n\tPreemptionProcessingTime() int64\n",
+        )
+    )
     assert interface_methods(f.read_text())[-2:] == ("SchedulingProcessingTime", "PreemptionProcessingTime")
     before = tree(blis_checkout)
-    one_error_line(install(fitted, blis_checkout), f"{f}: LatencyModel has the interface of target blis-2026-03",
-                   "--target blis-2026-03")
+    one_error_line(
+        install(fitted, blis_checkout),
+        f"{f}: LatencyModel has the interface of target blis-2026-03",
+        "--target blis-2026-03",
+    )
     one_error_line(install(fitted, blis_checkout, "--target", "blis-2026-03"), "sim/request.go", "[]TokenID")
     f.write_text(f.read_text().replace("\tPreemptionProcessingTime() int64\n", ""))
     one_error_line(install(fitted, blis_checkout), f"{f}: LatencyModel's methods", "match no target")
-    assert {k: v for k, v in tree(blis_checkout).items() if k != "sim/latency_model.go"} == \
-        {k: v for k, v in before.items() if k != "sim/latency_model.go"}
+    assert {k: v for k, v in tree(blis_checkout).items() if k != "sim/latency_model.go"} == {
+        k: v for k, v in before.items() if k != "sim/latency_model.go"
+    }
 
 
 def test_a_directory_that_is_not_a_blis_checkout_is_refused(tmp_path, fitted):

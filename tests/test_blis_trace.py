@@ -1,5 +1,6 @@
 """`evolve data export --blis-trace`: an experiment as a BLIS trace v2 that parses back to the
 tool's arrays, that BLIS accepts and replays, and bad input answered with one line."""
+
 from __future__ import annotations
 
 import csv
@@ -15,19 +16,60 @@ import yaml
 from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.experiments import load_experiment
+from stepml_evolve.evaluator.importers.blis_trace_export import (
+    TRACE_COLUMNS,
+    BlisTraceError,
+    export_blis_trace,
+    export_experiment_dir,
+    read_blis_results,
+)
 from stepml_evolve.evaluator.model_arch import ModelArch
-from stepml_evolve.evaluator.importers.blis_trace_export import (TRACE_COLUMNS, BlisTraceError, export_blis_trace, export_experiment_dir,
-                               read_blis_results)
 
 CODEGEN = "20260217-155451-llama-2-7b-tp1-codegen"
 REASONING = "20260217-170634-llama-2-7b-tp1-reasoning"  # overloaded: most requests time out
 # sim/workload/tracev2.go: TraceHeader and TraceServerConfig yaml keys (read with KnownFields(true))
-HEADER_KEYS = {"trace_version", "time_unit", "created_at", "mode", "warm_up_requests", "workload_seed", "workload_spec",
-               "session_context_growth", "server", "network", "goodput_slo_targets", "kv_offload", "observed_kv_metrics"}
-SERVER_KEYS = {"type", "model", "tensor_parallel", "max_num_seqs", "block_size", "gpu_memory_utilization", "max_model_len"}
-INT_COLUMNS = {"request_id", "round_index", "prefix_length", "input_tokens", "output_tokens", "text_tokens",
-               "image_tokens", "audio_tokens", "video_tokens", "deadline_us", "server_input_tokens", "arrival_time_us",
-               "send_time_us", "first_chunk_time_us", "last_chunk_time_us", "num_chunks"}
+HEADER_KEYS = {
+    "trace_version",
+    "time_unit",
+    "created_at",
+    "mode",
+    "warm_up_requests",
+    "workload_seed",
+    "workload_spec",
+    "session_context_growth",
+    "server",
+    "network",
+    "goodput_slo_targets",
+    "kv_offload",
+    "observed_kv_metrics",
+}
+SERVER_KEYS = {
+    "type",
+    "model",
+    "tensor_parallel",
+    "max_num_seqs",
+    "block_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+}
+INT_COLUMNS = {
+    "request_id",
+    "round_index",
+    "prefix_length",
+    "input_tokens",
+    "output_tokens",
+    "text_tokens",
+    "image_tokens",
+    "audio_tokens",
+    "video_tokens",
+    "deadline_us",
+    "server_input_tokens",
+    "arrival_time_us",
+    "send_time_us",
+    "first_chunk_time_us",
+    "last_chunk_time_us",
+    "num_chunks",
+}
 
 
 def cli(*args):
@@ -84,11 +126,18 @@ def check_export(exp, e, n=None):
     assert header["trace_version"] == 2 and header["mode"] == "real" and header["warm_up_requests"] == 0
     assert header["server"]["tensor_parallel"] == e.tp and header["server"]["block_size"] == e.server.block_size
     cfg = json.loads(exp.config.read_text())
-    back = ModelArch.from_model_config({
-        "num_layers": cfg["num_hidden_layers"], "hidden_dim": cfg["hidden_size"], "num_heads": cfg["num_attention_heads"],
-        "num_kv_heads": cfg["num_key_value_heads"], "intermediate_dim": cfg["intermediate_size"],
-        "vocab_size": cfg["vocab_size"], "num_local_experts": cfg.get("num_local_experts", 0),
-        "num_experts_per_tok": cfg.get("num_experts_per_tok", 0)})
+    back = ModelArch.from_model_config(
+        {
+            "num_layers": cfg["num_hidden_layers"],
+            "hidden_dim": cfg["hidden_size"],
+            "num_heads": cfg["num_attention_heads"],
+            "num_kv_heads": cfg["num_key_value_heads"],
+            "intermediate_dim": cfg["intermediate_size"],
+            "vocab_size": cfg["vocab_size"],
+            "num_local_experts": cfg.get("num_local_experts", 0),
+            "num_experts_per_tok": cfg.get("num_experts_per_tok", 0),
+        }
+    )
     assert back == e.arch
     assert cfg["torch_dtype"] == "bfloat16" and cfg["hidden_act"] == "silu"
     assert cfg["max_position_embeddings"] >= int((e.input_tokens[:n] + e.output_tokens[:n]).max())
@@ -105,8 +154,17 @@ def check_export(exp, e, n=None):
     assert (e.input_tokens[:n] < mml).all() and (e.input_tokens[:n] + e.output_tokens[:n] <= mml).all()
     assert int(flags["--horizon"]) > t["deadline_us"].max()
     assert flags["--results-path"] == str(exp.results.resolve()) and flags["--log"] == "error"
-    for f in ("--trace-header", "--trace-data", "--model-config-folder", "--model", "--latency-model", "--hardware",
-              "--hardware-config", "--defaults-filepath", "--seed"):
+    for f in (
+        "--trace-header",
+        "--trace-data",
+        "--model-config-folder",
+        "--model",
+        "--latency-model",
+        "--hardware",
+        "--hardware-config",
+        "--defaults-filepath",
+        "--seed",
+    ):
         assert f in flags, f
     return t, flags
 
@@ -114,9 +172,11 @@ def check_export(exp, e, n=None):
 def pick(synthetic, kind: str):
     """A synthetic experiment's directory by what it has (names may change with the generator)."""
     es = synthetic.experiments
-    e = {"moe": lambda: next(x for x in es if x.arch.num_experts),
-         "failed": lambda: max(es, key=lambda x: x.n_failed),
-         "dense": lambda: next(x for x in es if not x.arch.num_experts and not x.n_failed)}[kind]()
+    e = {
+        "moe": lambda: next(x for x in es if x.arch.num_experts),
+        "failed": lambda: max(es, key=lambda x: x.n_failed),
+        "dense": lambda: next(x for x in es if not x.arch.num_experts and not x.n_failed),
+    }[kind]()
     return synthetic.directory / e.name
 
 
@@ -210,8 +270,20 @@ def test_blis_honours_the_client_timeouts(synthetic, blis_build, tmp_path):
 def test_cli_prints_the_command_and_writes_the_files(synthetic, tmp_path):
     d = pick(synthetic, "dense")
     tp = load_experiment(d).tp
-    res = cli("data", "export", "--blis-trace", d, "--out", tmp_path / "p", "--latency-model", "roofline",
-              "--requests", 50, "--seed", 7)
+    res = cli(
+        "data",
+        "export",
+        "--blis-trace",
+        d,
+        "--out",
+        tmp_path / "p",
+        "--latency-model",
+        "roofline",
+        "--requests",
+        50,
+        "--seed",
+        7,
+    )
     assert res.exit_code == 0, res.output
     line = res.stdout.strip().splitlines()[-1]
     assert line.startswith("blis replay ") and line == (tmp_path / "p.cmd").read_text().strip()
@@ -242,7 +314,9 @@ def test_bad_input_is_one_line_and_writes_nothing(synthetic, tmp_path):
     (broken / "ground_truth.json").write_text("[]")
     one_line_error(cli("data", "export", "--blis-trace", broken, "--out", out / "p"), "broken", "malformed JSON")
     one_line_error(cli("data", "export", "--blis-trace", d, "--out", tmp_path / "missing" / "p"), "does not exist")
-    one_line_error(cli("data", "export", "--blis-trace", d, "--out", out / "p", "--blis", tmp_path), "not a BLIS checkout")
+    one_line_error(
+        cli("data", "export", "--blis-trace", d, "--out", out / "p", "--blis", tmp_path), "not a BLIS checkout"
+    )
     assert list(out.iterdir()) == []
     # over an input: DIR/exp-config -> DIR/exp-config.yaml is the experiment's own file
     copy = tmp_path / "copy"
@@ -256,9 +330,12 @@ def test_bad_input_is_one_line_and_writes_nothing(synthetic, tmp_path):
 
 def test_read_blis_results_rejects_what_is_not_a_results_file(tmp_path):
     p = tmp_path / "r.json"
-    for text, msg in [("{", "malformed JSON"), ('{"a": 1}', "expected a JSON list"), ('[{"request_id": 1}]', "entry 0"),
-                      ('[{"request_id": 1, "ttft_us": 1, "e2e_us": 2}, {"request_id": 1, "ttft_us": 1, "e2e_us": 2}]',
-                       "twice")]:
+    for text, msg in [
+        ("{", "malformed JSON"),
+        ('{"a": 1}', "expected a JSON list"),
+        ('[{"request_id": 1}]', "entry 0"),
+        ('[{"request_id": 1, "ttft_us": 1, "e2e_us": 2}, {"request_id": 1, "ttft_us": 1, "e2e_us": 2}]', "twice"),
+    ]:
         p.write_text(text)
         with pytest.raises(BlisTraceError, match=msg):
             read_blis_results(p)

@@ -1,6 +1,7 @@
 """Bounded constants: `"name": {"start": s, "min": lo, "max": hi}` in CONSTANTS. Parsed and
 rejected with the line, written back by with_constants, honoured by both fit methods through
 pycma's bound handling, kept by the symbolic operators, invisible to the Go emitter."""
+
 from __future__ import annotations
 
 import math
@@ -8,9 +9,9 @@ import random
 
 import numpy as np
 import pytest
+from conftest import only_error_line
 from typer.testing import CliRunner
 
-from conftest import only_error_line
 from stepml_evolve.evaluator.dsl import ProgramError, load_program, parse_program
 from stepml_evolve.evaluator.dsl.program import render_constants
 from stepml_evolve.evaluator.engine import Engine
@@ -50,6 +51,7 @@ def _plain(program) -> str:
 
 # ---- parsing and writing back ----
 
+
 def test_the_dict_form_gives_starting_values_and_bounds_of_the_bounded_constants_only():
     p = parse_program(BOUNDED)
     assert p.constants == {"a": 1.5, "b": 3.0, "q": 2.0, "n": -2.0, "u": 7.0}
@@ -75,22 +77,27 @@ def test_with_constants_refuses_a_value_outside_its_bounds():
     for values in ({"a": 0.99}, {"a": 50.5}, {"q": -1e-9}, {"n": 0.0}):
         with pytest.raises(ProgramError) as e:
             p.with_constants(values)
-        assert e.value.rule == "constants" and next(iter(values)) in str(e.value) and "outside its bounds" in str(e.value)
+        assert (
+            e.value.rule == "constants" and next(iter(values)) in str(e.value) and "outside its bounds" in str(e.value)
+        )
     assert p.clip({"a": 0.5, "q": -3.0, "n": 5.0, "b": -7.0}) == {"a": 1.0, "q": 0.0, "n": -1.0, "b": -7.0}
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ('{"start": 1.0, "min": 3.0, "max": 2.0}', "min 3.0 must be below max 2.0"),
-    ('{"start": 2.0, "min": 2.0, "max": 2.0}', "must be below max"),
-    ('{"start": 0.5, "min": 1.0}', "start 0.5 is outside [1.0, inf]"),
-    ('{"start": 60.0, "min": 1.0, "max": 50.0}', "start 60.0 is outside [1.0, 50.0]"),
-    ('{"start": 1.0, "low": 0.0}', "unknown key 'low'"),
-    ('{"start": 1.0, "max": "big"}', "'max' must be a finite number"),
-    ('{"start": 1.0, "min": 1e999}', "'min' must be a finite number"),
-    ('{"start": 1.0, "max": c}', "'max' must be a finite number"),
-    ('{"min": 0.0, "max": 5.0}', 'needs a "start" value'),
-    ('{"start": 1.0, "start": 2.0}', "'start' given twice"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('{"start": 1.0, "min": 3.0, "max": 2.0}', "min 3.0 must be below max 2.0"),
+        ('{"start": 2.0, "min": 2.0, "max": 2.0}', "must be below max"),
+        ('{"start": 0.5, "min": 1.0}', "start 0.5 is outside [1.0, inf]"),
+        ('{"start": 60.0, "min": 1.0, "max": 50.0}', "start 60.0 is outside [1.0, 50.0]"),
+        ('{"start": 1.0, "low": 0.0}', "unknown key 'low'"),
+        ('{"start": 1.0, "max": "big"}', "'max' must be a finite number"),
+        ('{"start": 1.0, "min": 1e999}', "'min' must be a finite number"),
+        ('{"start": 1.0, "max": c}', "'max' must be a finite number"),
+        ('{"min": 0.0, "max": 5.0}', 'needs a "start" value'),
+        ('{"start": 1.0, "start": 2.0}', "'start' given twice"),
+    ],
+)
 def test_bad_bounds_are_rejected_naming_the_line_and_the_rule(text, fragment):
     with pytest.raises(ProgramError) as e:
         parse_program(_with_constant(text))
@@ -108,6 +115,7 @@ def test_fit_of_a_file_with_bad_bounds_exits_2_with_one_line_naming_it_and_write
 
 
 # ---- CMA coordinates ----
+
 
 def test_bounds_map_to_cma_coordinates_log_for_positive_constants_linear_across_zero():
     x0 = np.array([1.5, 2.0, 5.0, -2.0, 3.0])
@@ -128,26 +136,32 @@ def test_bounds_map_to_cma_coordinates_log_for_positive_constants_linear_across_
 
 # ---- fitting ----
 
+
 def _oracle_variants():
     """The synthetic oracle with its other constants written in as numbers (their true values) and
     two left to fit, each started off its true value past a bound: base_us above its true 2500 and
     bounded below at 3800, c_memory below its true 1.45 and bounded above at 1.2; and the same
     program unbounded, both starting at the same point."""
     oracle = parse_program(ORACLE_SOURCE)
-    functions = ORACLE_SOURCE[ORACLE_SOURCE.index("def step_time"):]
+    functions = ORACLE_SOURCE[ORACLE_SOURCE.index("def step_time") :]
     for name, value in oracle.constants.items():
         if name not in ("base_us", "c_memory"):
             functions = functions.replace(f"c.{name}", repr(value))
     plain = 'CONSTANTS = {"base_us": 4000.0, "c_memory": 1.0}\n\n' + functions
-    bounded = plain.replace('"base_us": 4000.0', '"base_us": {"start": 4000.0, "min": 3800.0, "max": 40000.0}') \
-                   .replace('"c_memory": 1.0', '"c_memory": {"start": 1.0, "min": 0.5, "max": 1.2}')
+    bounded = plain.replace('"base_us": 4000.0', '"base_us": {"start": 4000.0, "min": 3800.0, "max": 40000.0}').replace(
+        '"c_memory": 1.0', '"c_memory": {"start": 1.0, "min": 0.5, "max": 1.2}'
+    )
     assert list(parse_program(plain).constants) == ["base_us", "c_memory"]
     return parse_program(plain), parse_program(bounded)
 
 
 @pytest.mark.parametrize("method, evals", [("trust-region", 12), ("cmaes", 40)])
-def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(synthetic_full, method, evals, monkeypatch):
-    exps = synthetic_full.experiments  # where the unbounded optimum lies outside the bounds (not so on the small sample)
+def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(
+    synthetic_full, method, evals, monkeypatch
+):
+    exps = (
+        synthetic_full.experiments
+    )  # where the unbounded optimum lies outside the bounds (not so on the small sample)
     plain, bounded = _oracle_variants()
     assert set(bounded.bounds) == {"base_us", "c_memory"}
     cfg = FitConfig(seed=3, max_evals=evals, method=method)
@@ -169,8 +183,10 @@ def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(
     names = list(bounded.constants)
     i, j = names.index("base_us"), names.index("c_memory")
     assert len(proposed) > evals
-    assert all(3800.0 * (1 - 1e-12) <= v[i] <= 40000.0 * (1 + 1e-12) and 0.5 * (1 - 1e-12) <= v[j] <= 1.2 * (1 + 1e-12)
-               for v in proposed)
+    assert all(
+        3800.0 * (1 - 1e-12) <= v[i] <= 40000.0 * (1 + 1e-12) and 0.5 * (1 - 1e-12) <= v[j] <= 1.2 * (1 + 1e-12)
+        for v in proposed
+    )
     assert min(v[i] for v in proposed) < 3900.0 and max(v[j] for v in proposed) > 1.15  # the search pressed on them
     assert held.start["base_us"] == 3800.0 and held.start["c_memory"] == 1.2
     c = held.constants["all"]
@@ -190,7 +206,9 @@ def test_a_bounded_fit_is_the_same_whatever_the_worker_count(synthetic):
 
 def test_fit_command_writes_the_bounds_into_the_fitted_program(tmp_path):
     out = tmp_path / "roofline.fitted.py"
-    res = CliRunner().invoke(app, ["fit", str(seed_path("roofline")), "--seed", "2", "--max-evals", "8", "--out", str(out)])
+    res = CliRunner().invoke(
+        app, ["fit", str(seed_path("roofline")), "--seed", "2", "--max-evals", "8", "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     seed, fitted = load_program(seed_path("roofline")), load_program(out)
     assert fitted.bounds == seed.bounds and fitted.bounds
@@ -218,10 +236,13 @@ def test_seeds_declare_physical_bounds_and_start_inside_them():
 
 # ---- symbolic operators ----
 
+
 def _bounded_parent():
     prog = load_program(seed_path("trained_physics"))
     # the parent's fitted values sit on their bounds, so any perturbation would leave them
-    values = {k: (lo if i % 2 else (hi if math.isfinite(hi) else lo)) for i, (k, (lo, hi)) in enumerate(prog.bounds.items())}
+    values = {
+        k: (lo if i % 2 else (hi if math.isfinite(hi) else lo)) for i, (k, (lo, hi)) in enumerate(prog.bounds.items())
+    }
     return prog, values
 
 
@@ -263,9 +284,11 @@ def test_the_constants_operator_stays_inside_the_bounds():
 
 def test_crossover_keeps_the_other_parents_bounds_for_constants_taken_from_it():
     parent, values = _bounded_parent()
-    other = parse_program('"""Other."""\nCONSTANTS = {"w_scale": {"start": 3.0, "min": 2.0, "max": 9.0}, "k_plain": 5.0}\n\n'
-                          'def step_time(f, c):\n    return c.w_scale * f.weights + c.k_plain * f.n_req\n\n'
-                          'def queueing_time(r, c):\n    return 100.0\n')
+    other = parse_program(
+        '"""Other."""\nCONSTANTS = {"w_scale": {"start": 3.0, "min": 2.0, "max": 9.0}, "k_plain": 5.0}\n\n'
+        "def step_time(f, c):\n    return c.w_scale * f.weights + c.k_plain * f.n_req\n\n"
+        "def queueing_time(r, c):\n    return 100.0\n"
+    )
     taken = 0
     for seed in range(40):
         try:
@@ -282,6 +305,7 @@ def test_crossover_keeps_the_other_parents_bounds_for_constants_taken_from_it():
 
 # ---- Go emission and the prompt ----
 
+
 def test_emit_go_of_a_bounded_program_equals_that_of_the_same_program_with_plain_constants():
     for p in seed_paths():
         prog = load_program(p)
@@ -291,8 +315,8 @@ def test_emit_go_of_a_bounded_program_equals_that_of_the_same_program_with_plain
 
 
 def test_the_llm_is_told_what_bounds_mean():
-    from stepml_evolve.evolve.search.llm_operator import prompt_templates
     from stepml_evolve.evaluator.components import COMPONENTS
+    from stepml_evolve.evolve.search.llm_operator import prompt_templates
 
     text = prompt_templates().get_template("system.j2").render(components=COMPONENTS, budget_tokens=2048, max_seqs=128)
     assert '{"start": 1.5, "min": 1.0, "max": 50.0}' in text and ">= 1" in text and ">= 0" in text

@@ -1,11 +1,12 @@
 """Bad output paths and impossible programs: one-line errors (exit 2) before any work, and no
 file lost or half-written."""
+
 from __future__ import annotations
 
 import pytest
+from conftest import only_error_line
 from typer.testing import CliRunner
 
-from conftest import only_error_line
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 
@@ -42,7 +43,9 @@ def test_emit_go_never_writes_over_its_input_or_one_output_over_the_other(progra
     before = program.read_text()
     one_line_error(invoke("emit-go", program, "--out", program), "is an input")
     one_line_error(invoke("emit-go", program, "--out", tmp_path / "m.go", "--test-out", program), "is an input")
-    one_line_error(invoke("emit-go", program, "--out", tmp_path / "m.go", "--test-out", tmp_path / "m.go"), "two outputs")
+    one_line_error(
+        invoke("emit-go", program, "--out", tmp_path / "m.go", "--test-out", tmp_path / "m.go"), "two outputs"
+    )
     one_line_error(invoke("emit-go", program, "--out", tmp_path / "nodir" / "m.go"), "does not exist")
     assert program.read_text() == before and not (tmp_path / "m.go").exists()
 
@@ -52,8 +55,10 @@ def test_a_program_that_cannot_be_evaluated_is_not_fitted_or_seeded(tmp_path):
     zero.write_text(ZERO)
     one_line_error(invoke("fit", zero, "--max-evals", 8, "--out", tmp_path / "z.fitted.py"), str(zero), "non-positive")
     assert not (tmp_path / "z.fitted.py").exists()
-    one_line_error(invoke("run", "--generations", 1, "--archive", tmp_path / "run", "--seeds", zero, "--seed-fit-evals", 8),
-                   "none of the seed programs can be evaluated")
+    one_line_error(
+        invoke("run", "--generations", 1, "--archive", tmp_path / "run", "--seeds", zero, "--seed-fit-evals", 8),
+        "none of the seed programs can be evaluated",
+    )
 
 
 def test_synth_never_writes_into_a_directory_that_holds_something(tmp_path):
@@ -66,13 +71,20 @@ def test_run_refuses_a_file_as_archive_and_out_of_range_settings(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     one_line_error(invoke("run", "--generations", 1, "--archive", f), "is a file")
-    for flag, value in (("--workers", 0), ("--islands", 0), ("--children", 0), ("--generations", -1), ("--llm-ratio", 5)):
+    for flag, value in (
+        ("--workers", 0),
+        ("--islands", 0),
+        ("--children", 0),
+        ("--generations", -1),
+        ("--llm-ratio", 5),
+    ):
         res = invoke("run", flag, value, "--archive", tmp_path / "never")
         assert res.exit_code == 2 and flag in res.output, (flag, res.output)
     assert not (tmp_path / "never").exists()
 
 
 # ---- every user error: one `error:` line on stderr, exit code 2, through the one handler ----
+
 
 def alone(res, *texts):
     """The error line is all of stderr."""
@@ -116,15 +128,24 @@ def test_corrupt_and_newer_schema_archives_for_every_reader(tmp_path):
     (corrupt / "archive.sqlite").write_bytes(b"not sqlite at all" * 300)
     newer.mkdir()
     from stepml_evolve.archive.store import SCHEMA_VERSION
+
     _archive(newer, SCHEMA_VERSION + 1)
-    readers = (["archive", "list"], ["archive", "show", "best"], ["archive", "show", "best", "--source"], ["archive", "pareto"],
-               ["archive", "diff", "1", "2"], ["archive", "report", "--out", tmp_path / "r.html"],
-               ["emit-go", "best", "--out", tmp_path / "m.go"])
+    readers = (
+        ["archive", "list"],
+        ["archive", "show", "best"],
+        ["archive", "show", "best", "--source"],
+        ["archive", "pareto"],
+        ["archive", "diff", "1", "2"],
+        ["archive", "report", "--out", tmp_path / "r.html"],
+        ["emit-go", "best", "--out", tmp_path / "m.go"],
+    )
     for cmd in readers:
         alone(invoke(*cmd, "--archive", corrupt), "not a readable archive")
         alone(invoke(*cmd, "--archive", newer), "is newer than this stepml-evolve reads")
-    only_error_line(invoke("run", "--generations", 0, "--archive", newer, "--seed-fit-evals", 8),
-                    "is newer than this stepml-evolve reads")
+    only_error_line(
+        invoke("run", "--generations", 0, "--archive", newer, "--seed-fit-evals", 8),
+        "is newer than this stepml-evolve reads",
+    )
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "m.go").exists()
 
 
@@ -149,13 +170,16 @@ def test_output_paths_over_inputs_or_files_are_refused(program, tmp_path):
     alone(invoke("run", "--generations", 0, "--archive", f), "is a file; --archive takes a directory")
 
 
-@pytest.mark.parametrize("args, flag", [
-    (["eval", "PROGRAM", "--split", "everything"], "--split"),
-    (["fit", "PROGRAM", "--scope", "cluster"], "--scope"),
-    (["emit-go", "PROGRAM", "--target", "v9"], "--target"),
-    (["data", "check", "--output-len", "guess"], "--output-len"),
-    (["archive", "list", "--sort", "size"], "--sort"),
-])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["eval", "PROGRAM", "--split", "everything"], "--split"),
+        (["fit", "PROGRAM", "--scope", "cluster"], "--scope"),
+        (["emit-go", "PROGRAM", "--target", "v9"], "--target"),
+        (["data", "check", "--output-len", "guess"], "--output-len"),
+        (["archive", "list", "--sort", "size"], "--sort"),
+    ],
+)
 def test_an_unknown_choice_is_a_usage_error_naming_the_option(program, args, flag):
     res = invoke(*[program if a == "PROGRAM" else a for a in args])
     assert res.exit_code == 2 and flag in res.stderr and "is not one of" in res.stderr, res.output
@@ -166,7 +190,9 @@ def test_main_reports_a_user_error_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "stepml_evolve", "eval", str(tmp_path / "missing.py")], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "stepml_evolve", "eval", str(tmp_path / "missing.py")], capture_output=True, text=True
+    )
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
 
@@ -186,14 +212,18 @@ def test_no_output_lands_on_an_archive_a_device_or_a_missing_directory(searched_
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for args, says in (
-            (["emit-go", "best", "--archive", archive, "--out", db], "is a SQLite database"),
-            (["emit-go", "best", "--archive", archive, "--out", tmp_path / "m.go", "--test-out", db], "is a SQLite database"),
-            (["emit-go", "best", "--archive", archive, "--out", archive / "archive.sqlite-wal"], "is a SQLite database"),
-            (["archive", "report", "--archive", archive, "--out", db], "is a SQLite database"),
-            (["fit", program, "--max-evals", 2, "--out", db], "is a SQLite database"),
-            (["emit-go", program, "--out", fifo], "is not a regular file"),
-            (["archive", "report", "--archive", archive, "--out", fifo], "is not a regular file"),
-            (["archive", "report", "--archive", archive, "--out", tmp_path / "nodir" / "r.html"], "does not exist")):
+        (["emit-go", "best", "--archive", archive, "--out", db], "is a SQLite database"),
+        (
+            ["emit-go", "best", "--archive", archive, "--out", tmp_path / "m.go", "--test-out", db],
+            "is a SQLite database",
+        ),
+        (["emit-go", "best", "--archive", archive, "--out", archive / "archive.sqlite-wal"], "is a SQLite database"),
+        (["archive", "report", "--archive", archive, "--out", db], "is a SQLite database"),
+        (["fit", program, "--max-evals", 2, "--out", db], "is a SQLite database"),
+        (["emit-go", program, "--out", fifo], "is not a regular file"),
+        (["archive", "report", "--archive", archive, "--out", fifo], "is not a regular file"),
+        (["archive", "report", "--archive", archive, "--out", tmp_path / "nodir" / "r.html"], "does not exist"),
+    ):
         res = invoke(*args)
         one_line_error(res, says)
     assert db.read_bytes() == before and fifo.is_fifo() and not (tmp_path / "nodir").exists()

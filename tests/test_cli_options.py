@@ -1,4 +1,5 @@
 """Option defaults come from the config dataclasses, and `--help` shows them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,11 +11,25 @@ from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search import SearchConfig
 
-RUN_OPTIONS = {"--generations": "generations", "--seed": "seed", "--children": "children", "--quick-evals": "quick_evals",
-               "--full-fit-evals": "full_fit_evals", "--max-promotions": "max_promotions", "--islands": "islands",
-               "--migration-interval": "migration_interval", "--llm-ratio": "llm_ratio", "--semantics": "semantics",
-               "--fit-method": "fit_method", "--objective": "objective", "--patience": "patience", "--units": "units",
-               "--cv": "cv", "--front-cv": "front_cv", "--prompt-reuse": "prompt_reuse"}
+RUN_OPTIONS = {
+    "--generations": "generations",
+    "--seed": "seed",
+    "--children": "children",
+    "--quick-evals": "quick_evals",
+    "--full-fit-evals": "full_fit_evals",
+    "--max-promotions": "max_promotions",
+    "--islands": "islands",
+    "--migration-interval": "migration_interval",
+    "--llm-ratio": "llm_ratio",
+    "--semantics": "semantics",
+    "--fit-method": "fit_method",
+    "--objective": "objective",
+    "--patience": "patience",
+    "--units": "units",
+    "--cv": "cv",
+    "--front-cv": "front_cv",
+    "--prompt-reuse": "prompt_reuse",
+}
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 
 
@@ -48,8 +63,13 @@ def test_run_help_shows_the_search_config_defaults():
         else:
             assert f"[default: {value}]" in rows[flag], (flag, rows[flag])
     # weights: --weights takes a file, the run stores the weights read from it
-    assert set(RUN_OPTIONS.values()) | {"seed_fit_evals", "promote_margin", "sanity_factor", "full_fit_sigma", "weights"} == {
-        f.name for f in dataclasses.fields(SearchConfig)}
+    assert set(RUN_OPTIONS.values()) | {
+        "seed_fit_evals",
+        "promote_margin",
+        "sanity_factor",
+        "full_fit_sigma",
+        "weights",
+    } == {f.name for f in dataclasses.fields(SearchConfig)}
     assert params["--seed-fit-evals"] == defaults.seed_fit_evals
 
 

@@ -4,6 +4,7 @@ reported in one line and resumed locally with nothing lost, `bench --cluster`, a
 
 Needs the extra `.[ray]`; CI installs it and sets STEPML_REQUIRE_RAY=1, so there these tests fail
 rather than skip without Ray."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,15 @@ import threading
 import time
 
 import pytest
+from conftest import ROOT, only_error_line, snapshot
 from typer.testing import CliRunner
 
-from conftest import ROOT, only_error_line, snapshot
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
 
 try:
     import ray  # noqa: F401
+
     HAVE_RAY = True
 except ImportError:
     HAVE_RAY = False
@@ -32,7 +34,18 @@ except ImportError:
 
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install '.[ray]')")
 
-SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5", "--front-cv", "none"]
+SMALL = [
+    "--seed-fit-evals",
+    "16",
+    "--full-fit-evals",
+    "12",
+    "--quick-evals",
+    "8",
+    "--children",
+    "5",
+    "--front-cv",
+    "none",
+]
 GENERATIONS = "2"
 SEED = "3"
 ROOFLINE = str(ROOT / "seeds" / "roofline.py")
@@ -44,8 +57,13 @@ def run_args(archive, *extra):
 
 def evolve_process(args, **env):
     """`evolve ARGS` in its own process, as a user runs it (Ray's driver state stays out of pytest's)."""
-    return subprocess.Popen([sys.executable, "-m", "stepml_evolve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **env})
+    return subprocess.Popen(
+        [sys.executable, "-m", "stepml_evolve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
 
 
 def last_generation(archive_dir) -> int | None:
@@ -116,7 +134,9 @@ def test_a_run_on_a_two_node_cluster_writes_the_local_archive(cluster_run, refer
 def test_a_fit_gives_the_same_constants_on_threads_and_any_cluster_size(cluster, tmp_path):
     def fitted(*extra):
         out = tmp_path / f"fit{len(list(tmp_path.iterdir()))}.py"
-        res = CliRunner().invoke(app, ["fit", ROOFLINE, "--max-evals", "12", "--seed", "2", "--out", str(out), "--json", *extra])
+        res = CliRunner().invoke(
+            app, ["fit", ROOFLINE, "--max-evals", "12", "--seed", "2", "--out", str(out), "--json", *extra]
+        )
         assert res.exit_code == 0, res.output
         doc = json.loads(res.stdout)
         return doc["train_loss"], doc["constants"], doc["splits"], out.read_text()
@@ -150,7 +170,9 @@ def test_a_lost_head_stops_the_run_in_one_line_and_resume_finishes_it_locally(re
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 2, err[-3000:]
     lines = err.strip().splitlines()
-    assert lines[-1].startswith("error: lost the Ray cluster at ray://127.0.0.1:") and "--resume" in lines[-1], err[-3000:]
+    assert lines[-1].startswith("error: lost the Ray cluster at ray://127.0.0.1:") and "--resume" in lines[-1], err[
+        -3000:
+    ]
     assert sum(ln.startswith("error:") for ln in lines) == 1 and "Traceback" not in err
     partial = snapshot(tmp_path)
     last = partial["generations"][-1][0]
@@ -163,9 +185,25 @@ def test_a_lost_head_stops_the_run_in_one_line_and_resume_finishes_it_locally(re
 
 @needs_ray
 def test_bench_compares_threads_and_each_count_of_remote_workers(cluster):
-    res = CliRunner().invoke(app, ["bench", "--cluster", cluster.client, "--remote-workers", "1", "--remote-workers", "2",
-                                   "--search-generations", "1", "--workers", "2", "--json", "--data",
-                                   str(_synthetic_dir())])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--cluster",
+            cluster.client,
+            "--remote-workers",
+            "1",
+            "--remote-workers",
+            "2",
+            "--search-generations",
+            "1",
+            "--workers",
+            "2",
+            "--json",
+            "--data",
+            str(_synthetic_dir()),
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     rows = doc["rows"]
@@ -184,6 +222,7 @@ def _synthetic_dir():
 
 # ---- errors: one line, nothing read or written ----
 
+
 def test_a_bad_cluster_address_is_one_line(tmp_path):
     res = CliRunner().invoke(app, run_args(tmp_path / "a", "--cluster", "not an address"))
     only_error_line(res, "--cluster 'not an address'", "ray://HOST:PORT")
@@ -197,19 +236,23 @@ def test_remote_workers_need_a_cluster(tmp_path):
 
 def test_without_ray_cluster_names_the_extra(tmp_path):
     """Ray made unimportable in a fresh interpreter, as on an install without the extra."""
-    code = ("import sys\n"
-            "class NoRay:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'ray' or name.startswith('ray.'):\n"
-            "            raise ImportError('No module named ray')\n"
-            "sys.meta_path.insert(0, NoRay())\n"
-            "from stepml_evolve.evolve.cli import main\n"
-            f"sys.argv = ['evolve', 'fit', {ROOFLINE!r}, '--cluster', 'ray://127.0.0.1:10001', '--out', {str(tmp_path / 'f.py')!r}]\n"
-            "main()\n")
+    code = (
+        "import sys\n"
+        "class NoRay:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ImportError('No module named ray')\n"
+        "sys.meta_path.insert(0, NoRay())\n"
+        "from stepml_evolve.evolve.cli import main\n"
+        f"sys.argv = ['evolve', 'fit', {ROOFLINE!r}, '--cluster', 'ray://127.0.0.1:10001', '--out', {str(tmp_path / 'f.py')!r}]\n"
+        "main()\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == ("error: --cluster needs Ray, an optional extra: pip install "
-                                                   "'stepml-evolve[ray]' (from a checkout: pip install '.[ray]')")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --cluster needs Ray, an optional extra: pip install "
+        "'stepml-evolve[ray]' (from a checkout: pip install '.[ray]')"
+    )
     assert not (tmp_path / "f.py").exists()
 
 
@@ -218,7 +261,9 @@ def test_an_unreachable_cluster_is_one_line(tmp_path):
     from ray_cluster import free_port
 
     port = free_port()
-    res = CliRunner().invoke(app, ["fit", ROOFLINE, "--cluster", f"ray://127.0.0.1:{port}", "--out", str(tmp_path / "f.py")])
+    res = CliRunner().invoke(
+        app, ["fit", ROOFLINE, "--cluster", f"ray://127.0.0.1:{port}", "--out", str(tmp_path / "f.py")]
+    )
     only_error_line(res, f"--cluster ray://127.0.0.1:{port}: cannot connect to a Ray cluster there")
     assert not (tmp_path / "f.py").exists()
 
@@ -229,7 +274,8 @@ def test_a_cluster_running_other_evaluator_code_is_refused(cluster, monkeypatch,
     from stepml_evolve.evaluator import ray_executor
 
     monkeypatch.setattr(ray_executor, "code_fingerprint", lambda: "0123456789abcdef")
-    res = CliRunner().invoke(app, ["fit", ROOFLINE, "--cluster", cluster.client, "--max-evals", "2",
-                                   "--out", str(tmp_path / "f.py")])
+    res = CliRunner().invoke(
+        app, ["fit", ROOFLINE, "--cluster", cluster.client, "--max-evals", "2", "--out", str(tmp_path / "f.py")]
+    )
     only_error_line(res, "2 of 2 nodes run a different stepml-evolve evaluator", "here 0123456789abcdef")
     assert not (tmp_path / "f.py").exists()

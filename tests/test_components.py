@@ -1,5 +1,6 @@
 """Analytical components against hand calculations, scalar == vectorized; the catalog; the coefficient
 function and the contract that lets evolve/go/physics.py translate the physics to Go."""
+
 from __future__ import annotations
 
 from importlib import resources
@@ -11,9 +12,21 @@ from stepml_evolve.evaluator import components
 from stepml_evolve.evaluator.catalog import catalog
 from stepml_evolve.evaluator.catalog import load as load_catalog
 from stepml_evolve.evaluator.components import (
-    COMPONENT_INDEX, K_ALLREDUCE_US_PER_TOKEN, K_ATTN_US_PER_PAIR, K_DENSE_WEIGHT_US, K_EXPERT_WEIGHT_US,
-    K_GEMM_US_PER_TOKEN, K_KV_US_PER_TOKEN, K_LAYERS, K_NUM_EXPERTS, K_TOPK_FRACTION, K_TP, coefficient_values,
-    coefficients, component_values, from_trajectory,
+    COMPONENT_INDEX,
+    K_ALLREDUCE_US_PER_TOKEN,
+    K_ATTN_US_PER_PAIR,
+    K_DENSE_WEIGHT_US,
+    K_EXPERT_WEIGHT_US,
+    K_GEMM_US_PER_TOKEN,
+    K_KV_US_PER_TOKEN,
+    K_LAYERS,
+    K_NUM_EXPERTS,
+    K_TOPK_FRACTION,
+    K_TP,
+    coefficient_values,
+    coefficients,
+    component_values,
+    from_trajectory,
 )
 from stepml_evolve.evaluator.hardware import get_hardware
 from stepml_evolve.evaluator.model_arch import ModelArch
@@ -36,8 +49,16 @@ def _components(arch, tp, prefill=PREFILL, decodes=DECODES):
     pairs = sum(n * (c + n / 2) for n, c in prefill)
     pf_ctx = sum(c for _, c in prefill)
     ctx_max = max([c for _, c in prefill] + decodes)
-    v = component_values(float(tok_pf), float(len(prefill)), pairs, float(pf_ctx), float(len(decodes)),
-                         float(sum(decodes)), float(ctx_max), coefficients(arch, H100, tp))
+    v = component_values(
+        float(tok_pf),
+        float(len(prefill)),
+        pairs,
+        float(pf_ctx),
+        float(len(decodes)),
+        float(sum(decodes)),
+        float(ctx_max),
+        coefficients(arch, H100, tp),
+    )
     return {name: float(v[i]) for name, i in COMPONENT_INDEX.items()}
 
 
@@ -111,16 +132,28 @@ def test_vectorized_over_a_trajectory_equals_per_step_scalar(arch, tp):
     for s in range(steps):
         m = step == s
         p, d = m & pf, m & ~pf
-        scalar = component_values(float(n[p].sum()), float(p.sum()), float((n[p] * (c[p] + n[p] / 2)).sum()),
-                                  float(c[p].sum()), float(d.sum()), float(c[d].sum()), float(c[m].max()), k)
+        scalar = component_values(
+            float(n[p].sum()),
+            float(p.sum()),
+            float((n[p] * (c[p] + n[p] / 2)).sum()),
+            float(c[p].sum()),
+            float(d.sum()),
+            float(c[d].sum()),
+            float(c[m].max()),
+            k,
+        )
         np.testing.assert_allclose(vec[:, s], np.array(scalar, dtype=float), rtol=1e-12)
 
 
 def test_model_config_validation_names_the_field():
     with pytest.raises(ValueError, match="num_kv_heads"):
-        ModelArch.from_model_config({"num_layers": 2, "hidden_dim": 64, "num_heads": 8, "num_kv_heads": 3, "intermediate_dim": 128})
+        ModelArch.from_model_config(
+            {"num_layers": 2, "hidden_dim": 64, "num_heads": 8, "num_kv_heads": 3, "intermediate_dim": 128}
+        )
     with pytest.raises(ValueError, match="hidden_dim"):
-        ModelArch.from_model_config({"num_layers": 2, "hidden_dim": -1, "num_heads": 8, "num_kv_heads": 8, "intermediate_dim": 128})
+        ModelArch.from_model_config(
+            {"num_layers": 2, "hidden_dim": -1, "num_heads": 8, "num_kv_heads": 8, "intermediate_dim": 128}
+        )
 
 
 def test_hardware_table_has_units_and_rejects_unknown():
@@ -132,6 +165,7 @@ def test_hardware_table_has_units_and_rejects_unknown():
 
 
 # ---- the catalog ------------------------------------------------------------------------------
+
 
 def test_catalog_hardware_equals_the_datasheet_figures_and_keeps_the_aliases():
     expected = {"H100": (989.5e12, 3.35e12, 900e9, 80e9), "A100-80GB": (312e12, 2.039e12, 600e9, 80e9)}
@@ -146,23 +180,42 @@ def test_catalog_hardware_equals_the_datasheet_figures_and_keeps_the_aliases():
 
 def test_catalog_models_are_the_replay_model_configs():
     models = catalog().models
-    assert list(models) == ["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf", "mistralai/Mixtral-8x7B-v0.1",
-                            "codellama/CodeLlama-34b-Instruct-hf"]
+    assert list(models) == [
+        "meta-llama/Llama-2-7b-hf",
+        "meta-llama/Llama-2-70b-hf",
+        "mistralai/Mixtral-8x7B-v0.1",
+        "codellama/CodeLlama-34b-Instruct-hf",
+    ]
     mixtral = models["mistralai/Mixtral-8x7B-v0.1"].model_config
-    assert list(mixtral.items()) == [("num_layers", 32), ("hidden_dim", 4096), ("num_heads", 32), ("num_kv_heads", 8),
-                                     ("intermediate_dim", 14336), ("num_local_experts", 8), ("num_experts_per_tok", 2),
-                                     ("vocab_size", 32000)]
+    assert list(mixtral.items()) == [
+        ("num_layers", 32),
+        ("hidden_dim", 4096),
+        ("num_heads", 32),
+        ("num_kv_heads", 8),
+        ("intermediate_dim", 14336),
+        ("num_local_experts", 8),
+        ("num_experts_per_tok", 2),
+        ("vocab_size", 32000),
+    ]
     assert models["meta-llama/Llama-2-70b-hf"].arch == LLAMA70 and models["mistralai/Mixtral-8x7B-v0.1"].arch == MIXTRAL
     assert MODELS["codellama/CodeLlama-34b-Instruct-hf"]["intermediate_dim"] == 22016
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda t: t.replace("unit: B/s, source: \"H100 SXM5 datasheet: HBM3", "unit: TB/s, source: \"x"), "unit must be B/s"),
-    (lambda t: t.replace("value: 989.5e+12", "value: 989.5e12"), "not a positive number"),
-    (lambda t: t.replace("go_name: A100", "go_name: H100"), "share the go_name H100"),
-    (lambda t: t.replace("num_kv_heads: 8, intermediate_dim: 28672", "num_kv_heads: 7, intermediate_dim: 28672"),
-     "Llama-2-70b-hf: model_config.num_heads is not a multiple of num_kv_heads"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            lambda t: t.replace('unit: B/s, source: "H100 SXM5 datasheet: HBM3', 'unit: TB/s, source: "x'),
+            "unit must be B/s",
+        ),
+        (lambda t: t.replace("value: 989.5e+12", "value: 989.5e12"), "not a positive number"),
+        (lambda t: t.replace("go_name: A100", "go_name: H100"), "share the go_name H100"),
+        (
+            lambda t: t.replace("num_kv_heads: 8, intermediate_dim: 28672", "num_kv_heads: 7, intermediate_dim: 28672"),
+            "Llama-2-70b-hf: model_config.num_heads is not a multiple of num_kv_heads",
+        ),
+    ],
+)
 def test_catalog_loader_rejects_bad_entries(tmp_path, edit, message):
     text = (resources.files("stepml_evolve.evaluator") / "catalog.yaml").read_text()
     bad = edit(text)
@@ -173,6 +226,7 @@ def test_catalog_loader_rejects_bad_entries(tmp_path, edit, message):
 
 
 # ---- the coefficient function, and its translation to Go ---------------------------------------
+
 
 def test_coefficients_of_llama2_70b_tp4_by_hand():
     k = coefficients(LLAMA70, H100, 4)
@@ -205,11 +259,26 @@ def test_coefficients_on_float64_arguments_equal_the_exact_integer_ones(model):
     arch = catalog().models[model].arch
     for hw in catalog().hardware.values():
         for tp in (1, 2, 4, 8):
-            args = (arch.layers, arch.hidden, arch.heads, arch.head_dim, arch.kv_heads, arch.ffn, arch.vocab,
-                    arch.num_experts, arch.top_k, hw.peak_flops, hw.hbm_bytes_per_s, hw.link_bytes_per_s, tp)
+            args = (
+                arch.layers,
+                arch.hidden,
+                arch.heads,
+                arch.head_dim,
+                arch.kv_heads,
+                arch.ffn,
+                arch.vocab,
+                arch.num_experts,
+                arch.top_k,
+                hw.peak_flops,
+                hw.hbm_bytes_per_s,
+                hw.link_bytes_per_s,
+                tp,
+            )
             exact = np.array(coefficient_values(*args))
             assert np.array_equal(exact, coefficients(arch, hw, tp))
-            assert np.array_equal(exact.view(np.uint64), np.array(coefficient_values(*map(float, args))).view(np.uint64))
+            assert np.array_equal(
+                exact.view(np.uint64), np.array(coefficient_values(*map(float, args))).view(np.uint64)
+            )
 
 
 def test_the_go_translator_accepts_both_physics_functions():
@@ -222,18 +291,46 @@ def test_the_go_translator_accepts_both_physics_functions():
     assert "topkFraction := xSelect(numExperts > 0.0, topK / numExperts, 0.0)" in code
     assert code[-2:] == ["\ttp,                  // K_TP", "}"]
     presets = {p["go_name"]: p["fields"] for p in hardware_presets()}
-    assert presets == {"H100": "PeakFlops: 989.5e12, HBMBytesPerS: 3.35e12, LinkBytesPerS: 900e9",
-                       "A100": "PeakFlops: 312e12, HBMBytesPerS: 2.039e12, LinkBytesPerS: 600e9"}
+    assert presets == {
+        "H100": "PeakFlops: 989.5e12, HBMBytesPerS: 3.35e12, LinkBytesPerS: 900e9",
+        "A100": "PeakFlops: 312e12, HBMBytesPerS: 2.039e12, LinkBytesPerS: 600e9",
+    }
 
 
-def _with_numpy_call(layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k,
-                     peak_flops, hbm_bytes_per_s, link_bytes_per_s, tp):
+def _with_numpy_call(
+    layers,
+    hidden,
+    heads,
+    head_dim,
+    kv_heads,
+    ffn,
+    vocab,
+    num_experts,
+    top_k,
+    peak_flops,
+    hbm_bytes_per_s,
+    link_bytes_per_s,
+    tp,
+):
     us = np.float64(1e6)
     return (us, us, us, us, num_experts, us, us, us, layers, tp)
 
 
-def _in_wrong_order(layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k,
-                    peak_flops, hbm_bytes_per_s, link_bytes_per_s, tp):
+def _in_wrong_order(
+    layers,
+    hidden,
+    heads,
+    head_dim,
+    kv_heads,
+    ffn,
+    vocab,
+    num_experts,
+    top_k,
+    peak_flops,
+    hbm_bytes_per_s,
+    link_bytes_per_s,
+    tp,
+):
     return (layers, hidden, heads, head_dim, kv_heads, ffn, vocab, num_experts, top_k, tp)
 
 
@@ -242,11 +339,14 @@ def _conditional_on_arrays(tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max
     return (tokens,)
 
 
-@pytest.mark.parametrize("attr,fn,message", [
-    ("coefficient_values", _with_numpy_call, r"line \d+\): cannot translate `np.float64\(1000000.0\)`"),
-    ("coefficient_values", _in_wrong_order, r"a return other than \(gemm_us_per_token, attn_us_per_pair,"),
-    ("component_values", _conditional_on_arrays, r"cannot translate `tok_pf if n_dc > 0 else n_dc`"),
-])
+@pytest.mark.parametrize(
+    "attr,fn,message",
+    [
+        ("coefficient_values", _with_numpy_call, r"line \d+\): cannot translate `np.float64\(1000000.0\)`"),
+        ("coefficient_values", _in_wrong_order, r"a return other than \(gemm_us_per_token, attn_us_per_pair,"),
+        ("component_values", _conditional_on_arrays, r"cannot translate `tok_pf if n_dc > 0 else n_dc`"),
+    ],
+)
 def test_the_go_translator_names_what_breaks_the_contract(monkeypatch, attr, fn, message):
     monkeypatch.setattr(components, attr, fn)
     with pytest.raises(EmitError, match=message):

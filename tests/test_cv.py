@@ -2,6 +2,7 @@
 folds hold out what the protocol says and train on the rest only, the held-out experiments are
 scored on every request, the CV loss is the objective over the held-out rows, same seed same
 numbers, and bad protocols or groups files are refused in one line before any fit."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,10 @@ import math
 
 import numpy as np
 import pytest
+from conftest import only_error_line
 from typer.testing import CliRunner
 
-from conftest import only_error_line
-from stepml_evolve.evaluator.crossval import Fold, FoldError, cross_validate, make_folds
+from stepml_evolve.evaluator.crossval import FoldError, cross_validate, make_folds
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.experiments import ALL, SPLITS
@@ -68,7 +69,9 @@ def test_split_all_scores_every_request_and_combines_the_windows(synthetic):
         for side in ("observed", "predicted"):
             for metric in ("e2e_mean_s", "ttft_mean_s"):
                 # a window where every request failed (the overloaded scenario's last one) has no mean
-                combined = sum(getattr(p, side).get(metric) * p.n_requests for p in parts if p.n_requests) / whole.n_requests
+                combined = (
+                    sum(getattr(p, side).get(metric) * p.n_requests for p in parts if p.n_requests) / whole.n_requests
+                )
                 assert getattr(whole, side).get(metric) == pytest.approx(combined, rel=1e-9), (e.name, side, metric)
 
 
@@ -134,13 +137,16 @@ def test_groups_file_protocol(tmp_path, synthetic):
     assert out["folds"][1]["train"] == names[:3]  # experiments held out by no fold are trained on by all
 
 
-@pytest.mark.parametrize("text, says", [
-    ("a: [nope]\n", "fold 'a' names 'nope'"),
-    ("a: []\n", "fold 'a' holds out no experiment"),
-    ("- x\n- y\n", "expected a mapping"),
-    ("a: [\n", "not valid YAML"),
-    ("all: ALLNAMES\n", "fold 'all' holds out every experiment"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("a: [nope]\n", "fold 'a' names 'nope'"),
+        ("a: []\n", "fold 'a' holds out no experiment"),
+        ("- x\n- y\n", "expected a mapping"),
+        ("a: [\n", "not valid YAML"),
+        ("all: ALLNAMES\n", "fold 'all' holds out every experiment"),
+    ],
+)
 def test_bad_groups_files_are_one_line_errors(tmp_path, synthetic, text, says):
     groups = tmp_path / "groups.yaml"
     groups.write_text(text.replace("ALLNAMES", "[" + ", ".join(e.name for e in synthetic.experiments) + "]"))
@@ -162,8 +168,10 @@ def test_real_data_fold_holds_out_a_model(real_data, tmp_path):
     """On the real data, a two-fold groups protocol: each fold's held-out experiments are scored on
     all their requests and the fit trains on the 14 others."""
     groups = tmp_path / "g.yaml"
-    groups.write_text("7b-codegen: [20260217-155451-llama-2-7b-tp1-codegen]\n"
-                      "mixtral-codegen: [20260218-120914-mixtral-8x7b-v0-1-tp2-codegen]\n")
+    groups.write_text(
+        "7b-codegen: [20260217-155451-llama-2-7b-tp1-codegen]\n"
+        "mixtral-codegen: [20260218-120914-mixtral-8x7b-v0-1-tp2-codegen]\n"
+    )
     out = cv_json(seed_path("roofline"), "--protocol", f"groups:{groups}", "--data", real_data, "--max-evals", 2)
     assert [len(f["train"]) for f in out["folds"]] == [15, 15]
     for f in out["folds"]:
@@ -175,7 +183,9 @@ def test_real_data_fold_holds_out_a_model(real_data, tmp_path):
 def test_in_distribution_is_the_plain_fit_scored_on_every_experiment(tmp_path):
     out = cv_json(seed_path("roofline"), "--protocol", "lomo", "--seed", 2, *SMALL, "--in-distribution")
     inside = out["in_distribution"]
-    assert sorted(r["name"] for r in inside["experiments"]) == sorted(r["name"] for f in out["folds"] for r in f["experiments"])
+    assert sorted(r["name"] for r in inside["experiments"]) == sorted(
+        r["name"] for f in out["folds"] for r in f["experiments"]
+    )
     res = invoke("fit", seed_path("roofline"), "--seed", 2, *SMALL, "--out", tmp_path / "f.py", "--json")
     assert res.exit_code == 0, res.output
     assert inside["constants"] == json.loads(res.stdout)["constants"]["all"]

@@ -1,5 +1,6 @@
 """`evolve data import`: BLIS traces, inference-perf and OTel spans as one experiment in the
 replay layout; round trips through `evolve data export --blis-trace`; bad input."""
+
 from __future__ import annotations
 
 import csv
@@ -9,18 +10,18 @@ import math
 import numpy as np
 import pytest
 import yaml
+from conftest import REAL_DATA, needs_real_data
 from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.experiments import ExperimentError, load_experiment
 from stepml_evolve.evaluator.importers import DataImportError, import_experiment
 from stepml_evolve.evaluator.importers.blis_trace_export import TRACE_COLUMNS, export_experiment_dir
 
-from conftest import REAL_DATA, needs_real_data
-
 LLAMA7 = "meta-llama/Llama-2-7b-hf"
 DEPLOY = dict(hardware="H100", max_num_batched_tokens=2048, kv_blocks=5000)
-OLD_22 = tuple(c for c in TRACE_COLUMNS
-               if c not in ("text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio"))
+OLD_22 = tuple(
+    c for c in TRACE_COLUMNS if c not in ("text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio")
+)
 
 
 def cli(*args):
@@ -77,6 +78,7 @@ def round_trip(exp_dir, tmp_path):
 
 # ---- round trips ------------------------------------------------------------------------------
 
+
 def test_export_then_import_gives_the_same_data_check_on_the_synthetic_sample(synthetic, tmp_path):
     for e in synthetic.experiments:
         e1, _ = round_trip(synthetic.directory / e.name, tmp_path / e.name)
@@ -107,35 +109,70 @@ def test_export_then_import_gives_the_same_data_check_on_every_real_run(tmp_path
 
 # ---- BLIS trace fixtures ------------------------------------------------------------------------
 
+
 def blis_row(i, arrival, ttft_us, e2e_us, inp=200, out=50, status="ok", deadline=0, group="", plen=0, send=None):
     send = arrival if send is None else send
     ok = status == "ok"
-    return {"request_id": i, "client_id": "c", "tenant_id": "", "slo_class": "", "session_id": "", "round_index": 0,
-            "prefix_group": group, "prefix_length": plen, "streaming": "true", "input_tokens": inp,
-            "output_tokens": out, "text_tokens": 0, "image_tokens": 0, "audio_tokens": 0, "video_tokens": 0,
-            "reason_ratio": 0, "model": LLAMA7.lower(), "deadline_us": deadline, "server_input_tokens": inp + plen,
-            "arrival_time_us": arrival, "send_time_us": send, "first_chunk_time_us": send + ttft_us if ok else 0,
-            "last_chunk_time_us": send + e2e_us if ok else 0, "num_chunks": out if ok else 0, "status": status,
-            "error_message": "", "finish_reason": "length" if ok else "", "vllm_priority": 0, "slo_target_us": 0,
-            "x_request_id": f"uuid-{i}", "adapter": "", "think_time_us": 0}
+    return {
+        "request_id": i,
+        "client_id": "c",
+        "tenant_id": "",
+        "slo_class": "",
+        "session_id": "",
+        "round_index": 0,
+        "prefix_group": group,
+        "prefix_length": plen,
+        "streaming": "true",
+        "input_tokens": inp,
+        "output_tokens": out,
+        "text_tokens": 0,
+        "image_tokens": 0,
+        "audio_tokens": 0,
+        "video_tokens": 0,
+        "reason_ratio": 0,
+        "model": LLAMA7.lower(),
+        "deadline_us": deadline,
+        "server_input_tokens": inp + plen,
+        "arrival_time_us": arrival,
+        "send_time_us": send,
+        "first_chunk_time_us": send + ttft_us if ok else 0,
+        "last_chunk_time_us": send + e2e_us if ok else 0,
+        "num_chunks": out if ok else 0,
+        "status": status,
+        "error_message": "",
+        "finish_reason": "length" if ok else "",
+        "vllm_priority": 0,
+        "slo_target_us": 0,
+        "x_request_id": f"uuid-{i}",
+        "adapter": "",
+        "think_time_us": 0,
+    }
 
 
 def default_rows():
     t0 = 1_700_000_000_000_000  # absolute µs, as blis observe writes
-    return [blis_row(0, t0, 30_000, 1_000_000, deadline=t0 + 60_000_000),
-            blis_row(1, t0 + 100_000, 40_000, 1_500_000, group="g1", plen=64, deadline=t0 + 60_100_000),
-            blis_row(2, t0 + 200_000, 0, 0, status="timeout", deadline=t0 + 20_200_000),
-            blis_row(3, t0 + 300_000, 20_000, 20_000, out=0, deadline=t0 + 60_300_000),  # zero output
-            blis_row(4, t0 + 400_000, 35_000, 1_200_000, group="g1", plen=64, deadline=t0 + 60_400_000),
-            blis_row(5, t0 + 500_000, 25_000, 900_000, group="g2", plen=64, deadline=t0 + 60_500_000)]
+    return [
+        blis_row(0, t0, 30_000, 1_000_000, deadline=t0 + 60_000_000),
+        blis_row(1, t0 + 100_000, 40_000, 1_500_000, group="g1", plen=64, deadline=t0 + 60_100_000),
+        blis_row(2, t0 + 200_000, 0, 0, status="timeout", deadline=t0 + 20_200_000),
+        blis_row(3, t0 + 300_000, 20_000, 20_000, out=0, deadline=t0 + 60_300_000),  # zero output
+        blis_row(4, t0 + 400_000, 35_000, 1_200_000, group="g1", plen=64, deadline=t0 + 60_400_000),
+        blis_row(5, t0 + 500_000, 25_000, 900_000, group="g2", plen=64, deadline=t0 + 60_500_000),
+    ]
 
 
 def write_blis(tmp_path, rows=None, columns=TRACE_COLUMNS, header=None, name="t", deployment=True, server=True):
     rows = default_rows() if rows is None else rows
     h = {"trace_version": 2, "time_unit": "microseconds", "mode": "real", "warm_up_requests": 0}
     if server:
-        h["server"] = {"type": "vllm", "model": LLAMA7, "tensor_parallel": 1, "max_num_seqs": 64, "block_size": 16,
-                       "max_model_len": 4096}
+        h["server"] = {
+            "type": "vllm",
+            "model": LLAMA7,
+            "tensor_parallel": 1,
+            "max_num_seqs": 64,
+            "block_size": 16,
+            "max_model_len": 4096,
+        }
     h.update(header or {})
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(h))
     with (tmp_path / f"{name}.csv").open("w", newline="") as fh:
@@ -196,8 +233,9 @@ def test_trace_data_flag_and_send_time(tmp_path):
 
 def test_flags_override_and_deployment_yaml_in_directory(tmp_path):
     src = write_blis(tmp_path, deployment=False, server=False)
-    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump({**DEPLOY, "model": LLAMA7.upper(), "tp": 2,
-                                                               "max_num_seqs": 32, "block_size": 16}))
+    (tmp_path / "deployment.yaml").write_text(
+        yaml.safe_dump({**DEPLOY, "model": LLAMA7.upper(), "tp": 2, "max_num_seqs": 32, "block_size": 16})
+    )
     import_experiment("blis-trace", src, tmp_path / "exp", tp=1, kv_blocks=777)
     e = load_experiment(tmp_path / "exp")
     assert e.tp == 1 and e.server.kv_blocks == 777 and e.server.max_num_seqs == 32 and e.model == LLAMA7
@@ -220,14 +258,36 @@ def test_unknown_model_needs_model_config(tmp_path):
     assert res.exit_code == 2 and "--model-config FILE" in res.stderr and "acme/tiny-1b is not built in" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 2  # the headline and exactly one missing field
     assert not (tmp_path / "exp").exists()
-    cfg = {"num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "intermediate_size": 1024, "vocab_size": 1000}
+    cfg = {
+        "num_hidden_layers": 4,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    res = cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "exp", "--model", "acme/tiny-1b",
-              "--model-config", tmp_path / "config.json")
+    res = cli(
+        "data",
+        "import",
+        "--from",
+        "blis-trace",
+        src,
+        "--out",
+        tmp_path / "exp",
+        "--model",
+        "acme/tiny-1b",
+        "--model-config",
+        tmp_path / "config.json",
+    )
     assert res.exit_code == 0, res.output
     e = load_experiment(tmp_path / "exp")
-    assert (e.arch.layers, e.arch.hidden, e.arch.kv_heads, e.arch.vocab) == (4, 512, 2, 1000) and e.model == "acme/tiny-1b"
+    assert (e.arch.layers, e.arch.hidden, e.arch.kv_heads, e.arch.vocab) == (
+        4,
+        512,
+        2,
+        1000,
+    ) and e.model == "acme/tiny-1b"
 
 
 def one_line_error(res, *texts):
@@ -245,22 +305,37 @@ def mutate(i, **kw):
 
 BAD_BLIS = [
     ("malformed row", dict(rows=mutate(2, input_tokens="12x")), ("t.csv", "row 3", "input_tokens '12x'")),
-    ("missing column", dict(columns=[c for c in TRACE_COLUMNS if c != "first_chunk_time_us"]),
-     ("t.csv", "lacks the column first_chunk_time_us")),
+    (
+        "missing column",
+        dict(columns=[c for c in TRACE_COLUMNS if c != "first_chunk_time_us"]),
+        ("t.csv", "lacks the column first_chunk_time_us"),
+    ),
     ("mode generated", dict(header={"mode": "generated"}), ("t.yaml", "'generated'", "not 'real'")),
     ("mode replayed", dict(header={"mode": "replayed"}), ("t.yaml", "'replayed'")),
     ("trace version 4", dict(header={"trace_version": 4}), ("t.yaml", "trace_version 4")),
-    ("last before first", dict(rows=mutate(1, last_chunk_time_us=default_rows()[1]["first_chunk_time_us"] - 1)),
-     ("t.csv", "row 2", "last_chunk_time_us", "precedes first_chunk_time_us")),
-    ("first before send", dict(rows=mutate(4, first_chunk_time_us=default_rows()[4]["send_time_us"] - 1)),
-     ("t.csv", "row 5", "precedes the send time")),
-    ("no success", dict(rows=[blis_row(i, 1000 + i, 0, 0, status="timeout", deadline=10**7) for i in range(3)]),
-     ("t.csv", "no successful request")),
+    (
+        "last before first",
+        dict(rows=mutate(1, last_chunk_time_us=default_rows()[1]["first_chunk_time_us"] - 1)),
+        ("t.csv", "row 2", "last_chunk_time_us", "precedes first_chunk_time_us"),
+    ),
+    (
+        "first before send",
+        dict(rows=mutate(4, first_chunk_time_us=default_rows()[4]["send_time_us"] - 1)),
+        ("t.csv", "row 5", "precedes the send time"),
+    ),
+    (
+        "no success",
+        dict(rows=[blis_row(i, 1000 + i, 0, 0, status="timeout", deadline=10**7) for i in range(3)]),
+        ("t.csv", "no successful request"),
+    ),
     ("bad status", dict(rows=mutate(0, status="weird")), ("row 1", "status 'weird'")),
     ("short row", dict(rows=mutate(0, finish_reason="x")), None),  # a valid value: must import
     ("failed without times", dict(rows=mutate(2, deadline_us=0)), ("row 3", "how long it lasted is unknown")),
-    ("one group, two prefix lengths", dict(rows=mutate(4, prefix_length=32)),
-     ("t.csv", "prefix group 'g1' has prefix_length 32, an earlier one 64", "one group, one shared prefix")),
+    (
+        "one group, two prefix lengths",
+        dict(rows=mutate(4, prefix_length=32)),
+        ("t.csv", "prefix group 'g1' has prefix_length 32, an earlier one 64", "one group, one shared prefix"),
+    ),
     ("groups of different lengths", dict(rows=mutate(5, prefix_length=32)), None),  # each group its own length
 ]
 
@@ -281,19 +356,23 @@ def test_truncated_row_and_bad_out_dir(tmp_path):
     src = write_blis(tmp_path)
     with (tmp_path / "t.csv").open("a") as fh:
         fh.write("6,c,,,\n")
-    one_line_error(cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "exp"),
-                   "t.csv", "row 7", "has 5 columns")
+    one_line_error(
+        cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "exp"), "t.csv", "row 7", "has 5 columns"
+    )
     write_blis(tmp_path)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep").write_text("x")
     one_line_error(cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "full"), "not empty")
-    one_line_error(cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "no" / "exp"), "does not exist")
+    one_line_error(
+        cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "no" / "exp"), "does not exist"
+    )
     (tmp_path / "empty").mkdir()
     assert cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "empty").exit_code == 0
     assert (tmp_path / "empty" / "requests.json").is_file()
 
 
 # ---- the loader: recorded groups --------------------------------------------------------------
+
 
 def test_loader_keeps_each_recorded_group_s_length_and_refuses_inconsistent_ones(tmp_path):
     import_experiment("blis-trace", write_blis(tmp_path), tmp_path / "exp")
@@ -310,7 +389,9 @@ def test_loader_keeps_each_recorded_group_s_length_and_refuses_inconsistent_ones
         load_experiment(tmp_path / "exp")
     grouped[0]["prefix_length"] = grouped[1]["prefix_length"] = 300  # longer than the prompts (264 tokens)
     p.write_text(json.dumps(meta))
-    with pytest.raises(ExperimentError, match="request 1 has prefix_length 300 of group 'g1' but only 264 input tokens"):
+    with pytest.raises(
+        ExperimentError, match="request 1 has prefix_length 300 of group 'g1' but only 264 input tokens"
+    ):
         load_experiment(tmp_path / "exp")
     grouped[0]["prefix_length"] = grouped[1]["prefix_length"] = 64
     meta["measurement"] = "proxy"
@@ -326,29 +407,62 @@ def test_existing_data_defaults_to_client_and_round_robin(synthetic):
 
 # ---- inference-perf ---------------------------------------------------------------------------
 
+
 def ip_request(start, ttft, e2e, inp=300, out=4, error=None, nested=False):
     times = [start + ttft + k * (e2e - ttft) / max(out - 1, 1) for k in range(out)] if not error else []
     if nested:
-        info = {"request_metrics": {"text": {"input_tokens": inp}},
-                "response_metrics": {"output_tokens": out if not error else 0, "output_token_times": times}}
+        info = {
+            "request_metrics": {"text": {"input_tokens": inp}},
+            "response_metrics": {"output_tokens": out if not error else 0, "output_token_times": times},
+        }
     else:
         info = {"input_tokens": inp, "output_tokens": out if not error else 0, "output_token_times": times}
-    return {"stage_id": 0, "scheduled_time": start, "start_time": start, "end_time": start + e2e,
-            "request_data": "{}", "info": info, "error": error}
+    return {
+        "stage_id": 0,
+        "scheduled_time": start,
+        "start_time": start,
+        "end_time": start + e2e,
+        "request_data": "{}",
+        "info": info,
+        "error": error,
+    }
 
 
 def ip_requests():
-    return [ip_request(1000.0, 0.05, 2.0), ip_request(1000.5, 0.08, 2.5, nested=True),
-            ip_request(1001.0, 0.0, 300.0, inp=0, error={"error_type": "TimeoutError", "error_msg": "timeout"}),
-            ip_request(1001.5, 0.02, 0.02, out=0)]
+    return [
+        ip_request(1000.0, 0.05, 2.0),
+        ip_request(1000.5, 0.08, 2.5, nested=True),
+        ip_request(1001.0, 0.0, 300.0, inp=0, error={"error_type": "TimeoutError", "error_msg": "timeout"}),
+        ip_request(1001.5, 0.02, 0.02, out=0),
+    ]
 
 
 def test_inference_perf_lifecycle_metrics_import_as_a_client_measured_experiment(tmp_path):
     src = tmp_path / "per_request_lifecycle_metrics.json"
     src.write_text(json.dumps(ip_requests()))
-    res = cli("data", "import", "--from", "inference-perf", src, "--out", tmp_path / "exp", "--model", LLAMA7,
-              "--hardware", "H100", "--tp", 1, "--max-num-seqs", 128, "--max-num-batched-tokens", 2048,
-              "--kv-blocks", 7000, "--block-size", 16)
+    res = cli(
+        "data",
+        "import",
+        "--from",
+        "inference-perf",
+        src,
+        "--out",
+        tmp_path / "exp",
+        "--model",
+        LLAMA7,
+        "--hardware",
+        "H100",
+        "--tp",
+        1,
+        "--max-num-seqs",
+        128,
+        "--max-num-batched-tokens",
+        2048,
+        "--kv-blocks",
+        7000,
+        "--block-size",
+        16,
+    )
     assert res.exit_code == 0, res.output
     e = load_experiment(tmp_path / "exp")
     assert e.n_requests == 4 and e.n_failed == 1 and e.measurement == "client"
@@ -359,49 +473,88 @@ def test_inference_perf_lifecycle_metrics_import_as_a_client_measured_experiment
     assert check_json(tmp_path / "exp")["measurement"] == "client"
 
 
-@pytest.mark.parametrize("edit,texts", [
-    (lambda rs: rs[1].pop("end_time"), ("request 2", "no end_time")),
-    (lambda rs: rs[0].update(end_time=999.0), ("request 1", "precedes start_time")),
-    (lambda rs: rs[0]["info"].update(output_token_times=[999.0, 1000.5]), ("request 1", "precedes start_time")),
-    (lambda rs: rs[0]["info"].update(output_token_times=[]), ("request 1", "no output_token_times")),
-    (lambda rs: [r.update(error={"error_type": "x", "error_msg": "y"}) for r in rs], ("no successful request",)),
-])
+@pytest.mark.parametrize(
+    "edit,texts",
+    [
+        (lambda rs: rs[1].pop("end_time"), ("request 2", "no end_time")),
+        (lambda rs: rs[0].update(end_time=999.0), ("request 1", "precedes start_time")),
+        (lambda rs: rs[0]["info"].update(output_token_times=[999.0, 1000.5]), ("request 1", "precedes start_time")),
+        (lambda rs: rs[0]["info"].update(output_token_times=[]), ("request 1", "no output_token_times")),
+        (lambda rs: [r.update(error={"error_type": "x", "error_msg": "y"}) for r in rs], ("no successful request",)),
+    ],
+)
 def test_bad_inference_perf_files_are_one_line_and_write_nothing(tmp_path, edit, texts):
     rs = ip_requests()
     edit(rs)
     src = tmp_path / "m.json"
     src.write_text(json.dumps(rs))
-    (tmp_path / "m.deployment.yaml").write_text(yaml.safe_dump({**DEPLOY, "model": LLAMA7, "tp": 1,
-                                                                "max_num_seqs": 8, "block_size": 16}))
+    (tmp_path / "m.deployment.yaml").write_text(
+        yaml.safe_dump({**DEPLOY, "model": LLAMA7, "tp": 1, "max_num_seqs": 8, "block_size": 16})
+    )
     one_line_error(cli("data", "import", "--from", "inference-perf", src, "--out", tmp_path / "exp"), "m.json", *texts)
     assert not (tmp_path / "exp").exists()
 
 
 # ---- OTel -------------------------------------------------------------------------------------
 
+
 def span(rid, start_ns, ttft, e2e, prompt=500, completion=20, queue=0.01, error=False, name="llm_request"):
-    attrs = [("gen_ai.request.id", {"stringValue": rid}), ("gen_ai.usage.prompt_tokens", {"intValue": str(prompt)}),
-             ("gen_ai.usage.completion_tokens", {"intValue": completion}),
-             ("gen_ai.latency.e2e", {"doubleValue": e2e}), ("gen_ai.latency.time_in_queue", {"doubleValue": queue})]
+    attrs = [
+        ("gen_ai.request.id", {"stringValue": rid}),
+        ("gen_ai.usage.prompt_tokens", {"intValue": str(prompt)}),
+        ("gen_ai.usage.completion_tokens", {"intValue": completion}),
+        ("gen_ai.latency.e2e", {"doubleValue": e2e}),
+        ("gen_ai.latency.time_in_queue", {"doubleValue": queue}),
+    ]
     if ttft is not None:
         attrs.append(("gen_ai.latency.time_to_first_token", {"doubleValue": ttft}))
-    return {"traceId": "ab", "spanId": rid, "name": name, "kind": 2, "startTimeUnixNano": str(start_ns),
-            "endTimeUnixNano": str(start_ns + int(e2e * 1e9)), "status": {"code": 2 if error else 0},
-            "attributes": [{"key": k, "value": v} for k, v in attrs]}
+    return {
+        "traceId": "ab",
+        "spanId": rid,
+        "name": name,
+        "kind": 2,
+        "startTimeUnixNano": str(start_ns),
+        "endTimeUnixNano": str(start_ns + int(e2e * 1e9)),
+        "status": {"code": 2 if error else 0},
+        "attributes": [{"key": k, "value": v} for k, v in attrs],
+    }
 
 
 def otel_lines(spans_per_line):
-    return "\n".join(json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [
-        {"scope": {"name": "vllm.llm_engine"}, "spans": spans}]}]}) for spans in spans_per_line) + "\n"
+    return (
+        "\n".join(
+            json.dumps(
+                {
+                    "resourceSpans": [
+                        {
+                            "resource": {"attributes": []},
+                            "scopeSpans": [{"scope": {"name": "vllm.llm_engine"}, "spans": spans}],
+                        }
+                    ]
+                }
+            )
+            for spans in spans_per_line
+        )
+        + "\n"
+    )
 
 
 def test_otel_spans_import_as_a_server_measured_experiment(tmp_path):
     t0 = 1_700_000_000_000_000_000
     src = tmp_path / "spans.jsonl"
-    src.write_text(otel_lines([[span("a", t0, 0.1, 3.0), span("x", t0, None, 1.0, name="other")],
-                               [span("b", t0 + 250_000_000, 0.2, 2.0), span("c", t0 + 500_000_000, None, 5.0, error=True)]]))
-    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump({**DEPLOY, "model": "mistralai/mixtral-8x7b-v0.1", "tp": 2,
-                                                              "max_num_seqs": 128, "block_size": 16}))
+    src.write_text(
+        otel_lines(
+            [
+                [span("a", t0, 0.1, 3.0), span("x", t0, None, 1.0, name="other")],
+                [span("b", t0 + 250_000_000, 0.2, 2.0), span("c", t0 + 500_000_000, None, 5.0, error=True)],
+            ]
+        )
+    )
+    (tmp_path / "deployment.yaml").write_text(
+        yaml.safe_dump(
+            {**DEPLOY, "model": "mistralai/mixtral-8x7b-v0.1", "tp": 2, "max_num_seqs": 128, "block_size": 16}
+        )
+    )
     res = cli("data", "import", "--from", "otel", src, "--out", tmp_path / "exp")
     assert res.exit_code == 0, res.output
     assert "measured at the server" in res.stdout
@@ -415,17 +568,21 @@ def test_otel_spans_import_as_a_server_measured_experiment(tmp_path):
     assert "measured at" in table.stdout and "server" in table.stdout
 
 
-@pytest.mark.parametrize("text,texts", [
-    ("{not json\n", ("line 1", "malformed JSON")),
-    (json.dumps({"spans": []}) + "\n", ("line 1", "no resourceSpans")),
-    (otel_lines([[span("a", 10**18, 0.5, 0.2)]]), ("request a", "greater than")),
-    (otel_lines([[span("a", 10**18, 0.1, 1.0, prompt=-1)]]), ("request a", "gen_ai.usage.prompt_tokens")),
-    (otel_lines([[span("a", 10**18, 0.1, 1.0, name="llm_core")]]), ("no llm_request spans",)),
-])
+@pytest.mark.parametrize(
+    "text,texts",
+    [
+        ("{not json\n", ("line 1", "malformed JSON")),
+        (json.dumps({"spans": []}) + "\n", ("line 1", "no resourceSpans")),
+        (otel_lines([[span("a", 10**18, 0.5, 0.2)]]), ("request a", "greater than")),
+        (otel_lines([[span("a", 10**18, 0.1, 1.0, prompt=-1)]]), ("request a", "gen_ai.usage.prompt_tokens")),
+        (otel_lines([[span("a", 10**18, 0.1, 1.0, name="llm_core")]]), ("no llm_request spans",)),
+    ],
+)
 def test_bad_otel_spans_are_one_line_and_write_nothing(tmp_path, text, texts):
     src = tmp_path / "s.jsonl"
     src.write_text(text)
-    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump({**DEPLOY, "model": LLAMA7, "tp": 1, "max_num_seqs": 8,
-                                                              "block_size": 16}))
+    (tmp_path / "deployment.yaml").write_text(
+        yaml.safe_dump({**DEPLOY, "model": LLAMA7, "tp": 1, "max_num_seqs": 8, "block_size": 16})
+    )
     one_line_error(cli("data", "import", "--from", "otel", src, "--out", tmp_path / "exp"), "s.jsonl", *texts)
     assert not (tmp_path / "exp").exists()

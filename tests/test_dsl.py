@@ -1,5 +1,6 @@
 """The program DSL: seeds compile, scalar VM == numexpr, rejections name line and rule,
 and hostile text is rejected without ever being executed."""
+
 from __future__ import annotations
 
 import builtins
@@ -12,7 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepml_evolve.evaluator.components import COMPONENT_NAMES, N_COMPONENTS
-from stepml_evolve.evaluator.dsl import ProgramError, ScalarProgram, compile_program, compile_vector, evaluate_vector, load_program, parse_program, step_times
+from stepml_evolve.evaluator.dsl import (
+    ProgramError,
+    ScalarProgram,
+    compile_program,
+    compile_vector,
+    evaluate_vector,
+    load_program,
+    parse_program,
+    step_times,
+)
 from stepml_evolve.evaluator.dsl.operators import OPERATORS, Kind, Operator
 from stepml_evolve.seeds import seed_paths
 
@@ -32,8 +42,10 @@ def test_all_seeds_are_shipped_documented_valid_and_compile():
 
 
 def test_complexity_counts_nodes_and_components_used_lists_them():
-    prog = parse_program('CONSTANTS = {"a": 1.0, "b": 2.0}\n\ndef step_time(f, c):\n'
-                         '    x = c.a * f.gemm_pf\n    return max(x, c.b * f.weights) + 3.0\n')
+    prog = parse_program(
+        'CONSTANTS = {"a": 1.0, "b": 2.0}\n\ndef step_time(f, c):\n'
+        "    x = c.a * f.gemm_pf\n    return max(x, c.b * f.weights) + 3.0\n"
+    )
     # x = c.a * f.gemm_pf -> 3 nodes; max(x, c.b*f.weights) + 3.0 -> + , max, x, *, c.b, f.weights, 3.0 = 7
     assert prog.complexity == 10
     assert prog.components_used == ["gemm_pf", "weights"]
@@ -43,7 +55,7 @@ def test_complexity_counts_nodes_and_components_used_lists_them():
 def _random_components(rng, n):
     comps = rng.uniform(0, 5000, size=(N_COMPONENTS, n))
     comps[:, : n // 4] = 0.0  # zeros exercise protected division and log
-    comps[:, n // 4: n // 2] *= -1  # negatives exercise abs in sqrt/log/powers
+    comps[:, n // 4 : n // 2] *= -1  # negatives exercise abs in sqrt/log/powers
     return comps
 
 
@@ -72,6 +84,7 @@ def test_population_of_constant_vectors_evaluates_in_one_call():
 
 
 # ---- random well-formed programs: the two compilations agree everywhere ----
+
 
 def _random_expr(rng: random.Random, depth: int, consts: list[str], locals_: list[str]) -> str:
     if depth <= 0 or rng.random() < 0.25:
@@ -134,19 +147,28 @@ def test_random_programs_agree_between_scalar_vm_and_numexpr(seed):
 
 
 def test_other_functions_compile_both_ways():
-    prog = parse_program('CONSTANTS = {"q": 100.0, "t": 0.5, "o": 40.0}\n'
-                         'def step_time(f, c):\n    return 1.0\n'
-                         'def queueing_time(r, c):\n    return c.q + c.t * r.input_tokens if r.output_tokens > 10 else c.q\n'
-                         'def output_token_time(c):\n    return c.o * 2\n'
-                         'def post_decode_time(c):\n    return c.o\n')
+    prog = parse_program(
+        'CONSTANTS = {"q": 100.0, "t": 0.5, "o": 40.0}\n'
+        "def step_time(f, c):\n    return 1.0\n"
+        "def queueing_time(r, c):\n    return c.q + c.t * r.input_tokens if r.output_tokens > 10 else c.q\n"
+        "def output_token_time(c):\n    return c.o * 2\n"
+        "def post_decode_time(c):\n    return c.o\n"
+    )
     sp = ScalarProgram(compile_program(prog))
     consts = np.array([100.0, 0.5, 40.0])
     assert sp.queueing_time(600, 248, consts) == 400.0
     assert sp.queueing_time(600, 5, consts) == 100.0
     assert sp.output_token_time(consts) == 80.0 and sp.post_decode_time(consts) == 40.0
-    vq = evaluate_vector(compile_vector(prog, "queueing_time"),
-                         {"c_q": 100.0, "c_t": 0.5, "c_o": 40.0, "r_input_tokens": np.array([600.0, 600.0]),
-                          "r_output_tokens": np.array([248.0, 5.0])})
+    vq = evaluate_vector(
+        compile_vector(prog, "queueing_time"),
+        {
+            "c_q": 100.0,
+            "c_t": 0.5,
+            "c_o": 40.0,
+            "r_input_tokens": np.array([600.0, 600.0]),
+            "r_output_tokens": np.array([248.0, 5.0]),
+        },
+    )
     np.testing.assert_array_equal(vq, [400.0, 100.0])
 
 
@@ -165,7 +187,7 @@ def _row_expression(op: Operator) -> str:
     if op.kind is Kind.UNARY:
         return f"{op.symbol}{a}"
     if op.kind is Kind.CALL:
-        return f"{op.symbol}({', '.join([a, b][:op.arity[0]])})"
+        return f"{op.symbol}({', '.join([a, b][: op.arity[0]])})"
     if op.kind is Kind.COMPARE:
         return f"1.0 if {a} {op.symbol} {b} else 0.0"
     if op.kind is Kind.BOOL:
@@ -201,33 +223,36 @@ def test_every_operator_validates_and_compiles_everywhere_and_the_backends_agree
     assert go.startswith("return ") and "f.GemmPf" in go
 
 
-@pytest.mark.parametrize("expression,a,b,expected", [
-    ("f.gemm_pf / f.gemm_dc", 3.0, 0.0, 0.0),
-    ("f.gemm_pf / f.gemm_dc", -3.0, -0.0, 0.0),
-    ("f.gemm_pf / f.gemm_dc", 1.0, 4.0, 0.25),
-    ("f.gemm_pf / f.gemm_dc", 1e300, 1e-300, math.inf),
-    ("sqrt(f.gemm_pf)", -4.0, 0.0, 2.0),
-    ("log(f.gemm_pf)", 0.0, 0.0, 0.0),
-    ("log(f.gemm_pf)", -math.e, 0.0, 1.0),
-    ("exp(f.gemm_pf)", 1000.0, 0.0, math.exp(80.0)),
-    ("exp(f.gemm_pf)", -1000.0, 0.0, 0.0),
-    ("f.gemm_pf ** 3", -2.0, 0.0, -8.0),
-    ("f.gemm_pf ** -1", 0.0, 0.0, math.inf),
-    ("f.gemm_pf ** 1.5", -4.0, 0.0, 8.0),
-    ("f.gemm_pf ** -0.5", -4.0, 0.0, 0.5),
-    ("abs(f.gemm_pf)", -3.0, 0.0, 3.0),
-    ("-f.gemm_pf", 2.0, 0.0, -2.0),
-    ("+f.gemm_pf", -2.0, 0.0, -2.0),
-    ("max(f.gemm_pf, f.gemm_dc, -7.0)", -9.0, -8.0, -7.0),
-    ("min(f.gemm_pf, f.gemm_dc)", -1.0, 2.0, -1.0),
-    ("f.gemm_pf * f.gemm_dc", 1e300, 1e300, math.inf),
-    ("1.0 if f.gemm_pf == f.gemm_dc else 0.0", 0.0, -0.0, 1.0),
-    ("1.0 if f.gemm_pf < f.gemm_dc <= 3.0 else 0.0", 1.0, 3.0, 1.0),
-    ("1.0 if f.gemm_pf < f.gemm_dc <= 3.0 else 0.0", 1.0, 4.0, 0.0),
-    ("1.0 if f.gemm_pf != 1.0 or f.gemm_dc > 0 else 0.0", 1.0, 0.0, 0.0),
-    ("1.0 if not f.gemm_pf > 0 and f.gemm_dc >= 0 else 0.0", -1.0, 0.0, 1.0),
-    ("f.gemm_pf if f.gemm_dc > 0 else 5.0", 7.0, 1e-300, 7.0),
-])
+@pytest.mark.parametrize(
+    "expression,a,b,expected",
+    [
+        ("f.gemm_pf / f.gemm_dc", 3.0, 0.0, 0.0),
+        ("f.gemm_pf / f.gemm_dc", -3.0, -0.0, 0.0),
+        ("f.gemm_pf / f.gemm_dc", 1.0, 4.0, 0.25),
+        ("f.gemm_pf / f.gemm_dc", 1e300, 1e-300, math.inf),
+        ("sqrt(f.gemm_pf)", -4.0, 0.0, 2.0),
+        ("log(f.gemm_pf)", 0.0, 0.0, 0.0),
+        ("log(f.gemm_pf)", -math.e, 0.0, 1.0),
+        ("exp(f.gemm_pf)", 1000.0, 0.0, math.exp(80.0)),
+        ("exp(f.gemm_pf)", -1000.0, 0.0, 0.0),
+        ("f.gemm_pf ** 3", -2.0, 0.0, -8.0),
+        ("f.gemm_pf ** -1", 0.0, 0.0, math.inf),
+        ("f.gemm_pf ** 1.5", -4.0, 0.0, 8.0),
+        ("f.gemm_pf ** -0.5", -4.0, 0.0, 0.5),
+        ("abs(f.gemm_pf)", -3.0, 0.0, 3.0),
+        ("-f.gemm_pf", 2.0, 0.0, -2.0),
+        ("+f.gemm_pf", -2.0, 0.0, -2.0),
+        ("max(f.gemm_pf, f.gemm_dc, -7.0)", -9.0, -8.0, -7.0),
+        ("min(f.gemm_pf, f.gemm_dc)", -1.0, 2.0, -1.0),
+        ("f.gemm_pf * f.gemm_dc", 1e300, 1e300, math.inf),
+        ("1.0 if f.gemm_pf == f.gemm_dc else 0.0", 0.0, -0.0, 1.0),
+        ("1.0 if f.gemm_pf < f.gemm_dc <= 3.0 else 0.0", 1.0, 3.0, 1.0),
+        ("1.0 if f.gemm_pf < f.gemm_dc <= 3.0 else 0.0", 1.0, 4.0, 0.0),
+        ("1.0 if f.gemm_pf != 1.0 or f.gemm_dc > 0 else 0.0", 1.0, 0.0, 0.0),
+        ("1.0 if not f.gemm_pf > 0 and f.gemm_dc >= 0 else 0.0", -1.0, 0.0, 1.0),
+        ("f.gemm_pf if f.gemm_dc > 0 else 5.0", 7.0, 1e-300, 7.0),
+    ],
+)
 def test_protected_semantics_hold_in_the_vm_and_numexpr(expression, a, b, expected):
     vm, vec = _both_backends(expression, [a], [b])
     assert vm[0] == expected and vec[0] == expected, (expression, vm[0], vec[0])
@@ -237,17 +262,43 @@ def test_gp_primitives_follow_the_order_deap_was_seeded_with():
     """DEAP's random choices depend on the order of the primitive set: the table must keep it."""
     from stepml_evolve.evolve.search.symbolic import PRIMITIVES, primitive_set
 
-    assert PRIMITIVES == [("add", 2), ("sub", 2), ("mul", 2), ("div", 2), ("max2", 2), ("min2", 2), ("neg", 1), ("abs", 1),
-                          ("sqrt", 1), ("log", 1), ("exp", 1), ("pow2", 1), ("pow3", 1), ("pow0_5", 1), ("pow1_5", 1),
-                          ("powm1", 1), ("powm0_5", 1), ("powm2", 1), ("ifgt", 4), ("ifge", 4)]
+    assert PRIMITIVES == [
+        ("add", 2),
+        ("sub", 2),
+        ("mul", 2),
+        ("div", 2),
+        ("max2", 2),
+        ("min2", 2),
+        ("neg", 1),
+        ("abs", 1),
+        ("sqrt", 1),
+        ("log", 1),
+        ("exp", 1),
+        ("pow2", 1),
+        ("pow3", 1),
+        ("pow0_5", 1),
+        ("pow1_5", 1),
+        ("powm1", 1),
+        ("powm0_5", 1),
+        ("powm2", 1),
+        ("ifgt", 4),
+        ("ifge", 4),
+    ]
     pset = primitive_set(["a"])
-    assert [p.name for arity in (2, 1, 4) for p in pset.primitives[object] if p.arity == arity] == [n for n, _ in PRIMITIVES]
+    assert [p.name for arity in (2, 1, 4) for p in pset.primitives[object] if p.arity == arity] == [
+        n for n, _ in PRIMITIVES
+    ]
 
 
 def test_rejections_list_the_table_spellings():
-    for body, listed in [("f.tp // 2", "(only + - * / **)"), ("tanh(f.tp)", "(only max, min, abs, sqrt, log, exp)"),
-                         ("1 if f.tp is 2 else 0", "only < <= > >= == != comparisons")]:
-        with pytest.raises(ProgramError, match=listed.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*").replace("+", r"\+")):
+    for body, listed in [
+        ("f.tp // 2", "(only + - * / **)"),
+        ("tanh(f.tp)", "(only max, min, abs, sqrt, log, exp)"),
+        ("1 if f.tp is 2 else 0", "only < <= > >= == != comparisons"),
+    ]:
+        with pytest.raises(
+            ProgramError, match=listed.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*").replace("+", r"\+")
+        ):
             parse_program(VALID_HEAD + f"    return {body}\n")
 
 
@@ -256,21 +307,24 @@ def test_rejections_list_the_table_spellings():
 VALID_HEAD = 'CONSTANTS = {"a": 1.0}\n\ndef step_time(f, c):\n'
 
 
-@pytest.mark.parametrize("body,line,rule,fragment", [
-    ("    return f.gemm\n", 4, "component", "unknown component f.gemm"),
-    ("    return c.b\n", 4, "constant", "c.b is not in CONSTANTS"),
-    ("    return r.input_tokens\n", 4, "attribute", "not allowed here"),
-    ("    x = 1\n    return eval('1')\n", 5, "call", "call to 'eval'"),
-    ("    return f.n_req ** 1000\n", 4, "exponent", "exceeds the limit"),
-    ("    return f.n_req ** c.a\n", 4, "exponent", "numeric literal"),
-    ("    return y\n", 4, "name", "'y' is not defined"),
-    ("    for i in f:\n        pass\n    return 1\n", 4, "statement", "For"),
-    ("    return (lambda: 1)()\n", 4, "call", "not allowed"),
-    ("    return [x for x in f]\n", 4, "expression", "ListComp"),
-    ("    return 'text'\n", 4, "literal", "numeric literals"),
-    ("    return f.n_req if f.n_req else 1\n", 4, "condition", "comparison"),
-    ("    return f.n_req // 2\n", 4, "operator", "FloorDiv"),
-])
+@pytest.mark.parametrize(
+    "body,line,rule,fragment",
+    [
+        ("    return f.gemm\n", 4, "component", "unknown component f.gemm"),
+        ("    return c.b\n", 4, "constant", "c.b is not in CONSTANTS"),
+        ("    return r.input_tokens\n", 4, "attribute", "not allowed here"),
+        ("    x = 1\n    return eval('1')\n", 5, "call", "call to 'eval'"),
+        ("    return f.n_req ** 1000\n", 4, "exponent", "exceeds the limit"),
+        ("    return f.n_req ** c.a\n", 4, "exponent", "numeric literal"),
+        ("    return y\n", 4, "name", "'y' is not defined"),
+        ("    for i in f:\n        pass\n    return 1\n", 4, "statement", "For"),
+        ("    return (lambda: 1)()\n", 4, "call", "not allowed"),
+        ("    return [x for x in f]\n", 4, "expression", "ListComp"),
+        ("    return 'text'\n", 4, "literal", "numeric literals"),
+        ("    return f.n_req if f.n_req else 1\n", 4, "condition", "comparison"),
+        ("    return f.n_req // 2\n", 4, "operator", "FloorDiv"),
+    ],
+)
 def test_rejection_names_line_and_rule(body, line, rule, fragment):
     with pytest.raises(ProgramError) as ei:
         parse_program(VALID_HEAD + body)
@@ -369,12 +423,37 @@ def test_fuzzed_program_text_only_ever_raises_program_error(data):
     text = VALID
     for _ in range(data.draw(st.integers(1, 4))):
         pos = data.draw(st.integers(0, len(text)))
-        insert = data.draw(st.sampled_from([
-            "__import__('os')", ".__class__", "lambda: 0", "[x for x in f]", "**99", "(", ")", "\n", "    ",
-            "import os\n", "f.", "c.", "max(", ",", "if", "else", "not ", "yield", "'s'", "1e999", "exec(", ":",
-        ]) | st.text(max_size=6))
+        insert = data.draw(
+            st.sampled_from(
+                [
+                    "__import__('os')",
+                    ".__class__",
+                    "lambda: 0",
+                    "[x for x in f]",
+                    "**99",
+                    "(",
+                    ")",
+                    "\n",
+                    "    ",
+                    "import os\n",
+                    "f.",
+                    "c.",
+                    "max(",
+                    ",",
+                    "if",
+                    "else",
+                    "not ",
+                    "yield",
+                    "'s'",
+                    "1e999",
+                    "exec(",
+                    ":",
+                ]
+            )
+            | st.text(max_size=6)
+        )
         cut = data.draw(st.integers(0, 5))
-        text = text[:pos] + insert + text[pos + cut:]
+        text = text[:pos] + insert + text[pos + cut :]
     try:
         prog = parse_program(text)
     except ProgramError as e:
@@ -385,11 +464,14 @@ def test_fuzzed_program_text_only_ever_raises_program_error(data):
     assert cp.entries[0] >= 0
 
 
-@pytest.mark.parametrize("source", [
-    "def step_time(f, c):\n    return " + "9" * 400 + "\n",
-    'CONSTANTS = {"a": ' + "9" * 400 + "}\ndef step_time(f, c):\n    return c.a\n",
-    "def step_time(f, c):\n    return f.tokens ** " + "9" * 400 + "\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def step_time(f, c):\n    return " + "9" * 400 + "\n",
+        'CONSTANTS = {"a": ' + "9" * 400 + "}\ndef step_time(f, c):\n    return c.a\n",
+        "def step_time(f, c):\n    return f.tokens ** " + "9" * 400 + "\n",
+    ],
+)
 def test_integer_literals_too_large_for_a_float_are_rejected_not_raised(source):
     """float() of a 400-digit integer raises OverflowError: it must become a ProgramError, or one
     LLM reply could stop a search."""

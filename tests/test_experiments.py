@@ -1,4 +1,5 @@
 """Experiment loading: the data caveats, the temporal split, and one-line errors for bad input."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import needs_real_data
 from typer.testing import CliRunner
 
-from conftest import needs_real_data
 from stepml_evolve.evaluator.experiments import ExperimentError, LoadOptions, load_experiment, load_experiments
 from stepml_evolve.evolve.cli.app import app
 
@@ -80,8 +81,9 @@ def test_system_prompt_policy_shares_each_group_s_system_prompt_and_hits_its_ful
     assert (roleplay.input_tokens[roleplay.prefix_group >= 0] > 150).all()
     # replayed, the first request of each group computes its whole prompt; the rest hit the 6 full blocks
     prog = load_program(seed_path("roofline"))
-    t = replay(codegen, compile_program(prog), np.array(list(prog.constants.values())), record=True,
-               semantics="vllm").trajectory
+    t = replay(
+        codegen, compile_program(prog), np.array(list(prog.constants.values())), record=True, semantics="vllm"
+    ).trajectory
     first = {int(r): i for i, r in reversed(list(enumerate(t.request)))}
     assert [int(t.context[first[r]]) for r in range(11)] == [0] * 11
     assert {int(t.context[first[r]]) for r in range(200, 300)} == {96}
@@ -120,6 +122,7 @@ def test_data_synth_writes_the_sample_in_the_replay_format(tmp_path, synthetic):
 
 
 # ---- bad input: one-line error naming the experiment, others still reported ----
+
 
 def _copy_experiment(src, dst):
     dst.mkdir(parents=True)

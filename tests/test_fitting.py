@@ -1,13 +1,14 @@
 """CMA-ES fitting and the eval/fit commands."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
+from conftest import needs_real_data
 from typer.testing import CliRunner
 
-from conftest import needs_real_data
 from stepml_evolve.evaluator.dsl import load_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FitConfig, fit, quick_config
@@ -51,8 +52,11 @@ def test_fit_recovers_the_synthetic_oracle_from_perturbed_constants(synthetic_fu
     perturbed = {k: v * (1.4 if i % 2 else 0.7) for i, (k, v) in enumerate(oracle.constants.items())}
     start = oracle.with_constants(perturbed)
     with Engine(exps) as engine:
-        before = engine.population_losses(__import__("stepml_evolve.evaluator.dsl", fromlist=["compile_program"]).compile_program(start),
-                                          [np.array(list(perturbed.values()))], exps)[0]
+        before = engine.population_losses(
+            __import__("stepml_evolve.evaluator.dsl", fromlist=["compile_program"]).compile_program(start),
+            [np.array(list(perturbed.values()))],
+            exps,
+        )[0]
         result = fit(start, exps, engine, FitConfig(seed=1, max_evals=600))
     assert before > 20
     assert result.loss < 5.0, result.loss  # the noise on means is ~0.1%; structure is exact
@@ -99,7 +103,9 @@ def test_model_scope_fits_one_constant_set_per_model(synthetic):
 
 def test_fit_command_writes_a_fitted_program_and_prints_validate_and_test(tmp_path):
     out = tmp_path / "roofline.fitted.py"
-    res = CliRunner().invoke(app, ["fit", str(ROOFLINE), "--seed", "5", "--max-evals", "30", "--out", str(out), "--json"])
+    res = CliRunner().invoke(
+        app, ["fit", str(ROOFLINE), "--seed", "5", "--max-evals", "30", "--out", str(out), "--json"]
+    )
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert payload["synthetic"] is True and payload["scope"] == "global" and payload["seed"] == 5
@@ -120,7 +126,9 @@ def test_fit_command_writes_a_fitted_program_and_prints_validate_and_test(tmp_pa
 
 def test_fit_command_model_scope_writes_one_file_per_model(tmp_path):
     out = tmp_path / "rf.py"
-    res = CliRunner().invoke(app, ["fit", str(ROOFLINE), "--scope", "model", "--max-evals", "16", "--out", str(out), "--json"])
+    res = CliRunner().invoke(
+        app, ["fit", str(ROOFLINE), "--scope", "model", "--max-evals", "16", "--out", str(out), "--json"]
+    )
     assert res.exit_code == 0, res.output
     files = json.loads(res.stdout)["fitted_programs"]
     assert len(files) == 4 and all(load_program(f) for f in files)
@@ -128,7 +136,9 @@ def test_fit_command_model_scope_writes_one_file_per_model(tmp_path):
 
 def test_eval_of_a_program_with_nan_step_times_names_program_experiment_and_value(tmp_path):
     nan = tmp_path / "nan.py"
-    nan.write_text("CONSTANTS = {}\ndef step_time(f, c):\n    return 1000.0 if f.n_pf > 0.0 else sqrt(-1.0) * 0.0 + log(0.0) - log(0.0)\n")
+    nan.write_text(
+        "CONSTANTS = {}\ndef step_time(f, c):\n    return 1000.0 if f.n_pf > 0.0 else sqrt(-1.0) * 0.0 + log(0.0) - log(0.0)\n"
+    )
     res = CliRunner().invoke(app, ["eval", str(nan), "--json"])
     assert res.exit_code == 2
     rows = json.loads(res.stdout)["experiments"]  # the other rows are still printed: nothing lost
@@ -147,7 +157,9 @@ def test_eval_rejects_a_bad_program_with_one_line_naming_the_file(tmp_path):
 
 @needs_real_data
 def test_eval_json_on_real_data_has_the_documented_shape(real_data):
-    res = CliRunner().invoke(app, ["eval", str(seed_path("blackbox")), "--data", str(real_data), "--split", "test", "--json"])
+    res = CliRunner().invoke(
+        app, ["eval", str(seed_path("blackbox")), "--data", str(real_data), "--split", "test", "--json"]
+    )
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert payload["program"].endswith("blackbox.py") and isinstance(payload["loss"], float)

@@ -1,5 +1,6 @@
 """The LLM operator through litellm against a real local HTTP server: valid and invalid
 programs, prose, 429, server errors, garbage and hangs; caching, budgets, and a whole run."""
+
 from __future__ import annotations
 
 import shutil
@@ -7,15 +8,14 @@ import sqlite3
 from collections import Counter
 
 import pytest
+from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, LLMOperator, extract_code
-from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
-
-from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.seeds import seed_path
 
 
@@ -32,8 +32,14 @@ ROWS = [{"experiment": "exp-a", "split": "train", "e2e_obs": 2.0, "e2e_err": 12.
 
 
 def _operator(server, tmp_path, budget=None, attempts=3, timeout=2.0):
-    client = LLMClient("openai/test-model", tmp_path / "cache", base_url=server.base_url, timeout_s=timeout,
-                       max_retries=2, backoff_s=0.01)
+    client = LLMClient(
+        "openai/test-model",
+        tmp_path / "cache",
+        base_url=server.base_url,
+        timeout_s=timeout,
+        max_retries=2,
+        backoff_s=0.01,
+    )
     return LLMOperator(client, budget or Budget(), max_attempts=attempts)
 
 
@@ -46,15 +52,18 @@ def test_valid_reply_is_parsed_validated_and_cached(tmp_path):
         assert p.attempts[0].prompt_tokens == 100 and p.attempts[0].completion_tokens == 50
         # the prompt carries the parent, its errors and the DSL rules
         sent = server.requests[0]["messages"]
-        assert "f.weights [us]" in sent[0]["content"] and "exp-a" in sent[1]["content"] and "def step_time" in sent[1]["content"]
+        assert (
+            "f.weights [us]" in sent[0]["content"]
+            and "exp-a" in sent[1]["content"]
+            and "def step_time" in sent[1]["content"]
+        )
         # the same request again is served from the cache: no HTTP
         again = op.propose(_Parent, ROWS, [])
         assert again.source == p.source and again.attempts[0].cached
         assert len(server.requests) == 1
 
 
-UNITS_REPLY = ("```python\nCONSTANTS = {\"k\": 1.0}\n\ndef step_time(f, c):\n"
-               "    return c.k * f.gemm_pf + f.n_req\n```")
+UNITS_REPLY = '```python\nCONSTANTS = {"k": 1.0}\n\ndef step_time(f, c):\n    return c.k * f.gemm_pf + f.n_req\n```'
 
 
 def test_a_reply_whose_step_time_is_not_a_time_is_retried_with_the_units_rule(tmp_path):
@@ -132,7 +141,11 @@ def test_failed_attempts_are_cached_and_replayed_with_the_reply(tmp_path):
     offline = LLMClient("openai/test-model", tmp_path / "cache", offline=True)
     op = LLMOperator(offline, Budget())
     again = op.propose(_Parent, ROWS, [])
-    assert [a.outcome for a in again.attempts] == [a.outcome for a in first.attempts] == ["rate_limited", "server_error", "valid"]
+    assert (
+        [a.outcome for a in again.attempts]
+        == [a.outcome for a in first.attempts]
+        == ["rate_limited", "server_error", "valid"]
+    )
     assert all(a.cached for a in again.attempts) and again.source == first.source
     assert op.budget.calls == 3 and op.budget.tokens == 150
     with pytest.raises(LLMUnavailable) as ei:
@@ -149,7 +162,9 @@ def test_the_call_cap_also_stops_retries(tmp_path):
 def test_cost_is_priced_by_the_model_asked_for_and_the_usd_cap_stops_calls(tmp_path):
     # the server reports the name "test-model"; litellm prices openai/gpt-4o-mini: 100 + 50 tokens ~ $4.5e-5
     with ScriptedLLM([], default=lambda n: PROSE_REPLY) as server:
-        client = LLMClient("openai/gpt-4o-mini", tmp_path / "cache", base_url=server.base_url, max_retries=0, backoff_s=0.01)
+        client = LLMClient(
+            "openai/gpt-4o-mini", tmp_path / "cache", base_url=server.base_url, max_retries=0, backoff_s=0.01
+        )
         op = LLMOperator(client, Budget(max_usd=0.0001), max_attempts=5)
         p = op.propose(_Parent, ROWS, [])
         assert all(a.cost_usd > 0 for a in p.attempts)
@@ -175,19 +190,64 @@ def _variety(n: int) -> str:
 
 
 # two seeds are parents enough for the scripted replies; what is tested is the LLM's side of the loop
-SMALL = ["--seeds", str(seed_path("roofline")), "--seeds", str(seed_path("trained_physics")),
-         "--seed-fit-evals", "12", "--full-fit-evals", "8", "--quick-evals", "8", "--children", "4", "--front-cv", "none"]
+SMALL = [
+    "--seeds",
+    str(seed_path("roofline")),
+    "--seeds",
+    str(seed_path("trained_physics")),
+    "--seed-fit-evals",
+    "12",
+    "--full-fit-evals",
+    "8",
+    "--quick-evals",
+    "8",
+    "--children",
+    "4",
+    "--front-cv",
+    "none",
+]
 
 
 def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
-    script = [("status", 429), ("reply", _variety(1)), ("reply", PROSE_REPLY), ("reply", PROSE_REPLY), ("reply", PROSE_REPLY),
-              ("reply", INVALID_REPLY), ("reply", _variety(2)), ("hang", 4.0), ("reply", _variety(3)),
-              ("status", 500), ("status", 500), ("status", 500), ("status", 500)]
+    script = [
+        ("status", 429),
+        ("reply", _variety(1)),
+        ("reply", PROSE_REPLY),
+        ("reply", PROSE_REPLY),
+        ("reply", PROSE_REPLY),
+        ("reply", INVALID_REPLY),
+        ("reply", _variety(2)),
+        ("hang", 4.0),
+        ("reply", _variety(3)),
+        ("status", 500),
+        ("status", 500),
+        ("status", 500),
+        ("status", 500),
+    ]
     first = tmp_path / "first"
     with ScriptedLLM(script, default=_variety) as server:
-        res = CliRunner().invoke(app, ["run", "--generations", "3", "--seed", "5", "--archive", str(first), *SMALL,
-                                       "--llm", "openai/test-model", "--llm-base-url", server.base_url, "--llm-ratio", "1.0",
-                                       "--llm-timeout", "1.5", "--json"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "run",
+                "--generations",
+                "3",
+                "--seed",
+                "5",
+                "--archive",
+                str(first),
+                *SMALL,
+                "--llm",
+                "openai/test-model",
+                "--llm-base-url",
+                server.base_url,
+                "--llm-ratio",
+                "1.0",
+                "--llm-timeout",
+                "1.5",
+                "--json",
+            ],
+        )
         assert res.exit_code == 0, res.output
         n_http = len(server.requests)
     a = Archive(first)
@@ -208,13 +268,33 @@ def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
     # replay offline from the cache: the same archive, no server at all
     second = tmp_path / "second"
     shutil.copytree(first / "llm_cache", second / "llm_cache")
-    res = CliRunner().invoke(app, ["run", "--generations", "3", "--seed", "5", "--archive", str(second), *SMALL,
-                                   "--llm", "openai/test-model", "--llm-ratio", "1.0", "--llm-offline", "--llm-timeout", "1.5"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--generations",
+            "3",
+            "--seed",
+            "5",
+            "--archive",
+            str(second),
+            *SMALL,
+            "--llm",
+            "openai/test-model",
+            "--llm-ratio",
+            "1.0",
+            "--llm-offline",
+            "--llm-timeout",
+            "1.5",
+        ],
+    )
     assert res.exit_code == 0, res.output
 
     def programs(d):
         db = sqlite3.connect(d / Archive.FILE)
-        rows = db.execute("SELECT source, constants, parents, operator, val_loss, stage FROM programs ORDER BY id").fetchall()
+        rows = db.execute(
+            "SELECT source, constants, parents, operator, val_loss, stage FROM programs ORDER BY id"
+        ).fetchall()
         db.close()
         return rows
 
@@ -222,9 +302,13 @@ def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
 
     def calls_and_rejections(d):
         db = sqlite3.connect(d / Archive.FILE)
-        calls = db.execute("SELECT generation, model, request_hash, prompt_tokens, completion_tokens, cost_usd, outcome,"
-                           " program_id FROM llm_calls ORDER BY id").fetchall()
-        rejections = db.execute("SELECT generation, operator, parents, rule, reason FROM rejections ORDER BY id").fetchall()
+        calls = db.execute(
+            "SELECT generation, model, request_hash, prompt_tokens, completion_tokens, cost_usd, outcome,"
+            " program_id FROM llm_calls ORDER BY id"
+        ).fetchall()
+        rejections = db.execute(
+            "SELECT generation, operator, parents, rule, reason FROM rejections ORDER BY id"
+        ).fetchall()
         db.close()
         return calls, rejections
 
@@ -234,9 +318,27 @@ def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
 
 def test_llm_budget_cap_in_a_run(tmp_path):
     with ScriptedLLM([], default=_variety) as server:
-        res = CliRunner().invoke(app, ["run", "--generations", "2", "--seed", "6", "--archive", str(tmp_path), *SMALL,
-                                       "--llm", "openai/test-model", "--llm-base-url", server.base_url, "--llm-ratio", "1.0",
-                                       "--max-llm-calls", "3"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "run",
+                "--generations",
+                "2",
+                "--seed",
+                "6",
+                "--archive",
+                str(tmp_path),
+                *SMALL,
+                "--llm",
+                "openai/test-model",
+                "--llm-base-url",
+                server.base_url,
+                "--llm-ratio",
+                "1.0",
+                "--max-llm-calls",
+                "3",
+            ],
+        )
         assert res.exit_code == 0, res.output
         assert len(server.requests) == 3  # every request is distinct: no cache hits
     a = Archive(tmp_path)

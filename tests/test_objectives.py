@@ -1,6 +1,7 @@
 """Objectives (evaluator/objectives.py): rms is the project's loss (`reference_loss`), worst3 is
 the mean of the three largest per-experiment APE of mean E2E, weights from a YAML file; and the
 CLI options that carry them (`evolve eval/fit/run --objective --weights`)."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import sqlite3
 
 import numpy as np
 import pytest
+from conftest import only_error_line
 from typer.testing import CliRunner
 
-from conftest import only_error_line
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.dsl import compile_program, load_program
 from stepml_evolve.evaluator.engine import Engine
@@ -26,8 +27,15 @@ NAN = math.nan
 
 def row(name: str, e2e, ttft, n: int = 10) -> MetricRow:
     m = Means(1.0, 0.1, 10.0)
-    return MetricRow(name=name, split="test", n_requests=n, observed=m, predicted=m, ape=Errors(e2e, ttft, 0.0),
-                     timeouts=Timeouts(0, 0))
+    return MetricRow(
+        name=name,
+        split="test",
+        n_requests=n,
+        observed=m,
+        predicted=m,
+        ape=Errors(e2e, ttft, 0.0),
+        timeouts=Timeouts(0, 0),
+    )
 
 
 def reference_loss(rows: list[MetricRow]) -> float:
@@ -50,6 +58,7 @@ def worst3_of(values) -> float:
 
 
 # ---- the losses ----
+
 
 def test_rms_unweighted_is_the_reference_loss_exactly_on_random_rows():
     rng = np.random.default_rng(1)
@@ -112,7 +121,8 @@ def test_weighted_rms_counts_an_experiment_as_often_as_its_weight():
     assert Objective("rms", (("*", 1.0),)).of_rows(rows) == pytest.approx(reference_loss(rows))
     # scaling every weight by the same factor changes nothing
     assert Objective("rms", (("mix*", 30.0), ("*", 10.0))).of_rows(rows) == pytest.approx(
-        Objective("rms", (("mix*", 3.0),)).of_rows(rows))
+        Objective("rms", (("mix*", 3.0),)).of_rows(rows)
+    )
 
 
 def test_first_matching_pattern_wins_and_unmatched_weigh_one():
@@ -150,8 +160,12 @@ def test_of_apes_scores_a_population_row_by_row_as_of_rows_does():
     e2e[2, 1] = NAN
     ttft[3, 0] = NAN
     e2e[4, 3] = math.inf
-    for goal in (Objective("rms"), Objective("worst3"), Objective("rms", (("mix*", 4.0),)),
-                 Objective("worst3", (("synth-b", 0.25),))):
+    for goal in (
+        Objective("rms"),
+        Objective("worst3"),
+        Objective("rms", (("mix*", 4.0),)),
+        Objective("worst3", (("synth-b", 0.25),)),
+    ):
         losses = goal.of_apes(names, e2e, ttft)
         assert losses.shape == (6,)
         for p in range(6):
@@ -202,23 +216,26 @@ def test_load_objective_reads_patterns_in_file_order(tmp_path):
     assert load_objective("rms", f).weights == goal.weights
 
 
-@pytest.mark.parametrize("text, says", [
-    ('"*mixtral*": 2\n"*gpt*": 3\n', "'*gpt*' matches no experiment"),
-    ('"*mixtral*": 0\n', "positive number"),
-    ('"*mixtral*": -1.5\n', "positive number"),
-    ('"*mixtral*": two\n', "positive number"),
-    ('"*mixtral*": "2"\n', "positive number"),
-    ('"*mixtral*": true\n', "positive number"),
-    ('"*mixtral*": .nan\n', "positive number"),
-    ('"*mixtral*": .inf\n', "positive number"),
-    ('"*mixtral*": [1, 2]\n', "positive number"),
-    ('"*mixtral*": ' + "9" * 400 + "\n", "positive number"),  # an int no float holds
-    ('"*mixtral*": [1, 2\n', "not valid YAML"),
-    ("\t- : :\n", "not valid YAML"),
-    ("", "expected a mapping"),
-    ("- '*mixtral*'\n- 2\n", "expected a mapping"),
-    ("just a string\n", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('"*mixtral*": 2\n"*gpt*": 3\n', "'*gpt*' matches no experiment"),
+        ('"*mixtral*": 0\n', "positive number"),
+        ('"*mixtral*": -1.5\n', "positive number"),
+        ('"*mixtral*": two\n', "positive number"),
+        ('"*mixtral*": "2"\n', "positive number"),
+        ('"*mixtral*": true\n', "positive number"),
+        ('"*mixtral*": .nan\n', "positive number"),
+        ('"*mixtral*": .inf\n', "positive number"),
+        ('"*mixtral*": [1, 2]\n', "positive number"),
+        ('"*mixtral*": ' + "9" * 400 + "\n", "positive number"),  # an int no float holds
+        ('"*mixtral*": [1, 2\n', "not valid YAML"),
+        ("\t- : :\n", "not valid YAML"),
+        ("", "expected a mapping"),
+        ("- '*mixtral*'\n- 2\n", "expected a mapping"),
+        ("just a string\n", "expected a mapping"),
+    ],
+)
 def test_bad_weights_files_are_one_line_errors_naming_the_file(tmp_path, text, says):
     f = tmp_path / "weights.yaml"
     f.write_text(text)
@@ -239,6 +256,7 @@ def test_unreadable_weights_files_are_one_line_errors_naming_the_file(tmp_path):
 
 
 # ---- the command line ----
+
 
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
@@ -268,7 +286,9 @@ def test_eval_reports_the_weighted_worst3_loss(weights_file):
 
     plain = json.loads(invoke("eval", seed_path("roofline"), "--json").stdout)
     assert plain["objective"] == "rms" and plain["weights"] is None
-    assert plain["loss"] == pytest.approx(rms_of([r["ape"]["e2e"] for r in rows]) + rms_of([r["ape"]["ttft"] for r in rows]))
+    assert plain["loss"] == pytest.approx(
+        rms_of([r["ape"]["e2e"] for r in rows]) + rms_of([r["ape"]["ttft"] for r in rows])
+    )
     assert plain["experiments"] == out["experiments"]  # the objective changes the loss, not the replay
 
     text = invoke("eval", seed_path("roofline"), "--objective", "worst3", "--weights", weights_file)
@@ -279,8 +299,21 @@ def test_eval_reports_the_weighted_worst3_loss(weights_file):
 
 def test_fit_with_worst3_weights_and_cmaes_says_so_in_json_and_header(tmp_path, weights_file):
     out_path = tmp_path / "rf.fitted.py"
-    res = invoke("fit", seed_path("roofline"), "--max-evals", 6, "--objective", "worst3", "--weights", weights_file,
-                 "--method", "cmaes", "--out", out_path, "--json")
+    res = invoke(
+        "fit",
+        seed_path("roofline"),
+        "--max-evals",
+        6,
+        "--objective",
+        "worst3",
+        "--weights",
+        weights_file,
+        "--method",
+        "cmaes",
+        "--out",
+        out_path,
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["method"] == "cmaes" and out["objective"] == "worst3"
@@ -312,12 +345,15 @@ def test_fit_header_names_only_settings_that_are_not_the_default(tmp_path, weigh
     assert FittedHeader.parse(worst.read_text()).objective == "worst3"
 
 
-@pytest.mark.parametrize("content, says", [
-    ('"*gpt-5*": 2\n', "matches no experiment"),
-    ('"*mixtral*": -2\n', "positive number"),
-    ('"*mixtral*": [2\n', "not valid YAML"),
-    (None, "cannot read"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ('"*gpt-5*": 2\n', "matches no experiment"),
+        ('"*mixtral*": -2\n', "positive number"),
+        ('"*mixtral*": [2\n', "not valid YAML"),
+        (None, "cannot read"),
+    ],
+)
 def test_a_bad_weights_file_stops_every_command_with_one_line(tmp_path, content, says):
     f = tmp_path / "weights.yaml"
     if content is not None:
@@ -325,8 +361,11 @@ def test_a_bad_weights_file_stops_every_command_with_one_line(tmp_path, content,
     program = seed_path("roofline")
     only_error_line(invoke("eval", program, "--weights", f), str(f), says)
     only_error_line(invoke("fit", program, "--weights", f, "--out", tmp_path / "o.py"), str(f), says)
-    only_error_line(invoke("run", "--generations", 0, "--archive", tmp_path / "run", "--weights", f,
-                          "--seed-fit-evals", 3), str(f), says)
+    only_error_line(
+        invoke("run", "--generations", 0, "--archive", tmp_path / "run", "--weights", f, "--seed-fit-evals", 3),
+        str(f),
+        says,
+    )
     assert not (tmp_path / "o.py").exists() and not (tmp_path / "run").exists()
 
 
@@ -347,8 +386,9 @@ def stored_search(archive_dir) -> dict:
 
 def test_run_stores_objective_and_weights_and_resume_must_match(tmp_path, weights_file):
     d = tmp_path / "run"
-    res = invoke("run", "--generations", 0, "--archive", d, "--objective", "worst3", "--weights", weights_file, *RUN,
-                 "--json")
+    res = invoke(
+        "run", "--generations", 0, "--archive", d, "--objective", "worst3", "--weights", weights_file, *RUN, "--json"
+    )
     assert res.exit_code == 0, res.output
     search = stored_search(d)
     assert search["objective"] == "worst3"
@@ -369,16 +409,22 @@ def test_run_stores_objective_and_weights_and_resume_must_match(tmp_path, weight
     # the same weights (another file, same content): accepted
     same = tmp_path / "same.yaml"
     same.write_text(weights_file.read_text())
-    res = invoke("run", "--generations", 0, "--archive", d, "--resume", "--objective", "worst3", "--weights", same, *RUN)
+    res = invoke(
+        "run", "--generations", 0, "--archive", d, "--resume", "--objective", "worst3", "--weights", same, *RUN
+    )
     assert res.exit_code == 0, res.output
 
     other = tmp_path / "other.yaml"
     other.write_text('"*mixtral*": 2\n"*7b*": 0.5\n')
-    for extra, says in ((["--objective", "worst3", "--weights", other], "weights: run"),
-                        (["--objective", "worst3"], "weights: run"),
-                        (["--weights", weights_file], "objective: run worst3, now rms"),
-                        (["--objective", "worst3", "--weights", weights_file, "--prompt-reuse", "off"],
-                         "prompt-reuse: run detect, now off")):
+    for extra, says in (
+        (["--objective", "worst3", "--weights", other], "weights: run"),
+        (["--objective", "worst3"], "weights: run"),
+        (["--weights", weights_file], "objective: run worst3, now rms"),
+        (
+            ["--objective", "worst3", "--weights", weights_file, "--prompt-reuse", "off"],
+            "prompt-reuse: run detect, now off",
+        ),
+    ):
         res = invoke("run", "--generations", 1, "--archive", d, "--resume", *extra, *RUN)
         only_error_line(res, str(d), "other search settings", says)
     assert stored_search(d) == search

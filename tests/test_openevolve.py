@@ -1,20 +1,20 @@
 """`evolve run --engine openevolve`: OpenEvolve 0.4 runs for real (its controller, its worker
 process, its diff parser) against the local OpenAI-compatible test server with scripted replies,
 and every candidate it evaluates lands in our archive through our judge."""
+
 from __future__ import annotations
 
 import json
 from collections import Counter
 from pathlib import Path
 
-import pytest
+from conftest import ROOT, needs_real_data
+from llm_server import PROSE_REPLY, ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
-from conftest import ROOT, needs_real_data
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.openevolve.engine import HEADER, failure_rule, unwrap, wrap
-from llm_server import PROSE_REPLY, ScriptedLLM, program_reply
 
 ROOFLINE = str(ROOT / "seeds" / "roofline.py")
 MEMORY_LINE = "    memory = f.weights + f.kv_read + f.kv_write\n"
@@ -28,9 +28,27 @@ def diff(search: str, replace: str, note: str = "A change.") -> str:
 
 
 def _run(tmp_path: Path, server: ScriptedLLM, generations: int, *extra: str, archive: str = "arch"):
-    return CliRunner().invoke(app, ["run", "--engine", "openevolve", "--generations", str(generations), "--seed", "5",
-                                    "--archive", str(tmp_path / archive), "--llm", "openai/test-model", "--llm-base-url",
-                                    server.base_url, *SMALL, *extra, "--json"])
+    return CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--engine",
+            "openevolve",
+            "--generations",
+            str(generations),
+            "--seed",
+            "5",
+            "--archive",
+            str(tmp_path / archive),
+            "--llm",
+            "openai/test-model",
+            "--llm-base-url",
+            server.base_url,
+            *SMALL,
+            *extra,
+            "--json",
+        ],
+    )
 
 
 def test_every_reply_openevolve_makes_of_it_is_recorded_with_its_rule_and_nothing_is_executed(tmp_path):
@@ -48,7 +66,7 @@ def test_every_reply_openevolve_makes_of_it_is_recorded_with_its_rule_and_nothin
         requests = len(server.requests)
     assert res.exit_code == 0, res.output
     assert not pwned.exists()
-    summary = json.loads(res.output[res.output.index("{"):])
+    summary = json.loads(res.output[res.output.index("{") :])
     archive = Archive(tmp_path / "arch", read_only=True)
     try:
         run = archive.run()
@@ -75,11 +93,16 @@ def test_every_reply_openevolve_makes_of_it_is_recorded_with_its_rule_and_nothin
     shown = CliRunner().invoke(app, ["archive", "show", str(child.id), "--archive", str(tmp_path / "arch")])
     assert shown.exit_code == 0 and "openevolve" in shown.output
     listed = CliRunner().invoke(app, ["archive", "list", "--json", "--archive", str(tmp_path / "arch")])
-    assert listed.exit_code == 0 and sorted(p["operator"] for p in json.loads(listed.output)) == ["openevolve", "seed:roofline"]
+    assert listed.exit_code == 0 and sorted(p["operator"] for p in json.loads(listed.output)) == [
+        "openevolve",
+        "seed:roofline",
+    ]
     front = CliRunner().invoke(app, ["archive", "pareto", "--json", "--archive", str(tmp_path / "arch")])
     assert front.exit_code == 0 and {p["id"] for p in json.loads(front.output)} <= {seed.id, child.id}
-    go = CliRunner().invoke(app, ["emit-go", str(child.id), "--archive", str(tmp_path / "arch"), "--out",
-                                  str(tmp_path / "stepml_evolved.go")])
+    go = CliRunner().invoke(
+        app,
+        ["emit-go", str(child.id), "--archive", str(tmp_path / "arch"), "--out", str(tmp_path / "stepml_evolved.go")],
+    )
     assert go.exit_code == 0, go.output
     assert "func " in (tmp_path / "stepml_evolved.go").read_text()
 
@@ -88,8 +111,11 @@ def test_rewrites_take_whole_programs_and_a_repeated_prompt_gets_its_own_reply(t
     """--rewrites: OpenEvolve asks for whole programs; a reply without the block markers is all
     program. Iterations 1 and 2 send the same prompt (same parent, same database); each gets the
     next scripted reply, not the cached first one."""
-    script = [("reply", program_reply("n_req")), ("reply", program_reply("n_dc", "adds a decode term")),
-              ("reply", PROSE_REPLY)]
+    script = [
+        ("reply", program_reply("n_req")),
+        ("reply", program_reply("n_dc", "adds a decode term")),
+        ("reply", PROSE_REPLY),
+    ]
     with ScriptedLLM(script) as server:
         res = _run(tmp_path, server, len(script), "--rewrites")
         sent = server.requests
@@ -107,13 +133,32 @@ def test_rewrites_take_whole_programs_and_a_repeated_prompt_gets_its_own_reply(t
 
 
 def test_openevolve_refusals_are_one_line_with_exit_2(tmp_path, monkeypatch):
-    with ScriptedLLM([("reply", diff(MEMORY_LINE, "    memory = f.weights + 2.0 * f.kv_read + f.kv_write\n"))]) as server:
+    with ScriptedLLM(
+        [("reply", diff(MEMORY_LINE, "    memory = f.weights + 2.0 * f.kv_read + f.kv_write\n"))]
+    ) as server:
         first = _run(tmp_path, server, 1)
         assert first.exit_code == 0, first.output
-        again = CliRunner().invoke(app, ["run", "--engine", "openevolve", "--generations", "2", "--resume", "--archive",
-                                         str(tmp_path / "arch"), "--llm", "openai/test-model", "--llm-base-url",
-                                         server.base_url, *SMALL])
-        ours = CliRunner().invoke(app, ["run", "--generations", "2", "--resume", "--archive", str(tmp_path / "arch"), *SMALL])
+        again = CliRunner().invoke(
+            app,
+            [
+                "run",
+                "--engine",
+                "openevolve",
+                "--generations",
+                "2",
+                "--resume",
+                "--archive",
+                str(tmp_path / "arch"),
+                "--llm",
+                "openai/test-model",
+                "--llm-base-url",
+                server.base_url,
+                *SMALL,
+            ],
+        )
+        ours = CliRunner().invoke(
+            app, ["run", "--generations", "2", "--resume", "--archive", str(tmp_path / "arch"), *SMALL]
+        )
     for res in (again, ours):
         assert res.exit_code == 2
         lines = [line for line in res.output.splitlines() if line.strip()]
@@ -122,9 +167,11 @@ def test_openevolve_refusals_are_one_line_with_exit_2(tmp_path, monkeypatch):
     assert no_llm.exit_code == 2 and "needs an LLM: pass --llm" in no_llm.output
     assert not (tmp_path / "x").exists()
     import stepml_evolve.evolve.openevolve.engine as engine
+
     monkeypatch.setattr(engine.metadata, "version", lambda name: "0.3.9")
-    old = CliRunner().invoke(app, ["run", "--engine", "openevolve", "--llm", "openai/m", "--archive", str(tmp_path / "y"),
-                                   *SMALL])
+    old = CliRunner().invoke(
+        app, ["run", "--engine", "openevolve", "--llm", "openai/m", "--archive", str(tmp_path / "y"), *SMALL]
+    )
     assert old.exit_code == 2 and "OpenEvolve 0.4.x" in old.output and "found 0.3.9" in old.output
     assert len([line for line in old.output.splitlines() if line.strip()]) == 1
     assert not (tmp_path / "y").exists()
@@ -151,10 +198,36 @@ def test_the_evolve_block_is_the_program_and_nothing_outside_it_may_change():
 def test_an_openevolve_run_on_the_real_data(tmp_path, real_data):
     script = [("reply", diff(MEMORY_LINE, "    memory = f.weights + f.kv_read + 2.0 * f.kv_write\n"))]
     with ScriptedLLM(script) as server:
-        res = CliRunner().invoke(app, ["run", "--engine", "openevolve", "--generations", "1", "--seed", "7", "--data",
-                                       str(real_data), "--archive", str(tmp_path / "arch"), "--llm", "openai/test-model",
-                                       "--llm-base-url", server.base_url, "--seeds", ROOFLINE, "--seed-fit-evals", "6",
-                                       "--full-fit-evals", "6", "--quick-evals", "4", "--front-cv", "none"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "run",
+                "--engine",
+                "openevolve",
+                "--generations",
+                "1",
+                "--seed",
+                "7",
+                "--data",
+                str(real_data),
+                "--archive",
+                str(tmp_path / "arch"),
+                "--llm",
+                "openai/test-model",
+                "--llm-base-url",
+                server.base_url,
+                "--seeds",
+                ROOFLINE,
+                "--seed-fit-evals",
+                "6",
+                "--full-fit-evals",
+                "6",
+                "--quick-evals",
+                "4",
+                "--front-cv",
+                "none",
+            ],
+        )
     assert res.exit_code == 0, res.output
     archive = Archive(tmp_path / "arch", read_only=True)
     try:

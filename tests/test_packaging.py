@@ -1,5 +1,6 @@
 """Seeds and prompts are package data: found after a regular (non-editable) install; the wheel
 installs one top-level name, stepml_evolve, and nothing generic (archive, evaluator, ...)."""
+
 from __future__ import annotations
 
 from importlib import metadata
@@ -31,6 +32,9 @@ def test_installed_distribution_ships_seeds_prompts_and_templates():
 
 
 def test_the_wheel_installs_one_top_level_name():
-    tops = {f.split("/")[0] for f in _installed_files()
-            if not f.startswith("..") and ".dist-info" not in f.split("/")[0] and "__pycache__" not in f}
+    tops = {
+        f.split("/")[0]
+        for f in _installed_files()
+        if not f.startswith("..") and ".dist-info" not in f.split("/")[0] and "__pycache__" not in f
+    }
     assert tops == {"stepml_evolve"}, tops

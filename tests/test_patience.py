@@ -1,6 +1,7 @@
 """`evolve run --patience N`: the run stops once the best validation loss has not fallen by more
 than 0.5% for N completed generations, and a resumed run stops at the same place; and resuming an
 archive stored before fit_method/objective/weights were settings (`LEGACY_SETTINGS`)."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,9 @@ import shutil
 import sqlite3
 
 import pytest
+from conftest import snapshot
 from typer.testing import CliRunner
 
-from conftest import snapshot
 from stepml_evolve.archive.records import GenerationRecord
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.engine import Engine
@@ -19,13 +20,28 @@ from stepml_evolve.evolve.search import LEGACY_SETTINGS, PATIENCE_GAIN, Search, 
 
 # cmaes: the plain closed loop, small budgets; no promotions, so no child is fully evaluated and
 # the best validation loss is the seeds' from generation 0 on (patience must run out)
-STALL = ["--fit-method", "cmaes", "--seed-fit-evals", "6", "--quick-evals", "3", "--children", "2", "--max-promotions", "0", "--front-cv", "none"]
+STALL = [
+    "--fit-method",
+    "cmaes",
+    "--seed-fit-evals",
+    "6",
+    "--quick-evals",
+    "3",
+    "--children",
+    "2",
+    "--max-promotions",
+    "0",
+    "--front-cv",
+    "none",
+]
 GENERATIONS = 6
 
 
 def run(archive, *extra, generations=GENERATIONS, ok=True):
-    res = CliRunner().invoke(app, ["run", "--generations", str(generations), "--seed", "5", "--archive", str(archive),
-                                   *STALL, *extra, "--json"])
+    res = CliRunner().invoke(
+        app,
+        ["run", "--generations", str(generations), "--seed", "5", "--archive", str(archive), *STALL, *extra, "--json"],
+    )
     if ok:
         assert res.exit_code == 0, res.output
     return res
@@ -34,8 +50,11 @@ def run(archive, *extra, generations=GENERATIONS, ok=True):
 def upto(snap: dict, generation: int) -> dict:
     """The part of a snapshot written by generations 0..generation (evaluations: those of the
     programs those generations wrote)."""
-    part = {k: [r for r in rows if r[0 if k == "generations" else 1] <= generation]
-            for k, rows in snap.items() if k != "evaluations"}
+    part = {
+        k: [r for r in rows if r[0 if k == "generations" else 1] <= generation]
+        for k, rows in snap.items()
+        if k != "evaluations"
+    }
     kept = {p[0] for p in part["programs"]}
     part["evaluations"] = [r for r in snap["evaluations"] if r[0] in kept]
     return part
@@ -106,11 +125,13 @@ def test_patience_running_out_at_the_last_generation_stopped_nothing(tmp_path):
 
 # ---- the rule, on generations written with chosen best validation losses ----
 
+
 def test_only_a_gain_of_more_than_half_a_percent_resets_the_patience(synthetic, tmp_path):
     assert PATIENCE_GAIN == 0.005
     a = Archive(tmp_path / "archive", create=True)
     try:
         with Engine(synthetic.experiments, workers=1) as engine:
+
             def search(patience):
                 return Search(a, synthetic, engine, SearchConfig(patience=patience), resume=True)
 
@@ -119,13 +140,13 @@ def test_only_a_gain_of_more_than_half_a_percent_resets_the_patience(synthetic, 
             assert not first.out_of_patience()  # nothing completed yet
             # best validation loss after each generation -> out of patience (2, 1, 3) after it
             steps = [
-                (100.0, (False, False, False)),   # the first best
-                (99.7, (False, True, False)),     # -0.3% from 100: no gain
-                (99.4, (False, False, False)),    # -0.6% from 100 (the last gain), though -0.3% from 99.7: a gain
-                (99.0, (False, True, False)),     # -0.4% from 99.4: no gain
-                (None, (True, True, False)),      # no finite validation loss: no gain
-                (98.95, (True, True, True)),      # -0.45% from 99.4 (the reference is the last gain): no gain
-                (98.0, (False, False, False)),    # -1.4%: a gain
+                (100.0, (False, False, False)),  # the first best
+                (99.7, (False, True, False)),  # -0.3% from 100: no gain
+                (99.4, (False, False, False)),  # -0.6% from 100 (the last gain), though -0.3% from 99.7: a gain
+                (99.0, (False, True, False)),  # -0.4% from 99.4: no gain
+                (None, (True, True, False)),  # no finite validation loss: no gain
+                (98.95, (True, True, True)),  # -0.45% from 99.4 (the reference is the last gain): no gain
+                (98.0, (False, False, False)),  # -1.4%: a gain
             ]
             for g, (best_val, expected) in enumerate(steps):
                 a.write_generation(run_id, g, 0.0, [], [], [], GenerationRecord(best_val=best_val))
@@ -155,6 +176,7 @@ def test_exactly_half_a_percent_is_not_a_gain(synthetic, tmp_path):
 
 # ---- archives stored before fit_method, objective and weights were settings ----
 
+
 def make_legacy(archive_dir):
     """Drop the settings an old archive did not store from its run's stored search settings."""
     db = sqlite3.connect(archive_dir / Archive.FILE)
@@ -176,8 +198,17 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     before = snapshot(d)
     assert LEGACY_SETTINGS["fit_method"] == "cmaes"
 
-    base = ["run", "--generations", "1", "--seed", "5", "--archive", str(d), "--resume",
-            *[a for a in STALL if a not in ("--fit-method", "cmaes")]]
+    base = [
+        "run",
+        "--generations",
+        "1",
+        "--seed",
+        "5",
+        "--archive",
+        str(d),
+        "--resume",
+        *[a for a in STALL if a not in ("--fit-method", "cmaes")],
+    ]
     res = CliRunner().invoke(app, base)  # the default method is trust-region; the old run fitted with CMA-ES
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
@@ -193,8 +224,9 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     # units and prompt reuse are legacy settings too: such a run checked no units and shared system prompts only
     res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--units", "off"])
     assert res.exit_code == 2 and "prompt-reuse: run system-prompt, now detect" in res.stderr, res.output
-    res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--units", "off", "--prompt-reuse", "system-prompt",
-                                   "--json"])
+    res = CliRunner().invoke(
+        app, [*base, "--fit-method", "cmaes", "--units", "off", "--prompt-reuse", "system-prompt", "--json"]
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["generations"] == 1
     after = snapshot(d)

@@ -1,6 +1,7 @@
 """Prompt reuse: the loader finds a cycled prompt list in the per-request input lengths and gives
 each request its prompt (prompt_reuse.py); `--prompt-reuse` picks the policy, `data check` shows
 what was found, fits and runs store it; data without a cycle are left as they were."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import needs_real_data
 from typer.testing import CliRunner
 
-from conftest import needs_real_data
 from stepml_evolve.evaluator.experiments import LoadOptions, load_experiment
 from stepml_evolve.evaluator.prompt_reuse import Sharing, assign_prompts, detect_cycle, expected_cached_share
 from stepml_evolve.evolve.cli.app import app
@@ -32,6 +33,7 @@ def cycled(period=37, rounds=6, seed=1, swaps=()):
 
 
 # ---- finding the cycle ----------------------------------------------------------------------------
+
 
 def test_a_cycled_list_is_found_and_swapped_sends_get_their_own_prompt():
     swaps = (40, 100, 151)
@@ -80,6 +82,7 @@ def test_expected_cached_share_counts_full_blocks_and_the_last_token():
 
 # ---- the real data --------------------------------------------------------------------------------
 
+
 @needs_real_data
 def test_every_real_run_cycles_100_prompts_and_the_cache_serves_most_prompt_tokens(real_experiments):
     for e in real_experiments:
@@ -116,6 +119,7 @@ def test_the_replay_serves_resent_prompts_from_the_cache_unless_kv_binds(real_da
 
 
 # ---- the command line -----------------------------------------------------------------------------
+
 
 def test_data_check_shows_the_cycle_and_the_policy_changes_it(synthetic):
     from stepml_evolve.evaluator.datasets import sample_size
@@ -162,7 +166,9 @@ def test_fit_stores_the_policy_in_its_header_and_its_json(tmp_path):
     from stepml_evolve.seeds import seed_path
 
     out = tmp_path / "rf.py"
-    res = cli("fit", seed_path("roofline"), "--max-evals", "4", "--prompt-reuse", "system-prompt", "--out", out, "--json")
+    res = cli(
+        "fit", seed_path("roofline"), "--max-evals", "4", "--prompt-reuse", "system-prompt", "--out", out, "--json"
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["prompt_reuse"] == "system-prompt"
     assert FittedHeader.parse(out.read_text()).prompt_reuse == "system-prompt"

@@ -1,5 +1,6 @@
 """The closed-loop replay: BLIS timing semantics, scheduler behaviors, and invariants over
 random workloads; its per-step components equal the vectorized computation."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,10 @@ MIXTRAL = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, voc
 
 
 def _program(step: str, queue: str = "0.0", out_tok: str = "0.0", post: str | None = None, consts: str = "{}"):
-    src = f"CONSTANTS = {consts}\ndef step_time(f, c):\n    return {step}\ndef queueing_time(r, c):\n    return {queue}\n" \
-          f"def output_token_time(c):\n    return {out_tok}\n"
+    src = (
+        f"CONSTANTS = {consts}\ndef step_time(f, c):\n    return {step}\ndef queueing_time(r, c):\n    return {queue}\n"
+        f"def output_token_time(c):\n    return {out_tok}\n"
+    )
     if post:
         src += f"def post_decode_time(c):\n    return {post}\n"
     prog = parse_program(src)
@@ -66,7 +69,9 @@ def test_a_resent_prompt_hits_all_its_full_blocks_and_another_prompt_of_its_grou
     # prompts 0, 0, 1 of one system-prompt group (100 tokens: 6 full blocks); the resend hits every
     # full block vLLM may use ((600 - 1) // 16 = 37 of them, the last token is always computed), the
     # other prompt only the system prompt's 6
-    exp = _exp([0, 5000, 10000], [600, 600, 610], [2, 2, 2], prefix_group=[0, 0, 0], prefix_tokens=100, prompt=[0, 0, 1])
+    exp = _exp(
+        [0, 5000, 10000], [600, 600, 610], [2, 2, 2], prefix_group=[0, 0, 0], prefix_tokens=100, prompt=[0, 0, 1]
+    )
     res = replay(exp, cp, c, record=True, semantics="vllm")
     t = res.trajectory
     firsts = [np.flatnonzero(t.request == r)[0] for r in range(3)]
@@ -121,13 +126,16 @@ def test_a_preempted_request_hits_its_own_prompt_blocks_until_they_are_reused():
     t = res.trajectory
     assert res.preemptions[2] > 0 and (res.state == FINISHED).all()
     readmit = [i for i in np.flatnonzero((t.request == 2) & t.is_prefill)][1:]
-    assert readmit and all(t.new_tokens[i] == 16 and t.context[i] == 16 for i in readmit)  # block 0 hit, last token recomputed
+    assert readmit and all(
+        t.new_tokens[i] == 16 and t.context[i] == 16 for i in readmit
+    )  # block 0 hit, last token recomputed
 
 
 def test_blis_admits_a_fully_cached_prompt_with_nothing_to_compute():
     _, cp, c = _program("1000.0")
-    res = replay(_exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True,
-                 semantics="blis")
+    res = replay(
+        _exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True, semantics="blis"
+    )
     t = res.trajectory
     assert res.preemptions[2] > 0 and (res.state == FINISHED).all()
     # the readmitted request's whole prompt is cached: no prefill slot, yet it gets its first token
@@ -164,8 +172,9 @@ def test_seats_limit_the_running_batch():
 def test_preempts_tail_when_kv_full_and_restarts_it():
     _, cp, c = _program("1000.0")
     # 3 requests of 32 prompt + 40 output tokens need 5 blocks each at the end; only 12 blocks exist
-    res = replay(_exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True,
-                 semantics="vllm")
+    res = replay(
+        _exp([0, 0, 0], [32, 32, 32], [40, 40, 40], kv_blocks=12, block_size=16), cp, c, record=True, semantics="vllm"
+    )
     assert (res.state == FINISHED).all()
     assert res.preemptions.sum() > 0
     assert res.preemptions[2] > 0 and res.preemptions[0] == 0  # the tail is the victim, the head never
@@ -202,7 +211,9 @@ def test_nan_or_non_positive_step_time_is_a_reported_failure():
     _, cp, c = _program("1000.0", queue="-(exp(100.0) ** 4) * (exp(100.0) ** 4) * (exp(100.0) ** 4)")
     res = replay(_exp([0], [10], [3]), cp, c)
     assert not res.ok and res.failure().startswith("queueing_time returned -inf")
-    _, cp, c = _program("log(f.n_req - f.n_req) * 0.0 + sqrt(-1.0) / 0.0 + (f.n_req ** -1.0) * 0.0 + 0.0 * (0.0 ** -1.0)")
+    _, cp, c = _program(
+        "log(f.n_req - f.n_req) * 0.0 + sqrt(-1.0) / 0.0 + (f.n_req ** -1.0) * 0.0 + 0.0 * (0.0 ** -1.0)"
+    )
     res = replay(_exp([0], [10], [3]), cp, c)
     assert not res.ok
 
@@ -215,16 +226,30 @@ def _random_workload(seed: int, scarce_kv: bool):
     outputs = rng.integers(1, 400, n)
     groups = np.where((rng.random(n) < 0.5) & (inputs > 100), rng.integers(0, 3, n), -1)
     kv = int(rng.integers(200, 400)) if scarce_kv else 100_000
-    return _exp(arrival, inputs, outputs, prefix_group=groups, prefix_tokens=100, kv_blocks=kv, block_size=16,
-                max_num_seqs=int(rng.integers(2, 64)), max_num_batched_tokens=int(rng.choice([256, 512, 2048])),
-                timeout_s=float(rng.choice([5.0, 300.0])), arch=LLAMA7)
+    return _exp(
+        arrival,
+        inputs,
+        outputs,
+        prefix_group=groups,
+        prefix_tokens=100,
+        kv_blocks=kv,
+        block_size=16,
+        max_num_seqs=int(rng.integers(2, 64)),
+        max_num_batched_tokens=int(rng.choice([256, 512, 2048])),
+        timeout_s=float(rng.choice([5.0, 300.0])),
+        arch=LLAMA7,
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_invariants_hold_on_random_workloads(seed):
     exp = _random_workload(seed, scarce_kv=seed % 2 == 0)
-    prog, cp, c = _program("c.base + c.k * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc) + f.weights + f.kv_read",
-                           queue="c.q", out_tok="20.0", consts='{"base": 2000.0, "k": 1.5, "q": 300.0}')
+    prog, cp, c = _program(
+        "c.base + c.k * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc) + f.weights + f.kv_read",
+        queue="c.q",
+        out_tok="20.0",
+        consts='{"base": 2000.0, "k": 1.5, "q": 300.0}',
+    )
     semantics = "blis" if seed % 4 < 2 else "vllm"
     res = replay(exp, cp, c, record=True, semantics=semantics)
     assert res.ok
@@ -246,7 +271,9 @@ def test_invariants_hold_on_random_workloads(seed):
     for r in np.flatnonzero(fin) if semantics == "vllm" else []:
         slots = np.flatnonzero(t.request == r)
         pf = slots[t.is_prefill[slots]]
-        starts = [i for k, i in enumerate(pf) if k == 0 or t.context[i] != t.context[pf[k - 1]] + t.new_tokens[pf[k - 1]]]
+        starts = [
+            i for k, i in enumerate(pf) if k == 0 or t.context[i] != t.context[pf[k - 1]] + t.new_tokens[pf[k - 1]]
+        ]
         # (a request preempted right after a chunk that ended on a block boundary resumes where it was)
         assert 1 <= len(starts) <= 1 + res.preemptions[r]
         last = slots[slots >= starts[-1]]
@@ -258,7 +285,10 @@ def test_invariants_hold_on_random_workloads(seed):
 
 
 def test_preemption_happens_when_kv_is_scarce():
-    preempted = [replay(_random_workload(s, True), *_program("5000.0")[1:], record=False).preemptions.sum() for s in range(0, 20, 2)]
+    preempted = [
+        replay(_random_workload(s, True), *_program("5000.0")[1:], record=False).preemptions.sum()
+        for s in range(0, 20, 2)
+    ]
     assert sum(p > 0 for p in preempted) >= 5
     plenty = [replay(_random_workload(s, False), *_program("5000.0")[1:]).preemptions.sum() for s in range(1, 20, 2)]
     assert sum(plenty) == 0
@@ -268,13 +298,24 @@ def test_preemption_happens_when_kv_is_scarce():
 @pytest.mark.parametrize("component", COMPONENT_NAMES)
 def test_replay_components_equal_vectorized_trajectory_components(arch, tp, component):
     exp = _random_workload(5, scarce_kv=False)
-    exp = Experiment.from_arrays("t", exp.arrival_us, exp.input_tokens, exp.output_tokens, arch=arch, tp=tp,
-                                 prefix_group=exp.prefix_group, group_tokens=exp.group_tokens, max_num_seqs=32)
+    exp = Experiment.from_arrays(
+        "t",
+        exp.arrival_us,
+        exp.input_tokens,
+        exp.output_tokens,
+        arch=arch,
+        tp=tp,
+        prefix_group=exp.prefix_group,
+        group_tokens=exp.group_tokens,
+        max_num_seqs=32,
+    )
     # the step time exposes one component: duration = round(3000 + 0.25 * component)
     prog, cp, c = _program(f"3000.0 + 0.25 * f.{component}")
     res = replay(exp, cp, c, record=True)
     t = res.trajectory
-    comps = from_trajectory(t.step, t.new_tokens, t.context, t.is_prefill, t.n_steps, coefficients(arch, exp.hardware, tp))
+    comps = from_trajectory(
+        t.step, t.new_tokens, t.context, t.is_prefill, t.n_steps, coefficients(arch, exp.hardware, tp)
+    )
     expected = np.maximum(1, np.round(step_times(prog, comps, c)))
     np.testing.assert_array_equal(t.step_us, expected)
 

@@ -1,4 +1,5 @@
 """The search: same seed -> same archive; SIGKILL then --resume loses and duplicates nothing."""
+
 from __future__ import annotations
 
 import os
@@ -9,18 +10,30 @@ import sys
 import time
 
 import pytest
+from conftest import FixedEmitter, snapshot
 from typer.testing import CliRunner
 
-from conftest import FixedEmitter, snapshot
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
 
-SMALL = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5", "--front-cv", "none"]
+SMALL = [
+    "--seed-fit-evals",
+    "16",
+    "--full-fit-evals",
+    "12",
+    "--quick-evals",
+    "8",
+    "--children",
+    "5",
+    "--front-cv",
+    "none",
+]
 
 
 def run(archive, generations, *extra, seed=3):
-    res = CliRunner().invoke(app, ["run", "--generations", str(generations), "--seed", str(seed), "--archive", str(archive),
-                                   *SMALL, *extra])
+    res = CliRunner().invoke(
+        app, ["run", "--generations", str(generations), "--seed", str(seed), "--archive", str(archive), *SMALL, *extra]
+    )
     assert res.exit_code == 0, res.output
     return res
 
@@ -51,9 +64,25 @@ def interrupted(reference, tmp_path_factory):
 def sigkill_inside_a_generation(archive_dir, after: int):
     """Resume the run in a subprocess and SIGKILL it once generation `after` is committed (landing
     inside the next one); (the generation seen, the archive's snapshot after the kill)."""
-    proc = subprocess.Popen([sys.executable, "-m", "stepml_evolve", "run", "--generations", "5", "--seed", "3", "--archive",
-                             str(archive_dir), "--resume", *SMALL], env=dict(os.environ),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stepml_evolve",
+            "run",
+            "--generations",
+            "5",
+            "--seed",
+            "3",
+            "--archive",
+            str(archive_dir),
+            "--resume",
+            *SMALL,
+        ],
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     db_path = archive_dir / Archive.FILE
     deadline = time.time() + 300
     killed_after = None
@@ -124,8 +153,27 @@ def test_a_second_run_into_the_same_archive_needs_resume(reference):
 
 def test_resume_refuses_other_search_settings(reference):
     d, _ = reference
-    res = CliRunner().invoke(app, ["run", "--generations", "6", "--seed", "3", "--archive", str(d), "--resume",
-                                   "--seed-fit-evals", "40", "--full-fit-evals", "24", "--quick-evals", "16", "--children", "7"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--generations",
+            "6",
+            "--seed",
+            "3",
+            "--archive",
+            str(d),
+            "--resume",
+            "--seed-fit-evals",
+            "40",
+            "--full-fit-evals",
+            "24",
+            "--quick-evals",
+            "16",
+            "--children",
+            "7",
+        ],
+    )
     assert res.exit_code == 2 and "other search settings" in res.stderr
     assert "children: run 5, now 7" in res.stderr
 
@@ -171,6 +219,7 @@ def test_islands_evolve_separately_and_exchange_their_best(tmp_path):
 
 # ---- user seeds: a saved winner (or any program file) starts a new search ----
 
+
 def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     d, _ = reference
     shown = CliRunner().invoke(app, ["archive", "show", "best", "--archive", str(d), "--source"])
@@ -180,6 +229,7 @@ def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     (seeds_dir / "winner.py").write_text(shown.stdout)
     (seeds_dir / "_ignored.py").write_text("not a program")
     from stepml_evolve.seeds import seed_path
+
     extra = tmp_path / "rf.py"
     extra.write_text(seed_path("roofline").read_text())
     run(tmp_path / "run", 1, "--seeds", str(seeds_dir), "--seeds", str(extra))
@@ -191,25 +241,33 @@ def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     ref = Archive(d)
     best = min((p for p in ref.programs(ref.run().id) if p.full), key=lambda p: (p.val_loss, p.id))
     ref.close()
-    from stepml_evolve.evolve.search import structure_hash
     from stepml_evolve.evaluator.dsl import parse_program
+    from stepml_evolve.evolve.search import structure_hash
+
     assert structure_hash(parse_program(gen0[0].source)) == structure_hash(parse_program(best.source))
     assert set(run_row.config["seeds"]) == {"winner", "rf"}
     # resuming needs the same seeds: the shipped ones are not the ones this run started from
-    res = CliRunner().invoke(app, ["run", "--generations", "2", "--seed", "3", "--archive", str(tmp_path / "run"), "--resume", *SMALL])
+    res = CliRunner().invoke(
+        app, ["run", "--generations", "2", "--seed", "3", "--archive", str(tmp_path / "run"), "--resume", *SMALL]
+    )
     assert res.exit_code == 2 and "other search settings" in res.stderr
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no such seed program file or directory"),
-    ("import os\n", "line 1"),
-    ("CONSTANTS = {}\n", "step_time"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such seed program file or directory"),
+        ("import os\n", "line 1"),
+        ("CONSTANTS = {}\n", "step_time"),
+    ],
+)
 def test_a_bad_seed_is_a_one_line_error_naming_the_file(tmp_path, content, message):
     seed = tmp_path / "mine.py"
     if content is not None:
         seed.write_text(content)
-    res = CliRunner().invoke(app, ["run", "--generations", "1", "--archive", str(tmp_path / "run"), "--seeds", str(seed), *SMALL])
+    res = CliRunner().invoke(
+        app, ["run", "--generations", "1", "--archive", str(tmp_path / "run"), "--seeds", str(seed), *SMALL]
+    )
     assert res.exit_code == 2, res.output
     assert str(seed) in res.stderr and message in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
     assert not (tmp_path / "run" / Archive.FILE).exists() or Archive(tmp_path / "run").run() is None
@@ -220,14 +278,16 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter_and_programs(tmp_pa
     seeds and children that failed evaluation included, or the two runs diverge."""
     from stepml_evolve.evaluator.datasets import load_data
     from stepml_evolve.evaluator.engine import Engine
-    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
     from stepml_evolve.evolve.search import Search, SearchConfig
+    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
 
     loaded = load_data(None)
     cfg = SearchConfig(generations=2, seed=3, children=5, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
     # beside the symbolic children, one whose every step time is 0/0: it fails evaluation
-    failing = FixedEmitter('CONSTANTS = {"base_us": 2000.0}\n\n'
-                           "def step_time(f, c):\n    return c.base_us * f.n_req / (f.n_req - f.n_req)\n")
+    failing = FixedEmitter(
+        'CONSTANTS = {"base_us": 2000.0}\n\n'
+        "def step_time(f, c):\n    return c.base_us * f.n_req / (f.n_req - f.n_req)\n"
+    )
     failing.share = 0.3
     with Engine(loaded.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
@@ -257,12 +317,14 @@ def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(ref
 def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children(tmp_path):
     from stepml_evolve.evaluator.datasets import load_data
     from stepml_evolve.evaluator.engine import Engine
-    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
     from stepml_evolve.evolve.search import Search, SearchConfig
+    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
     from stepml_evolve.seeds import seed_path
 
-    child = ('CONSTANTS = {"base_us": 2000.0, "c": 1.5}\n\n'
-             "def step_time(f, c):\n    return c.base_us + c.c * (f.weights + f.kv_read + f.gemm_pf)\n")
+    child = (
+        'CONSTANTS = {"base_us": 2000.0, "c": 1.5}\n\n'
+        "def step_time(f, c):\n    return c.base_us + c.c * (f.weights + f.kv_read + f.gemm_pf)\n"
+    )
     fixed = FixedEmitter(child)
     loaded = load_data(None)
     cfg = SearchConfig(generations=2, seed=3, children=2, seed_fit_evals=16, full_fit_evals=8, quick_evals=8)
@@ -275,7 +337,11 @@ def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children
         rejections = archive.rejections(search.run_id)
         archive.close()
     mine = [p for p in programs if p.operator == "fixed"]
-    assert len(mine) == 1 and mine[0].parents == [programs[0].id] and mine[0].operator_detail == "the same child every time"
+    assert (
+        len(mine) == 1
+        and mine[0].parents == [programs[0].id]
+        and mine[0].operator_detail == "the same child every time"
+    )
     # generation 1: child 1 is a duplicate of child 0 (told at once), child 0 is archived as the generation's
     # program 0 (told after its fit); generation 2: both are duplicates
     assert fixed.told == [("duplicate", None), ("archived", 0), ("duplicate", None), ("duplicate", None)]

@@ -1,6 +1,7 @@
 """Generalization inside the search: `evolve run --cv lomo|lowo` makes a promoted child's full fit
 the fold fits too (its validation loss is the CV loss, the score stored with it), and every run
 ends by cross-validating its Pareto front (`--front-cv`)."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import shutil
 import sqlite3
 
 import pytest
+from conftest import only_error_line
 from typer.testing import CliRunner
 
-from conftest import only_error_line
 from stepml_evolve.archive.grid import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
@@ -117,8 +118,10 @@ def test_resume_with_other_cv_is_refused_and_old_archives_resume_as_none(tmp_pat
     db.execute("UPDATE runs SET config=?", (json.dumps(config),))
     db.commit()
     db.close()
-    only_error_line(invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--cv", "lowo",
-                           "--front-cv", "none"), "cv: run none, now lowo")
+    only_error_line(
+        invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--cv", "lowo", "--front-cv", "none"),
+        "cv: run none, now lowo",
+    )
     res = invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--front-cv", "none")
     assert res.exit_code == 0, res.output
 
@@ -131,10 +134,14 @@ def test_cv_needs_data_with_two_models(tmp_path, synthetic):
     # a run that is not overloaded: the overloaded one times out every request of its later splits
     first = tmp_path / "all" / "synth-llama-2-7b-tp1-general"
     shutil.copytree(first, one / first.name)
-    only_error_line(invoke("run", "--generations", 1, "--archive", tmp_path / "arch", "--data", one, *TINY, "--cv", "lomo"),
-                    "one model only")
+    only_error_line(
+        invoke("run", "--generations", 1, "--archive", tmp_path / "arch", "--data", one, *TINY, "--cv", "lomo"),
+        "one model only",
+    )
     # a plain run on that data ends without a front score, with a note, not an error
     res = invoke("run", "--generations", 0, "--archive", tmp_path / "arch2", "--data", one, *TINY)
     assert res.exit_code == 0, res.output
     assert "skipped: cross-validating the front" in res.stderr
-    assert math.isfinite(json.loads(invoke("archive", "list", "--archive", tmp_path / "arch2", "--json").stdout)[0]["val_loss"])
+    assert math.isfinite(
+        json.loads(invoke("archive", "list", "--archive", tmp_path / "arch2", "--json").stdout)[0]["val_loss"]
+    )

@@ -1,17 +1,18 @@
 """The trajectory surrogate (exact where recorded, a local model elsewhere) and the trust-region fit built on it."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import needs_real_data
+
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FitConfig, fit
 from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record, retime
 from stepml_evolve.seeds import seed_path, seed_paths
 
-QUEUE_BY_REQUEST = '''
+QUEUE_BY_REQUEST = """
 CONSTANTS = {"a": 1.2, "b": 0.8, "base": 300.0, "q": 0.5, "tok": 20.0, "post": 100.0}
 
 
@@ -29,7 +30,7 @@ def output_token_time(c):
 
 def post_decode_time(c):
     return c.post
-'''
+"""
 
 
 def _programs():
@@ -75,13 +76,20 @@ def test_surrogate_moves_the_means_the_way_the_closed_loop_does(synthetic):
         row0, model = record(exp, compiled, vector, c0)
         row1, _ = record(exp, compiled, vector, slower)
         obs = np.array([row0.observed.e2e_mean_s, row0.observed.ttft_mean_s])
-        closed = np.array([row1.predicted.e2e_mean_s - row0.predicted.e2e_mean_s,
-                           row1.predicted.ttft_mean_s - row0.predicted.ttft_mean_s])
+        closed = np.array(
+            [
+                row1.predicted.e2e_mean_s - row0.predicted.e2e_mean_s,
+                row1.predicted.ttft_mean_s - row0.predicted.ttft_mean_s,
+            ]
+        )
         e2e, ttft = retime(model, vector, slower[None, :])
         signed = np.array([np.sign(row0.predicted.e2e_mean_s - obs[0]), np.sign(row0.predicted.ttft_mean_s - obs[1])])
         # back from APE to the predicted mean, on the side of the observation the prediction is on
-        surrogate = obs + signed * np.array([e2e[0], ttft[0]]) / 100 * obs - np.array([row0.predicted.e2e_mean_s,
-                                                                                          row0.predicted.ttft_mean_s])
+        surrogate = (
+            obs
+            + signed * np.array([e2e[0], ttft[0]]) / 100 * obs
+            - np.array([row0.predicted.e2e_mean_s, row0.predicted.ttft_mean_s])
+        )
         assert closed[0] > 0 and surrogate[0] > 0, exp.name
         assert 0.3 < surrogate[0] / closed[0] < 3.0, exp.name
 
@@ -149,10 +157,16 @@ def test_a_model_with_no_weighted_step_keeps_its_recorded_errors_in_a_set(synthe
     compiled, vector = compile_program(program), VectorProgram.of(program)
     c0 = _vector(program)
     first, second = (record(e, compiled, vector, c0)[1] for e in synthetic.experiments[:2])
-    frozen = dataclasses.replace(first, name="frozen", weight=np.zeros((2, 0)),
-                                 components={k: np.zeros(0) for k in first.components},
-                                 queued=(np.zeros(0, np.int64), np.zeros(0, np.int64)), out_tok_count=np.zeros(2),
-                                 n_finished=0, linear0=np.zeros(2))
+    frozen = dataclasses.replace(
+        first,
+        name="frozen",
+        weight=np.zeros((2, 0)),
+        components={k: np.zeros(0) for k in first.components},
+        queued=(np.zeros(0, np.int64), np.zeros(0, np.int64)),
+        out_tok_count=np.zeros(2),
+        n_finished=0,
+        linear0=np.zeros(2),
+    )
     pop = c0 * np.array([[1.0], [1.3], [0.8]])
     e2e, ttft = SurrogateSet([first, frozen, second], vector).apes(pop)
     recorded = np.abs(first.recorded_us - first.observed_us) / first.observed_us * 100

@@ -1,5 +1,6 @@
 """Units (evaluator/dsl/units.py): every value is a power of microseconds, every function returns a
 time; `evolve run --units check` rejects children (and refuses seeds) that are not unit-consistent."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ from fractions import Fraction
 
 import pytest
 import typer
+from conftest import FixedEmitter
 from typer.testing import CliRunner
 
-from conftest import FixedEmitter
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.components import COMPONENTS
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, infer_units, parse_program
@@ -36,22 +37,38 @@ def rejection(source: str) -> ProgramError:
 
 # ---- the check ----
 
-@pytest.mark.parametrize("body, line, message", [
-    (["return f.gemm_pf + f.n_req"], 5, "adds microseconds and a count (f.gemm_pf + f.n_req)"),
-    (["return f.weights * f.kv_read"], 5, "step_time returns microseconds^2, which is not a time (f.weights * f.kv_read)"),
-    (["return c.k * exp(f.gemm_pf)"], 5, "takes exp of microseconds, which needs a count (exp(f.gemm_pf))"),
-    (["return c.k * max(f.tokens, f.weights)"], 5, "takes the max of a count and microseconds (max(f.tokens, f.weights))"),
-    (["return min(f.gemm_pf, f.weights, f.n_req)"], 5, "takes the min of microseconds and a count"),
-    (["x = f.gemm_pf", "y = f.tok_pf", "return x - y"], 7, "subtracts a count from microseconds (x - y)"),
-    (["return c.k * log(f.kv_read)"], 5, "takes log of microseconds, which needs a count"),
-    (["return f.gemm_pf if f.tok_pf > f.weights else f.kv_read"], 5, "compares a count with microseconds (f.tok_pf > f.weights)"),
-    (["return f.gemm_pf if f.tok_pf > 256 else f.n_req"], 5, "chooses between microseconds and a count"),
-    (["return f.gemm_pf ** 1.5"], 5, "step_time returns microseconds^(3/2)"),
-    (["return f.gemm_pf / f.weights"], 5, "step_time returns a count, which is not a time"),
-    # a named constant has one value, so one unit: microseconds-per-second and per-request at once is no unit
-    (["return c.k * f.gemm_pf + c.k * f.n_req"], 5, "adds microseconds and a count, each times unit(c.k)"),
-    (["x = 2 * f.gemm_pf", "return x + x * f.gemm_pf"], 6, "adds microseconds and microseconds^2"),
-])
+
+@pytest.mark.parametrize(
+    "body, line, message",
+    [
+        (["return f.gemm_pf + f.n_req"], 5, "adds microseconds and a count (f.gemm_pf + f.n_req)"),
+        (
+            ["return f.weights * f.kv_read"],
+            5,
+            "step_time returns microseconds^2, which is not a time (f.weights * f.kv_read)",
+        ),
+        (["return c.k * exp(f.gemm_pf)"], 5, "takes exp of microseconds, which needs a count (exp(f.gemm_pf))"),
+        (
+            ["return c.k * max(f.tokens, f.weights)"],
+            5,
+            "takes the max of a count and microseconds (max(f.tokens, f.weights))",
+        ),
+        (["return min(f.gemm_pf, f.weights, f.n_req)"], 5, "takes the min of microseconds and a count"),
+        (["x = f.gemm_pf", "y = f.tok_pf", "return x - y"], 7, "subtracts a count from microseconds (x - y)"),
+        (["return c.k * log(f.kv_read)"], 5, "takes log of microseconds, which needs a count"),
+        (
+            ["return f.gemm_pf if f.tok_pf > f.weights else f.kv_read"],
+            5,
+            "compares a count with microseconds (f.tok_pf > f.weights)",
+        ),
+        (["return f.gemm_pf if f.tok_pf > 256 else f.n_req"], 5, "chooses between microseconds and a count"),
+        (["return f.gemm_pf ** 1.5"], 5, "step_time returns microseconds^(3/2)"),
+        (["return f.gemm_pf / f.weights"], 5, "step_time returns a count, which is not a time"),
+        # a named constant has one value, so one unit: microseconds-per-second and per-request at once is no unit
+        (["return c.k * f.gemm_pf + c.k * f.n_req"], 5, "adds microseconds and a count, each times unit(c.k)"),
+        (["x = 2 * f.gemm_pf", "return x + x * f.gemm_pf"], 6, "adds microseconds and microseconds^2"),
+    ],
+)
 def test_a_program_whose_units_disagree_is_rejected_naming_line_operation_and_units(body, line, message):
     e = rejection(program(*body))
     assert e.line == line and message in e.message, str(e)
@@ -80,24 +97,27 @@ def test_the_first_contradiction_in_source_order_is_reported_with_what_fixed_the
     assert "c.j is a count (line 5)" in e.message
 
 
-@pytest.mark.parametrize("body", [
-    ["return c.k * f.n_req"],  # a constant may carry any unit (here microseconds per request)
-    ["return c.k * c.j"],
-    ["return c.k"],
-    ["return 1500.0"],
-    ["return sqrt(f.gemm_pf * f.weights)"],
-    ["return f.gemm_pf ** 0.5 * f.weights ** 0.5"],
-    ["return f.gemm_pf ** 0.3333333 * f.weights ** 0.6666667"],  # decimal exponents are exact as written
-    ["return (c.k * f.n_req) ** 2"],  # c.k is us^(1/2) per request
-    ["return 2 * f.gemm_pf + 2 * f.n_req"],  # each literal has its own unit
-    ["return f.gemm_pf / f.n_req * f.tokens"],
-    ["return log(c.k * f.gemm_pf) * f.weights + exp(f.tok_pf / f.tokens) * c.j"],
-    ["compute = c.k * (f.gemm_pf + f.attn_pf)", "per_req = c.q * f.n_req", "return compute + per_req"],
-    ["x = f.tok_pf + c.j", "return c.k * f.gemm_pf * x + f.weights"],
-    ["return -abs(+f.gemm_pf) + max(f.weights, c.k * f.n_req, c.q)"],
-    ["return f.gemm_pf if f.tok_pf > c.j and not (f.n_dc <= 4 or f.kv_read != f.weights) else c.k * f.ctx_max"],
-    ["return f.gemm_pf * f.n_req ** 2 / f.tokens ** 2 + f.kv_read * f.layers / f.tp"],
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        ["return c.k * f.n_req"],  # a constant may carry any unit (here microseconds per request)
+        ["return c.k * c.j"],
+        ["return c.k"],
+        ["return 1500.0"],
+        ["return sqrt(f.gemm_pf * f.weights)"],
+        ["return f.gemm_pf ** 0.5 * f.weights ** 0.5"],
+        ["return f.gemm_pf ** 0.3333333 * f.weights ** 0.6666667"],  # decimal exponents are exact as written
+        ["return (c.k * f.n_req) ** 2"],  # c.k is us^(1/2) per request
+        ["return 2 * f.gemm_pf + 2 * f.n_req"],  # each literal has its own unit
+        ["return f.gemm_pf / f.n_req * f.tokens"],
+        ["return log(c.k * f.gemm_pf) * f.weights + exp(f.tok_pf / f.tokens) * c.j"],
+        ["compute = c.k * (f.gemm_pf + f.attn_pf)", "per_req = c.q * f.n_req", "return compute + per_req"],
+        ["x = f.tok_pf + c.j", "return c.k * f.gemm_pf * x + f.weights"],
+        ["return -abs(+f.gemm_pf) + max(f.weights, c.k * f.n_req, c.q)"],
+        ["return f.gemm_pf if f.tok_pf > c.j and not (f.n_dc <= 4 or f.kv_read != f.weights) else c.k * f.ctx_max"],
+        ["return f.gemm_pf * f.n_req ** 2 / f.tokens ** 2 + f.kv_read * f.layers / f.tp"],
+    ],
+)
 def test_a_unit_consistent_program_passes(body):
     check_units(parse_program(program(*body)))
 
@@ -109,8 +129,11 @@ def test_every_seed_is_unit_consistent():
 
 
 def test_infer_units_reports_functions_constants_and_locals():
-    r = infer_units(parse_program(program("per = c.k * f.n_req", "scale = c.j * f.gemm_pf",
-                                          "return per + (c.q * f.n_req) ** 2 + scale")))
+    r = infer_units(
+        parse_program(
+            program("per = c.k * f.n_req", "scale = c.j * f.gemm_pf", "return per + (c.q * f.n_req) ** 2 + scale")
+        )
+    )
     assert {k: u.exponent for k, u in r.constants.items()} == {"k": 1, "j": 0, "q": Fraction(1, 2)}
     assert {k: u.exponent for k, u in r.locals["step_time"].items()} == {"per": 1, "scale": 1}
     assert r.functions["step_time"].exponent == 1
@@ -143,7 +166,9 @@ def test_the_check_costs_far_less_than_a_fit():
 # ---- the search ----
 
 TINY = ["--seed-fit-evals", "6", "--quick-evals", "4", "--full-fit-evals", "6", "--children", "6", "--front-cv", "none"]
-BAD = 'CONSTANTS = {"base_us": 2000.0, "k": 1.0}\n\n\ndef step_time(f, c):\n    return c.base_us + f.gemm_pf + f.n_req\n'
+BAD = (
+    'CONSTANTS = {"base_us": 2000.0, "k": 1.0}\n\n\ndef step_time(f, c):\n    return c.base_us + f.gemm_pf + f.n_req\n'
+)
 
 
 def invoke(*args):
@@ -160,16 +185,24 @@ def stored_search(d) -> dict:
 @pytest.mark.parametrize("units", UNITS_MODES)
 def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless_units_off(synthetic, tmp_path, units):
     from stepml_evolve.evaluator.engine import Engine
-    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
     from stepml_evolve.evolve.search import Search
+    from stepml_evolve.evolve.search.emitters import SymbolicEmitter
 
     child = BAD.replace("return", "return c.k * f.tok_pf +")
     fixed = FixedEmitter(child)
-    cfg = SearchConfig(generations=1, seed=3, children=1, seed_fit_evals=6, full_fit_evals=6, quick_evals=4, units=units)
+    cfg = SearchConfig(
+        generations=1, seed=3, children=1, seed_fit_evals=6, full_fit_evals=6, quick_evals=4, units=units
+    )
     with Engine(synthetic.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
-        search = Search(archive, synthetic, engine, cfg, [SymbolicEmitter(), fixed],
-                        seeds=[("roofline", seed_path("roofline").read_text())])
+        search = Search(
+            archive,
+            synthetic,
+            engine,
+            cfg,
+            [SymbolicEmitter(), fixed],
+            seeds=[("roofline", seed_path("roofline").read_text())],
+        )
         search.run()
         programs, rejections = archive.programs(search.run_id), archive.rejections(search.run_id)
         archive.close()
@@ -177,11 +210,17 @@ def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless
         assert [o for o, _ in fixed.told] == ["invalid_program"] and [p.operator for p in programs] == ["seed"]
         (r,) = rejections
         assert (r.operator, r.rule, r.source) == ("fixed", "units", child)
-        assert r.reason == ("line 5: adds microseconds and a count (c.k * f.tok_pf + c.base_us + f.gemm_pf + f.n_req); "
-                            "c.base_us is microseconds (line 5); c.k is microseconds (line 5) [units]")
+        assert r.reason == (
+            "line 5: adds microseconds and a count (c.k * f.tok_pf + c.base_us + f.gemm_pf + f.n_req); "
+            "c.base_us is microseconds (line 5); c.k is microseconds (line 5) [units]"
+        )
         assert search.status(1)["rejections"] == {"units": 1}
     else:
-        assert [o for o, _ in fixed.told] == ["archived"] and [p.operator for p in programs] == ["seed", "fixed"] and not rejections
+        assert (
+            [o for o, _ in fixed.told] == ["archived"]
+            and [p.operator for p in programs] == ["seed", "fixed"]
+            and not rejections
+        )
 
 
 @pytest.fixture(scope="module")
@@ -268,9 +307,15 @@ def test_a_seed_that_is_not_unit_consistent_is_a_one_line_error_naming_the_file(
         res = invoke("run", "--generations", 0, "--archive", tmp_path / "run", "--seeds", given, *TINY)
         assert res.exit_code == 2, res.output
         assert res.stderr.strip().count("\n") == 0, res.stderr
-        assert str(named) in res.stderr and "line 5: adds microseconds and a count" in res.stderr and "[units]" in res.stderr
+        assert (
+            str(named) in res.stderr
+            and "line 5: adds microseconds and a count" in res.stderr
+            and "[units]" in res.stderr
+        )
         assert not (tmp_path / "run" / Archive.FILE).exists()
-    res = invoke("run", "--generations", 0, "--archive", tmp_path / "run", "--seeds", seeds / "mixed.py", *TINY, "--units", "off")
+    res = invoke(
+        "run", "--generations", 0, "--archive", tmp_path / "run", "--seeds", seeds / "mixed.py", *TINY, "--units", "off"
+    )
     assert res.exit_code == 0, res.output
 
 

@@ -6,14 +6,13 @@ against what a cache that never evicts would serve (`evolve data check`'s `cache
 The replay's cache evicts (LRU) and loses prompts to preemption, so where KV binds (the overloaded
 runs) it serves less; every admission counts, re-admissions after a preemption too.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
-
 
 from stepml_evolve.evaluator.dsl import compile_program, load_program  # noqa: E402
 from stepml_evolve.evaluator.experiments import LoadOptions, load_experiments  # noqa: E402
@@ -37,8 +36,10 @@ def main() -> None:
     for e in good:
         res = replay(e, compiled, constants)
         r = e.prompt_reuse
-        print(f"| {e.name} | {r.model}{f' {r.period}' if r.period else ''} | {r.cached_share * 100:.1f} | "
-              f"{res.cached_share * 100:.1f} | {int(res.preemptions.sum())} |")
+        print(
+            f"| {e.name} | {r.model}{f' {r.period}' if r.period else ''} | {r.cached_share * 100:.1f} | "
+            f"{res.cached_share * 100:.1f} | {int(res.preemptions.sum())} |"
+        )
 
 
 if __name__ == "__main__":

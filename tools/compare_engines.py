@@ -12,6 +12,7 @@ CALLS iterations), the same seeds, fit budgets and --seed. Prints one JSON line 
 validation and test loss, programs evaluated (archived) and fully fitted, rejections by rule,
 LLM calls, wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from stepml_evolve.evolve.openevolve.local_server import LocalServer, chat_completion  # noqa: E402
+
 COMPONENTS = ["n_req", "n_dc", "tok_pf", "tokens", "n_pf", "layers", "ctx_max"]  # counts: c.k * count is a time
 FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
@@ -42,15 +44,21 @@ def mutate(program: str, n: int) -> tuple[list[tuple[str, str]], str] | None:
     program has no line `CONSTANTS = {` or no return in step_time."""
     lines = program.splitlines(keepends=True)
     try:
-        head = next(i for i, l in enumerate(lines) if l.startswith("CONSTANTS = {"))
-        body = next(i for i, l in enumerate(lines) if l.startswith("def step_time("))
+        head = next(i for i, line in enumerate(lines) if line.startswith("CONSTANTS = {"))
+        body = next(i for i, line in enumerate(lines) if line.startswith("def step_time("))
         ret = next(i for i in range(body + 1, len(lines)) if lines[i].startswith("    return "))
     except StopIteration:
         return None
     name, comp = f"k_scripted_{n}", COMPONENTS[n % len(COMPONENTS)]
-    edits = [(lines[head], lines[head].rstrip("\n") + f'\n    "{name}": {{"start": 1.0, "min": 0.0}},\n' if lines[head].strip() == "CONSTANTS = {"
-              else lines[head].replace("CONSTANTS = {", f'CONSTANTS = {{"{name}": {{"start": 1.0, "min": 0.0}}, ', 1)),
-             (lines[ret], lines[ret].rstrip("\n") + f" + c.{name} * f.{comp}\n")]
+    edits = [
+        (
+            lines[head],
+            lines[head].rstrip("\n") + f'\n    "{name}": {{"start": 1.0, "min": 0.0}},\n'
+            if lines[head].strip() == "CONSTANTS = {"
+            else lines[head].replace("CONSTANTS = {", f'CONSTANTS = {{"{name}": {{"start": 1.0, "min": 0.0}}, ', 1),
+        ),
+        (lines[ret], lines[ret].rstrip("\n") + f" + c.{name} * f.{comp}\n"),
+    ]
     out = program
     for search, replace in edits:
         out = out.replace(search, replace, 1)
@@ -73,8 +81,11 @@ class MutationLLM:
             text = "Adds a term.\n" + "".join(f"<<<<<<< SEARCH\n{s}=======\n{r}>>>>>>> REPLACE\n" for s, r in made[0])
         else:
             text = f"Adds a term.\n```python\n{made[1]}```\n"
-        usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4,
-                 "total_tokens": (len(prompt) + len(text)) // 4}
+        usage = {
+            "prompt_tokens": len(prompt) // 4,
+            "completion_tokens": len(text) // 4,
+            "total_tokens": (len(prompt) + len(text)) // 4,
+        }
         return 200, chat_completion(text, "mutator", usage, f"m{n}")
 
     @property
@@ -84,12 +95,21 @@ class MutationLLM:
 
 def summarize(archive: Path) -> dict:
     db = sqlite3.connect(archive / "archive.sqlite")
-    best = db.execute("SELECT id, val_loss, test_loss FROM programs WHERE val_loss IS NOT NULL ORDER BY val_loss LIMIT 1").fetchone()
+    best = db.execute(
+        "SELECT id, val_loss, test_loss FROM programs WHERE val_loss IS NOT NULL ORDER BY val_loss LIMIT 1"
+    ).fetchone()
     children = db.execute("SELECT COUNT(*), SUM(stage = 'full') FROM programs WHERE operator != 'seed'").fetchone()
     rules = dict(db.execute("SELECT rule, COUNT(*) FROM rejections GROUP BY rule").fetchall())
     calls = db.execute("SELECT COUNT(*) FROM llm_calls").fetchone()[0]
-    return {"best_id": best[0], "best_val": best[1], "best_test": best[2], "children_archived": children[0],
-            "children_fully_fitted": children[1] or 0, "rejections": rules, "llm_calls": calls}
+    return {
+        "best_id": best[0],
+        "best_val": best[1],
+        "best_test": best[2],
+        "children_archived": children[0],
+        "children_fully_fitted": children[1] or 0,
+        "rejections": rules,
+        "llm_calls": calls,
+    }
 
 
 def main() -> None:
@@ -105,8 +125,23 @@ def main() -> None:
     for engine in ("mapelites", "openevolve"):
         llm = MutationLLM()
         archive = out / engine
-        cmd = [evolve, "run", "--engine", engine, "--seed", str(args.seed), "--archive", str(archive), "--llm", "openai/mutator",
-               "--llm-base-url", llm.url, "--front-cv", "none", *args.extra]
+        cmd = [
+            evolve,
+            "run",
+            "--engine",
+            engine,
+            "--seed",
+            str(args.seed),
+            "--archive",
+            str(archive),
+            "--llm",
+            "openai/mutator",
+            "--llm-base-url",
+            llm.url,
+            "--front-cv",
+            "none",
+            *args.extra,
+        ]
         cmd += ["--generations", str(args.calls)]
         if engine == "mapelites":
             cmd += ["--children", "1", "--llm-ratio", "1", "--max-llm-calls", str(args.calls)]
@@ -117,8 +152,12 @@ def main() -> None:
         wall = time.perf_counter() - t0
         if done.returncode != 0:
             sys.exit(f"{engine}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
-        print(json.dumps({"engine": engine, "wall_s": round(wall, 1), "llm_requests": llm.requests, **summarize(archive)}),
-              flush=True)
+        print(
+            json.dumps(
+                {"engine": engine, "wall_s": round(wall, 1), "llm_requests": llm.requests, **summarize(archive)}
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

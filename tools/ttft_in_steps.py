@@ -10,14 +10,12 @@ Overloaded experiments (more than 1 % failed requests, or a TTFT over 10 s) are 
 TTFT is queueing. Stages come from profile.json's load stages; the first --warmup-s seconds of
 each stage are skipped (the engine settles after a rate change).
 """
+
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
-
 
 from stepml_evolve.evaluator.experiments import LoadOptions, experiment_dirs, load_experiment  # noqa: E402
 from stepml_evolve.evaluator.readers import read_json  # noqa: E402
@@ -26,7 +24,7 @@ from stepml_evolve.evaluator.readers import read_json  # noqa: E402
 def stages(profile: dict) -> list[tuple[float, float, float]]:
     """(start s, end s, rate) of each load stage."""
     out, t0 = [], 0.0
-    for st in ((profile.get("load") or {}).get("stages") or []):
+    for st in (profile.get("load") or {}).get("stages") or []:
         out.append((t0, t0 + float(st["duration"]), float(st["rate"])))
         t0 += float(st["duration"])
     return out
@@ -37,7 +35,9 @@ def main() -> None:
     ap.add_argument("data", nargs="?", default="../shared/data/replay")
     ap.add_argument("--warmup-s", type=float, default=60.0)
     args = ap.parse_args()
-    print("| experiment | rate/s | requests | TTFT min ms | p5 ms | median ms | mean ITL ms | p5 / ITL | median / ITL |")
+    print(
+        "| experiment | rate/s | requests | TTFT min ms | p5 ms | median ms | mean ITL ms | p5 / ITL | median / ITL |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for d in experiment_dirs(args.data):
         e = load_experiment(d, LoadOptions(prompt_reuse="off"))
@@ -52,8 +52,10 @@ def main() -> None:
                 continue
             t = e.ttft_s[sel] * 1e3
             p5, med, mean_itl = np.percentile(t, 5), np.median(t), itl[sel].mean()
-            print(f"| {e.name} | {rate:g} | {int(sel.sum())} | {t.min():.1f} | {p5:.1f} | {med:.1f} | {mean_itl:.2f} | "
-                  f"{p5 / mean_itl:.2f} | {med / mean_itl:.2f} |")
+            print(
+                f"| {e.name} | {rate:g} | {int(sel.sum())} | {t.min():.1f} | {p5:.1f} | {med:.1f} | {mean_itl:.2f} | "
+                f"{p5 / mean_itl:.2f} | {med / mean_itl:.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -1,12 +1,26 @@
 """The program DSL: the operator table (operators.py), parse/validate (program.py), units
 (units.py), scalar VM (vm.py), numexpr (numexpr_compile.py)."""
+
 from .numexpr_compile import compile_vector, evaluate_vector, step_times
 from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError, load_program, parse_program
 from .units import Unit, UnitReport, check_units, infer_units
 from .vm import CompiledProgram, ScalarProgram, compile_program
 
 __all__ = [
-    "FUNCTIONS", "REQUEST_FIELDS", "Program", "ProgramError", "load_program", "parse_program",
-    "CompiledProgram", "ScalarProgram", "compile_program", "compile_vector", "evaluate_vector", "step_times",
-    "Unit", "UnitReport", "check_units", "infer_units",
+    "FUNCTIONS",
+    "REQUEST_FIELDS",
+    "Program",
+    "ProgramError",
+    "load_program",
+    "parse_program",
+    "CompiledProgram",
+    "ScalarProgram",
+    "compile_program",
+    "compile_vector",
+    "evaluate_vector",
+    "step_times",
+    "Unit",
+    "UnitReport",
+    "check_units",
+    "infer_units",
 ]

@@ -11,6 +11,7 @@ broadcastable shape: a column of P constant vectors evaluates a population in on
 request fields as r_<name>. The forms come from the operator table (`operators.py`), so the
 semantics match `vm.py` exactly.
 """
+
 from __future__ import annotations
 
 import ast

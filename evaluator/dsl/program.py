@@ -21,6 +21,7 @@ Rules (each rejection names the line and the rule broken):
     max min abs sqrt log exp, and `a if cond else b` where cond compares values
     (< <= > >= == !=, combined with and/or/not).
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.evaluator.errors import UserError
+
 from .operators import Kind, float_or_inf, literal_number, operands, operator_of, symbols
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {
@@ -105,19 +107,25 @@ class Program:
         """Expression nodes over all functions; f.x, c.x, r.x and literals count one each."""
         if "complexity" not in self._cache:
             self._cache["complexity"] = sum(
-                expression_size(stmt.value) for fn in self.functions.values()
-                for stmt in fn.body if isinstance(stmt, (ast.Assign, ast.Return)))
+                expression_size(stmt.value)
+                for fn in self.functions.values()
+                for stmt in fn.body
+                if isinstance(stmt, (ast.Assign, ast.Return))
+            )
         return self._cache["complexity"]
 
     @property
     def components_used(self) -> list[str]:
         if "components" not in self._cache:
-            used = {n.attr for n in self._walk_exprs()
-                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "f"}
+            used = {
+                n.attr
+                for n in self._walk_exprs()
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "f"
+            }
             self._cache["components"] = [c for c in COMPONENT_NAMES if c in used]
         return self._cache["components"]
 
-    def with_constants(self, values: dict[str, float], header: str | None = None) -> "Program":
+    def with_constants(self, values: dict[str, float], header: str | None = None) -> Program:
         """The same program with new constant values (comments and layout kept elsewhere) and the
         same bounds. A value outside its constant's bounds is an error (ProgramError, rule
         "constants"): fits keep inside them, and whoever makes values otherwise must clip (`clip`)."""
@@ -127,8 +135,12 @@ class Program:
         consts = {k: float(values.get(k, v)) for k, v in self.constants.items()}
         for k, (lo, hi) in self.bounds.items():
             if not lo <= consts[k] <= hi:
-                raise ProgramError(None, "constants", f"value {consts[k]!r} of constant {k!r} is outside its bounds "
-                                                      f"[{_bound_text(lo)}, {_bound_text(hi)}]")
+                raise ProgramError(
+                    None,
+                    "constants",
+                    f"value {consts[k]!r} of constant {k!r} is outside its bounds "
+                    f"[{_bound_text(lo)}, {_bound_text(hi)}]",
+                )
         lines = self.source.splitlines()
         block = render_constants(consts, self.bounds)
         if self.constants_span:
@@ -175,7 +187,11 @@ def render_constants(consts: dict[str, float], bounds: dict[str, tuple[float, fl
 
 def _after_docstring(lines: list[str], source: str) -> int:
     tree = ast.parse(source)
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], "value", None), ast.Constant):
+    if (
+        tree.body
+        and isinstance(tree.body[0], ast.Expr)
+        and isinstance(getattr(tree.body[0], "value", None), ast.Constant)
+    ):
         return tree.body[0].end_lineno
     return 0
 
@@ -206,13 +222,20 @@ class _FunctionChecker:
         if fn.decorator_list or fn.returns or any(x.annotation for x in a.args) or getattr(fn, "type_params", None):
             self.fail(fn, "signature", f"{fn.name} may not have decorators, annotations or type parameters")
         body = list(fn.body)
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             body = body[1:]
         if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
             self.fail(fn, "statement", f"{fn.name} must end with one `return <expression>`")
         for stmt in body[:-1]:
             if not isinstance(stmt, ast.Assign):
-                self.fail(stmt, "statement", f"only assignments and one final return are allowed, not {type(stmt).__name__}")
+                self.fail(
+                    stmt, "statement", f"only assignments and one final return are allowed, not {type(stmt).__name__}"
+                )
             if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
                 self.fail(stmt, "statement", "assign to exactly one plain name")
             self.expr(stmt.value, 0)
@@ -267,7 +290,11 @@ class _FunctionChecker:
             self.attribute(node)
         elif isinstance(node, ast.Name):
             if node.id not in self.locals:
-                self.fail(node, "name", f"name {node.id!r} is not defined (use f.<component>, c.<constant>, r.<field> or an earlier local)")
+                self.fail(
+                    node,
+                    "name",
+                    f"name {node.id!r} is not defined (use f.<component>, c.<constant>, r.<field> or an earlier local)",
+                )
         elif isinstance(node, ast.IfExp):
             self.condition(node.test, depth + 1)
             self.expr(node.body, depth + 1)
@@ -288,13 +315,17 @@ class _FunctionChecker:
             for v in operands(node):
                 self.condition(v, depth + 1)
         else:
-            self.fail(node, "condition", "the test of `a if cond else b` must be a comparison (and/or/not of comparisons)")
+            self.fail(
+                node, "condition", "the test of `a if cond else b` must be a comparison (and/or/not of comparisons)"
+            )
 
     def attribute(self, node: ast.Attribute) -> None:
         base = node.value
         if not isinstance(base, ast.Name) or base.id not in self.params:
             avail = ", ".join(f"{p}.<...>" for p in self.params)
-            self.fail(node, "attribute", f"attribute access {ast.unparse(node)[:60]!r} not allowed here (available: {avail})")
+            self.fail(
+                node, "attribute", f"attribute access {ast.unparse(node)[:60]!r} not allowed here (available: {avail})"
+            )
         if node.attr.startswith("_"):
             self.fail(node, "attribute", f"attribute {node.attr!r} is not allowed")
         if base.id == "f" and node.attr not in COMPONENT_NAMES:
@@ -302,7 +333,9 @@ class _FunctionChecker:
         if base.id == "c" and node.attr not in self.constants:
             self.fail(node, "constant", f"c.{node.attr} is not in CONSTANTS")
         if base.id == "r" and node.attr not in REQUEST_FIELDS:
-            self.fail(node, "request-field", f"unknown request field r.{node.attr} (known: {', '.join(REQUEST_FIELDS)})")
+            self.fail(
+                node, "request-field", f"unknown request field r.{node.attr} (known: {', '.join(REQUEST_FIELDS)})"
+            )
 
 
 BOUND_KEYS = ("start", "min", "max")
@@ -314,8 +347,11 @@ def _parse_bounded(name: str, node: ast.Dict) -> tuple[float, tuple[float, float
     for k, v in zip(node.keys, node.values):
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value in BOUND_KEYS):
             what = repr(k.value)[:40] if isinstance(k, ast.Constant) else "**"
-            raise ProgramError(getattr(k, "lineno", node.lineno), "constants",
-                               f"constant {name!r}: unknown key {what} (allowed: {', '.join(map(repr, BOUND_KEYS))})")
+            raise ProgramError(
+                getattr(k, "lineno", node.lineno),
+                "constants",
+                f"constant {name!r}: unknown key {what} (allowed: {', '.join(map(repr, BOUND_KEYS))})",
+            )
         if k.value in fields:
             raise ProgramError(k.lineno, "constants", f"constant {name!r}: {k.value!r} given twice")
         val = literal_number(v)
@@ -323,13 +359,16 @@ def _parse_bounded(name: str, node: ast.Dict) -> tuple[float, tuple[float, float
             raise ProgramError(v.lineno, "constants", f"constant {name!r}: {k.value!r} must be a finite number")
         fields[k.value] = val
     if "start" not in fields:
-        raise ProgramError(node.lineno, "constants", f"constant {name!r}: a bounded constant needs a \"start\" value")
+        raise ProgramError(node.lineno, "constants", f'constant {name!r}: a bounded constant needs a "start" value')
     start, lo, hi = fields["start"], fields.get("min", -math.inf), fields.get("max", math.inf)
     if not lo < hi:
         raise ProgramError(node.lineno, "constants", f"constant {name!r}: min {lo!r} must be below max {hi!r}")
     if not lo <= start <= hi:
-        raise ProgramError(node.lineno, "constants",
-                           f"constant {name!r}: start {start!r} is outside [{_bound_text(lo)}, {_bound_text(hi)}]")
+        raise ProgramError(
+            node.lineno,
+            "constants",
+            f"constant {name!r}: start {start!r} is outside [{_bound_text(lo)}, {_bound_text(hi)}]",
+        )
     return start, (lo, hi)
 
 
@@ -343,7 +382,11 @@ def _parse_constants(node: ast.Assign) -> tuple[dict[str, float], dict[str, tupl
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
             raise ProgramError(node.lineno, "constants", "CONSTANTS keys must be string literals")
         if not _NAME_RE.match(k.value):
-            raise ProgramError(k.lineno, "constants", f"constant name {k.value[:40]!r} must be an identifier without leading underscore")
+            raise ProgramError(
+                k.lineno,
+                "constants",
+                f"constant name {k.value[:40]!r} must be an identifier without leading underscore",
+            )
         if k.value in out:
             raise ProgramError(k.lineno, "constants", f"constant {k.value!r} defined twice")
         if isinstance(v, ast.Dict):
@@ -353,8 +396,12 @@ def _parse_constants(node: ast.Assign) -> tuple[dict[str, float], dict[str, tupl
         else:
             val = literal_number(v)
             if val is None or not math.isfinite(val):
-                raise ProgramError(v.lineno, "constants", f"constant {k.value!r} must be a finite number "
-                                                          "or {\"start\": number, \"min\": number, \"max\": number}")
+                raise ProgramError(
+                    v.lineno,
+                    "constants",
+                    f"constant {k.value!r} must be a finite number "
+                    'or {"start": number, "min": number, "max": number}',
+                )
         out[k.value] = val
     if len(out) > MAX_CONSTANTS:
         raise ProgramError(node.lineno, "constants", f"more than {MAX_CONSTANTS} constants")
@@ -380,7 +427,12 @@ def parse_program(source: str) -> Program:
         raise ProgramError(None, "depth", "program text is nested too deeply to parse") from None
     body = list(tree.body)
     doc = ""
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         doc = body[0].value.value.strip()
         body = body[1:]
     constants: dict[str, float] | None = None
@@ -388,14 +440,23 @@ def parse_program(source: str) -> Program:
     span = None
     functions: dict[str, ast.FunctionDef] = {}
     for stmt in body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == "CONSTANTS":
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and stmt.targets[0].id == "CONSTANTS"
+        ):
             if constants is not None:
                 raise ProgramError(stmt.lineno, "top-level", "CONSTANTS defined twice")
             constants, bounds = _parse_constants(stmt)
             span = (stmt.lineno, stmt.end_lineno)
         elif isinstance(stmt, ast.FunctionDef):
             if stmt.name not in FUNCTIONS:
-                raise ProgramError(stmt.lineno, "top-level", f"function {stmt.name!r} is not part of the DSL (allowed: {', '.join(FUNCTIONS)})")
+                raise ProgramError(
+                    stmt.lineno,
+                    "top-level",
+                    f"function {stmt.name!r} is not part of the DSL (allowed: {', '.join(FUNCTIONS)})",
+                )
             if stmt.name in functions:
                 raise ProgramError(stmt.lineno, "top-level", f"function {stmt.name!r} defined twice")
             functions[stmt.name] = stmt
@@ -403,7 +464,11 @@ def parse_program(source: str) -> Program:
             kind = type(stmt).__name__
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 raise ProgramError(stmt.lineno, "import", "imports are not allowed")
-            raise ProgramError(stmt.lineno, "top-level", f"{kind} is not allowed at top level (only a docstring, CONSTANTS and the DSL functions)")
+            raise ProgramError(
+                stmt.lineno,
+                "top-level",
+                f"{kind} is not allowed at top level (only a docstring, CONSTANTS and the DSL functions)",
+            )
     if "step_time" not in functions:
         raise ProgramError(None, "top-level", "the program must define step_time(f, c)")
     constants = constants or {}

@@ -20,6 +20,7 @@ order (functions as written, statements top to bottom, operands left to right, e
 return last): the first equation that contradicts the earlier ones is the rejection, a ProgramError
 with rule "units" naming the line, the operation and the two units.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from stepml_evolve.evaluator.components import COMPONENTS
+
 from .operators import Operator, literal_number, operands, operator_of
 from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
 
@@ -38,8 +40,13 @@ REQUEST_FIELD_UNITS: dict[str, int] = {name: TIME if name.endswith("_us") else C
 RETURN_UNITS: dict[str, int] = {name: TIME for name in FUNCTIONS}
 
 # what a rejected operation does, for the message ({0}, {1}: the two units); by symbol, then by rule
-_VERBS = {"+": "adds {0} and {1}", "-": "subtracts {1} from {0}", "compare": "compares {0} with {1}",
-          "select": "chooses between {0} and {1}", "dimensionless": "takes {op} of {0}, which needs a count"}
+_VERBS = {
+    "+": "adds {0} and {1}",
+    "-": "subtracts {1} from {0}",
+    "compare": "compares {0} with {1}",
+    "select": "chooses between {0} and {1}",
+    "dimensionless": "takes {op} of {0}, which needs a count",
+}
 _SNIPPET = 70  # characters of the offending expression quoted in a message
 
 
@@ -93,7 +100,7 @@ class _Lin:
     def __init__(self, const: Fraction | int = 0, terms: dict[str, Fraction | int] | None = None):
         self.const, self.terms = const, terms or {}
 
-    def plus(self, other: "_Lin", k: Fraction | int = 1) -> "_Lin":
+    def plus(self, other: _Lin, k: Fraction | int = 1) -> _Lin:
         """self + k * other."""
         if not other.terms:
             return _Lin(_exact(self.const + k * other.const), self.terms)
@@ -106,7 +113,7 @@ class _Lin:
                 del terms[v]
         return _Lin(_exact(self.const + k * other.const), terms)
 
-    def times(self, k: Fraction | int) -> "_Lin":
+    def times(self, k: Fraction | int) -> _Lin:
         k = _exact(k)
         if not k:
             return _Lin()
@@ -172,7 +179,7 @@ class _Checker:
             what += f", each times {shared}"
         text = ast.unparse(node)
         if len(text) > _SNIPPET:  # keep both ends: the operands that disagree are often the first and the last
-            text = text[: _SNIPPET // 2 - 2] + " ... " + text[-(_SNIPPET // 2 - 3):]
+            text = text[: _SNIPPET // 2 - 2] + " ... " + text[-(_SNIPPET // 2 - 3) :]
         raise ProgramError(node.lineno, RULE, f"{what} ({text}){self.notes(about)}")
 
     def notes(self, nodes: list[ast.AST]) -> str:
@@ -180,14 +187,21 @@ class _Checker:
         seen: list[str] = []
         for n in nodes:
             for x in ast.walk(n):
-                if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == "c" and x.attr not in seen:
+                if (
+                    isinstance(x, ast.Attribute)
+                    and isinstance(x.value, ast.Name)
+                    and x.value.id == "c"
+                    and x.attr not in seen
+                ):
                     seen.append(x.attr)
         out = []
         for name in seen:
             value = self.solved.get(f"c.{name}")
             if value is not None and not value.terms:
                 lines = ", ".join(map(str, sorted(self.lines[f"c.{name}"])))
-                out.append(f"c.{name} is {unit_name(Fraction(value.const))} (line{'s' if ',' in lines else ''} {lines})")
+                out.append(
+                    f"c.{name} is {unit_name(Fraction(value.const))} (line{'s' if ',' in lines else ''} {lines})"
+                )
         return "".join(f"; {n}" for n in out[:2])
 
     # ---- the walk ----
@@ -204,8 +218,11 @@ class _Checker:
                         self.fail(stmt.value, f"{name} returns {{0}}, which is not a time", [got], [stmt.value])
                     self.returns[name] = got
         constants = {k: self.unit(_Lin(0, {f"c.{k}": 1})) for k in self.program.constants}
-        return UnitReport({k: self.unit(v) for k, v in self.returns.items()}, constants,
-                          {f: {k: self.unit(v) for k, v in scope.items()} for f, scope in self.locals.items()})
+        return UnitReport(
+            {k: self.unit(v) for k, v in self.returns.items()},
+            constants,
+            {f: {k: self.unit(v) for k, v in scope.items()} for f, scope in self.locals.items()},
+        )
 
     def value(self, node: ast.AST, scope: dict[str, _Lin]) -> _Lin:
         if isinstance(node, ast.Constant):

@@ -7,6 +7,7 @@ opcodes and semantics (shared with the numexpr and Go back ends) are the table i
 `operators.py`; this module adds the instructions that are not operators (loads, stores,
 return) and `run_code`'s branch for each opcode.
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,14 +18,26 @@ import numpy as np
 from numba import njit
 
 from stepml_evolve.evaluator.components import COMPONENT_INDEX
+
 from .operators import AND, EXP_CLAMP, OPERATORS, Kind, Operator, literal_number, operands, operator_of
 from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
 
 # run_code compares against the members of this IntEnum: numba freezes them as constants
-Opcode = enum.unique(enum.IntEnum("Opcode", {
-    "LIT": 0, "COMP": 1, "CONST": 2, "REQ": 3, "LOAD": 4, "STORE": 5, "RET": 29,
-    **{op.vm: op.opcode for op in OPERATORS if op.vm is not None},
-}))
+Opcode = enum.unique(
+    enum.IntEnum(
+        "Opcode",
+        {
+            "LIT": 0,
+            "COMP": 1,
+            "CONST": 2,
+            "REQ": 3,
+            "LOAD": 4,
+            "STORE": 5,
+            "RET": 29,
+            **{op.vm: op.opcode for op in OPERATORS if op.vm is not None},
+        },
+    )
+)
 
 STACK_SIZE = 64
 LOCALS_SIZE = 40
@@ -101,7 +114,7 @@ class _Emitter:
         if isinstance(node, ast.Compare):  # a < b < c: (a < b) and (b < c)
             values = operands(node)
             for i, cmp in enumerate(node.ops):
-                self.fold(operator_of(cmp), values[i:i + 2], self.expr, slots)
+                self.fold(operator_of(cmp), values[i : i + 2], self.expr, slots)
                 if i:
                     self.emit(AND.opcode, pops=2, pushes=1)
         else:  # and, or, not
@@ -247,16 +260,29 @@ class ScalarProgram:
         pc = self.c.entries[FUNCTION_SLOTS.index(slot)]
         if pc < 0:
             return 0.0
-        return float(run_code(self.c.code, self.c.literals, pc, np.asarray(comps, dtype=np.float64),
-                              np.asarray(consts, dtype=np.float64), np.asarray(req, dtype=np.float64),
-                              self._stack, self._local))
+        return float(
+            run_code(
+                self.c.code,
+                self.c.literals,
+                pc,
+                np.asarray(comps, dtype=np.float64),
+                np.asarray(consts, dtype=np.float64),
+                np.asarray(req, dtype=np.float64),
+                self._stack,
+                self._local,
+            )
+        )
 
     def step_time(self, comps, consts) -> float:
         return self._run("step_time", comps, consts, self._empty)
 
     def queueing_time(self, input_tokens, output_tokens, consts, last_step_us: float = 0.0) -> float:
-        return self._run("queueing_time", self._empty, consts,
-                         np.array([input_tokens, output_tokens, last_step_us], dtype=np.float64))
+        return self._run(
+            "queueing_time",
+            self._empty,
+            consts,
+            np.array([input_tokens, output_tokens, last_step_us], dtype=np.float64),
+        )
 
     def output_token_time(self, consts) -> float:
         return self._run("output_token_time", self._empty, consts, self._empty)

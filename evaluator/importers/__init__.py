@@ -1,6 +1,7 @@
 """Measurements in other tools' formats as one experiment in the replay layout
 (`evolve data import --from FORMAT SRC --out DIR`). Each reader turns a source into `Measured`
 requests; `common` resolves the deployment and writes the experiment."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,9 @@ from .otel import read_otel
 FORMATS = ("blis-trace", "inference-perf", "otel")
 
 
-def import_experiment(fmt: str, src: str | Path, out: str | Path, *, trace_data: str | Path | None = None,
-                      **flags) -> tuple[Path, Measured]:
+def import_experiment(
+    fmt: str, src: str | Path, out: str | Path, *, trace_data: str | Path | None = None, **flags
+) -> tuple[Path, Measured]:
     """Read SRC in format `fmt` and write one experiment at `out`; flags: model, hardware, tp,
     max_num_seqs, max_num_batched_tokens, kv_blocks, block_size, model_config (None = not given).
     Raises DataImportError (one line naming the file and row, or the list of missing fields)."""
@@ -32,8 +34,9 @@ def import_experiment(fmt: str, src: str | Path, out: str | Path, *, trace_data:
         measured = read_inference_perf(src)
     else:
         measured = read_otel(src)
-    deployment, model_config = resolve_deployment(src, {k: v for k, v in flags.items() if v is not None},
-                                                  measured.recorded)
+    deployment, model_config = resolve_deployment(
+        src, {k: v for k, v in flags.items() if v is not None}, measured.recorded
+    )
     return write_experiment(measured, out, deployment, model_config), measured
 
 

@@ -22,6 +22,7 @@ chunk (else the deadline) for an error. The client's limit is deadline_us - arri
 successful requests (their smallest). A request in a prefix group has the prompt prefix_length +
 input_tokens.
 """
+
 from __future__ import annotations
 
 import csv
@@ -32,8 +33,16 @@ import yaml
 from .common import DataImportError, Measured
 
 REQUIRED = ("input_tokens", "output_tokens", "arrival_time_us", "first_chunk_time_us", "last_chunk_time_us", "status")
-INT_COLUMNS = ("input_tokens", "output_tokens", "arrival_time_us", "send_time_us", "first_chunk_time_us",
-               "last_chunk_time_us", "deadline_us", "prefix_length")
+INT_COLUMNS = (
+    "input_tokens",
+    "output_tokens",
+    "arrival_time_us",
+    "send_time_us",
+    "first_chunk_time_us",
+    "last_chunk_time_us",
+    "deadline_us",
+    "prefix_length",
+)
 VERSIONS = (2, 3)
 STATUSES = ("ok", "timeout", "error")
 
@@ -52,8 +61,9 @@ def read_header(src: Path) -> dict:
         raise DataImportError(f"{src}: trace_version {v!r} is not supported (2 and 3 are)")
     mode = header.get("mode")
     if mode != "real":
-        raise DataImportError(f"{src}: mode is {mode!r}, not 'real': only a trace of a real server (blis observe) "
-                              "carries measurements")
+        raise DataImportError(
+            f"{src}: mode is {mode!r}, not 'real': only a trace of a real server (blis observe) carries measurements"
+        )
     unit = header.get("time_unit", "microseconds")
     if unit not in ("microseconds", "us"):
         raise DataImportError(f"{src}: time_unit {unit!r} is not supported (microseconds)")
@@ -64,9 +74,13 @@ def recorded_deployment(header: dict) -> dict:
     server = header.get("server") or {}
     if not isinstance(server, dict):
         return {}
-    out = {"model": server.get("model") or None, "tp": server.get("tensor_parallel") or None,
-           "max_num_seqs": server.get("max_num_seqs") or None, "block_size": server.get("block_size") or None,
-           "max_model_len": server.get("max_model_len") or None}
+    out = {
+        "model": server.get("model") or None,
+        "tp": server.get("tensor_parallel") or None,
+        "max_num_seqs": server.get("max_num_seqs") or None,
+        "block_size": server.get("block_size") or None,
+        "max_model_len": server.get("max_model_len") or None,
+    }
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -95,8 +109,9 @@ def read_blis_trace(src: str | Path, trace_data: str | Path | None = None) -> Me
             raise DataImportError(f"{data}: header row names the column {dup[0]!r} twice")
         missing = [c for c in REQUIRED if c not in names]
         if missing:
-            raise DataImportError(f"{data}: header row lacks the column{'s' if len(missing) > 1 else ''} "
-                                  f"{', '.join(missing)}")
+            raise DataImportError(
+                f"{data}: header row lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+            )
         col = {c: i for i, c in enumerate(names)}
         row_no = 0
         try:
@@ -124,6 +139,7 @@ def read_blis_trace(src: str | Path, trace_data: str | Path | None = None) -> Me
 def _parse_row(data: Path, k: int, row: list[str], col: dict, width: int):
     def bad(problem):
         raise DataImportError(f"{data}: row {k}: {problem}")
+
     if len(row) < width:
         bad(f"has {len(row)} columns, the header row has {width}")
     v = {}
@@ -162,8 +178,17 @@ def _parse_row(data: Path, k: int, row: list[str], col: dict, width: int):
         if prompt <= 0:
             bad("a successful request with no input tokens")
         limit = deadline - arrival if deadline > 0 else None
-        return arrival, prompt, v["output_tokens"], False, (last - arrival) / 1e6, (first - arrival) / 1e6, \
-            group, plen, limit
+        return (
+            arrival,
+            prompt,
+            v["output_tokens"],
+            False,
+            (last - arrival) / 1e6,
+            (first - arrival) / 1e6,
+            group,
+            plen,
+            limit,
+        )
     if last and first and last < first:
         bad(f"last_chunk_time_us {last} precedes first_chunk_time_us {first}")
     if (first and first < arrival) or (last and last < arrival):

@@ -35,6 +35,7 @@ Format decisions (BLIS snapshot sim/workload/tracev2.go, replay.go, calibrate.go
   * --horizon: the last deadline plus 1 s, so every request completes or times out (BLIS schedules
     a timeout only for a deadline within the horizon; its default, 2 x last arrival, cuts the tail).
 """
+
 from __future__ import annotations
 
 import csv
@@ -50,10 +51,9 @@ import yaml
 
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.experiments import Experiment, ExperimentError, LoadOptions, load_experiment
+from stepml_evolve.evaluator.outputs import OutputError, check_outputs, write_atomic
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.readers import read_json
-
-from stepml_evolve.evaluator.outputs import OutputError, check_outputs, write_atomic
 
 DEFAULT_LATENCY_MODEL = "stepml-evolved"
 DEFAULT_SEED = 42
@@ -62,12 +62,33 @@ HORIZON_MARGIN_US = 1_000_000
 BLIS_HARDWARE = {"H100": "H100", "A100-80GB": "A100-80"}
 # sim/workload/tracev2.go traceV2Columns, in order (parsed by position)
 TRACE_COLUMNS = (
-    "request_id", "client_id", "tenant_id", "slo_class", "session_id", "round_index",
-    "prefix_group", "prefix_length", "streaming", "input_tokens", "output_tokens",
-    "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio",
-    "model", "deadline_us", "server_input_tokens",
-    "arrival_time_us", "send_time_us", "first_chunk_time_us", "last_chunk_time_us",
-    "num_chunks", "status", "error_message", "finish_reason",
+    "request_id",
+    "client_id",
+    "tenant_id",
+    "slo_class",
+    "session_id",
+    "round_index",
+    "prefix_group",
+    "prefix_length",
+    "streaming",
+    "input_tokens",
+    "output_tokens",
+    "text_tokens",
+    "image_tokens",
+    "audio_tokens",
+    "video_tokens",
+    "reason_ratio",
+    "model",
+    "deadline_us",
+    "server_input_tokens",
+    "arrival_time_us",
+    "send_time_us",
+    "first_chunk_time_us",
+    "last_chunk_time_us",
+    "num_chunks",
+    "status",
+    "error_message",
+    "finish_reason",
 )
 STATUS_OK, STATUS_TIMEOUT = "ok", "timeout"
 
@@ -101,10 +122,15 @@ class Export:
 def output_paths(prefix: str | Path) -> dict[str, Path]:
     p = Path(prefix)
     name = p.name
-    return {"header": p.with_name(f"{name}.yaml"), "data": p.with_name(f"{name}.csv"),
-            "model_dir": p.with_name(f"{name}.model"), "config": p.with_name(f"{name}.model") / "config.json",
-            "cmd_file": p.with_name(f"{name}.cmd"), "results": p.with_name(f"{name}.results.json"),
-            "deployment": p.with_name(f"{name}.deployment.yaml")}
+    return {
+        "header": p.with_name(f"{name}.yaml"),
+        "data": p.with_name(f"{name}.csv"),
+        "model_dir": p.with_name(f"{name}.model"),
+        "config": p.with_name(f"{name}.model") / "config.json",
+        "cmd_file": p.with_name(f"{name}.cmd"),
+        "results": p.with_name(f"{name}.results.json"),
+        "deployment": p.with_name(f"{name}.deployment.yaml"),
+    }
 
 
 def check_prefix(prefix: str | Path, inputs: list[Path] = ()) -> dict[str, Path]:
@@ -138,9 +164,15 @@ def hf_config(experiment: Experiment, max_position_embeddings: int) -> dict:
     cfg = {
         "architectures": ["MixtralForCausalLM" if moe else "LlamaForCausalLM"],
         "model_type": "mixtral" if moe else "llama",
-        "num_hidden_layers": a.layers, "hidden_size": a.hidden, "num_attention_heads": a.heads,
-        "num_key_value_heads": a.kv_heads, "intermediate_size": a.ffn, "vocab_size": a.vocab,
-        "torch_dtype": "bfloat16", "max_position_embeddings": int(max_position_embeddings), "hidden_act": "silu",
+        "num_hidden_layers": a.layers,
+        "hidden_size": a.hidden,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "intermediate_size": a.ffn,
+        "vocab_size": a.vocab,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": int(max_position_embeddings),
+        "hidden_act": "silu",
     }
     if moe:
         cfg["num_local_experts"] = a.num_experts
@@ -190,15 +222,46 @@ def _rows(e: Experiment, names: list[str], n: int, model: str) -> list[list]:
             first = arr + int(round(e.ttft_s[i] * 1e6))
             last = arr + int(round(e.e2e_s[i] * 1e6))
             chunks, status, message = out, STATUS_OK, ""
-        rows.append([i, "", "", "", "", 0, group, plen, "true", suffix, out, 0, 0, 0, 0, 0, model,
-                     int(deadline[i]), inp, arr, arr, first, last, chunks, status, message, ""])
+        rows.append(
+            [
+                i,
+                "",
+                "",
+                "",
+                "",
+                0,
+                group,
+                plen,
+                "true",
+                suffix,
+                out,
+                0,
+                0,
+                0,
+                0,
+                0,
+                model,
+                int(deadline[i]),
+                inp,
+                arr,
+                arr,
+                first,
+                last,
+                chunks,
+                status,
+                message,
+                "",
+            ]
+        )
     return rows
 
 
 def _check_experiment(e: Experiment, n: int) -> None:
     """What BLIS would reject or misread, as one line (the loader guarantees most of it)."""
+
     def bad(problem):
         raise BlisTraceError(f"{e.name}: {problem}; cannot export as a BLIS trace")
+
     if (e.input_tokens[:n] < 1).any() or (e.output_tokens[:n] < 1).any():
         bad("a request has no input or output tokens")
     if (e.arrival_us[:n] < 0).any() or (np.diff(e.arrival_us[:n]) < 0).any():
@@ -214,11 +277,19 @@ def _check_experiment(e: Experiment, n: int) -> None:
         bad("a successful request lacks its observed TTFT or E2E")
 
 
-def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: str | Path | None = None,
-                      latency_model: str = DEFAULT_LATENCY_MODEL, seed: int = DEFAULT_SEED,
-                      requests: int | None = None, server_max_model_len: int | None = None,
-                      gpu_memory_utilization: float | None = None, inputs: list[Path] = (),
-                      binary: str = "blis") -> Export:
+def export_blis_trace(
+    experiment: Experiment,
+    prefix: str | Path,
+    *,
+    blis_dir: str | Path | None = None,
+    latency_model: str = DEFAULT_LATENCY_MODEL,
+    seed: int = DEFAULT_SEED,
+    requests: int | None = None,
+    server_max_model_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    inputs: list[Path] = (),
+    binary: str = "blis",
+) -> Export:
     """Write the experiment (its first `requests` requests, or all) as a BLIS trace v2 at PREFIX
     and return the paths and the `blis replay` argv. Every check runs before anything is written;
     a bad prefix (missing directory, over an input file) is a one-line OutputError.
@@ -251,20 +322,34 @@ def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: s
     needed = int(max(total.max(), prompt.max() + 1))
     max_model_len = max(int(server_max_model_len or 0), needed)
     if server_max_model_len and max_model_len > server_max_model_len:
-        notes.append(f"--max-model-len raised from the server's {server_max_model_len} to {max_model_len} "
-                     "so that BLIS drops no request")
+        notes.append(
+            f"--max-model-len raised from the server's {server_max_model_len} to {max_model_len} "
+            "so that BLIS drops no request"
+        )
     kv_tokens = int(e.server.kv_blocks) * int(e.server.block_size)
     if max_model_len > kv_tokens:
-        notes.append(f"--max-model-len {max_model_len} exceeds the KV cache ({kv_tokens} tokens): BLIS's roofline and "
-                     "trained-physics backends cap it there and may drop the longest requests")
+        notes.append(
+            f"--max-model-len {max_model_len} exceeds the KV cache ({kv_tokens} tokens): BLIS's roofline and "
+            "trained-physics backends cap it there and may drop the longest requests"
+        )
     deadlines = e.arrival_us[:n].astype(np.int64) + e.abort_after_us[:n].astype(np.int64)
     horizon = int(deadlines.max()) + HORIZON_MARGIN_US
     model = e.model.lower()
 
-    header = {"trace_version": 2, "time_unit": "microseconds", "mode": "real", "warm_up_requests": 0,
-              "server": {"type": "vllm", "model": e.model, "tensor_parallel": int(e.tp),
-                         "max_num_seqs": int(e.server.max_num_seqs), "block_size": int(e.server.block_size),
-                         "max_model_len": int(server_max_model_len or max_model_len)}}
+    header = {
+        "trace_version": 2,
+        "time_unit": "microseconds",
+        "mode": "real",
+        "warm_up_requests": 0,
+        "server": {
+            "type": "vllm",
+            "model": e.model,
+            "tensor_parallel": int(e.tp),
+            "max_num_seqs": int(e.server.max_num_seqs),
+            "block_size": int(e.server.block_size),
+            "max_model_len": int(server_max_model_len or max_model_len),
+        },
+    }
     if gpu_memory_utilization is not None:
         header["server"]["gpu_memory_utilization"] = float(gpu_memory_utilization)
     buf = io.StringIO()
@@ -273,14 +358,46 @@ def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: s
     w.writerows(_rows(e, names, n, model))
 
     ab = {k: str(v.resolve()) for k, v in paths.items()}
-    argv = [binary, "replay", "--trace-header", ab["header"], "--trace-data", ab["data"],
-            "--model", model, "--latency-model", latency_model, "--hardware", hardware, "--tp", str(int(e.tp)),
-            "--model-config-folder", ab["model_dir"], "--hardware-config", hw_config, "--defaults-filepath", defaults,
-            "--total-kv-blocks", str(int(e.server.kv_blocks)), "--block-size-in-tokens", str(int(e.server.block_size)),
-            "--max-num-seqs", str(int(e.server.max_num_seqs)),
-            "--max-num-batched-tokens", str(int(e.server.max_num_batched_tokens)),
-            "--max-model-len", str(max_model_len), "--horizon", str(horizon), "--seed", str(int(seed)),
-            "--log", "error", "--results-path", ab["results"]]
+    argv = [
+        binary,
+        "replay",
+        "--trace-header",
+        ab["header"],
+        "--trace-data",
+        ab["data"],
+        "--model",
+        model,
+        "--latency-model",
+        latency_model,
+        "--hardware",
+        hardware,
+        "--tp",
+        str(int(e.tp)),
+        "--model-config-folder",
+        ab["model_dir"],
+        "--hardware-config",
+        hw_config,
+        "--defaults-filepath",
+        defaults,
+        "--total-kv-blocks",
+        str(int(e.server.kv_blocks)),
+        "--block-size-in-tokens",
+        str(int(e.server.block_size)),
+        "--max-num-seqs",
+        str(int(e.server.max_num_seqs)),
+        "--max-num-batched-tokens",
+        str(int(e.server.max_num_batched_tokens)),
+        "--max-model-len",
+        str(max_model_len),
+        "--horizon",
+        str(horizon),
+        "--seed",
+        str(int(seed)),
+        "--log",
+        "error",
+        "--results-path",
+        ab["results"],
+    ]
     if n < e.n_requests:
         notes.append(f"trace cut to the first {n} of {e.n_requests} requests")
 
@@ -289,12 +406,27 @@ def export_blis_trace(experiment: Experiment, prefix: str | Path, *, blis_dir: s
     write_atomic(paths["data"], buf.getvalue())
     write_atomic(paths["header"], yaml.safe_dump(header, sort_keys=False))
     write_atomic(paths["cmd_file"], shlex.join(argv) + "\n")
-    deployment = {"hardware": e.hardware.name, "max_num_batched_tokens": int(e.server.max_num_batched_tokens),
-                  "kv_blocks": int(e.server.kv_blocks), "model_config": f"{model_dir.name}/config.json"}
+    deployment = {
+        "hardware": e.hardware.name,
+        "max_num_batched_tokens": int(e.server.max_num_batched_tokens),
+        "kv_blocks": int(e.server.kv_blocks),
+        "model_config": f"{model_dir.name}/config.json",
+    }
     write_atomic(paths["deployment"], yaml.safe_dump(deployment, sort_keys=False))
-    return Export(header=paths["header"], data=paths["data"], model_dir=model_dir, config=paths["config"],
-                  cmd_file=paths["cmd_file"], deployment=paths["deployment"], results=paths["results"], argv=argv, n_requests=n,
-                  max_model_len=max_model_len, horizon_us=horizon, notes=notes)
+    return Export(
+        header=paths["header"],
+        data=paths["data"],
+        model_dir=model_dir,
+        config=paths["config"],
+        cmd_file=paths["cmd_file"],
+        deployment=paths["deployment"],
+        results=paths["results"],
+        argv=argv,
+        n_requests=n,
+        max_model_len=max_model_len,
+        horizon_us=horizon,
+        notes=notes,
+    )
 
 
 def load_for_export(exp_dir: str | Path, output_len: str = "profile", prompt_reuse: str = DEFAULT_POLICY) -> Experiment:
@@ -313,8 +445,15 @@ def load_for_export(exp_dir: str | Path, output_len: str = "profile", prompt_reu
         raise ExperimentError(d.name, f"unexpected content ({type(ex).__name__}: {text})") from None
 
 
-def export_experiment_dir(exp_dir: str | Path, prefix: str | Path, *, output_len: str = "profile",
-                          prompt_reuse: str = DEFAULT_POLICY, experiment: Experiment | None = None, **kwargs) -> Export:
+def export_experiment_dir(
+    exp_dir: str | Path,
+    prefix: str | Path,
+    *,
+    output_len: str = "profile",
+    prompt_reuse: str = DEFAULT_POLICY,
+    experiment: Experiment | None = None,
+    **kwargs,
+) -> Export:
     """`evolve data export`: load the experiment at exp_dir (unless the caller has: `experiment`)
     and export it (see export_blis_trace); the experiment's own files are never overwritten."""
     d = Path(exp_dir)
@@ -324,8 +463,14 @@ def export_experiment_dir(exp_dir: str | Path, prefix: str | Path, *, output_len
     check_prefix(prefix, inputs)  # before the (seconds-long) load
     e = experiment if experiment is not None else load_for_export(d, output_len, prompt_reuse)
     extras = server_extras(d)
-    return export_blis_trace(e, prefix, server_max_model_len=extras.get("max_model_len"),
-                             gpu_memory_utilization=extras.get("gpu_memory_utilization"), inputs=inputs, **kwargs)
+    return export_blis_trace(
+        e,
+        prefix,
+        server_max_model_len=extras.get("max_model_len"),
+        gpu_memory_utilization=extras.get("gpu_memory_utilization"),
+        inputs=inputs,
+        **kwargs,
+    )
 
 
 def read_blis_results(path: str | Path) -> dict[int, tuple[float, float]]:

@@ -12,6 +12,7 @@ from model_config, else from the built-in catalog by model id (case-insensitive)
 Writing: into a temporary directory beside DIR, loaded back with the tool's own loader, then
 renamed to DIR; any problem leaves nothing behind. A non-empty existing DIR is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -100,10 +101,12 @@ def _read_deployment(path: Path) -> dict:
         raise DataImportError(f"{path}: expected a mapping of deployment keys")
     unknown = sorted(set(raw) - set(DEPLOYMENT_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
-        raise DataImportError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join([*DEPLOYMENT_KEYS, *OPTIONAL_KEYS])})")
+        raise DataImportError(
+            f"{path}: unknown key {unknown[0]!r} (known: {', '.join([*DEPLOYMENT_KEYS, *OPTIONAL_KEYS])})"
+        )
     out = dict(raw)
     if out.get("model_config") is not None:
-        out["model_config"] = str((path.parent / str(out["model_config"])))
+        out["model_config"] = str(path.parent / str(out["model_config"]))
     return out
 
 
@@ -126,8 +129,12 @@ def hf_to_model_config(path: Path) -> dict:
     if not isinstance(cfg, dict):
         raise DataImportError(f"{path}: expected a JSON object (a Hugging Face config.json)")
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
-    keys = {"num_layers": "num_hidden_layers", "hidden_dim": "hidden_size", "num_heads": "num_attention_heads",
-            "intermediate_dim": "intermediate_size"}
+    keys = {
+        "num_layers": "num_hidden_layers",
+        "hidden_dim": "hidden_size",
+        "num_heads": "num_attention_heads",
+        "intermediate_dim": "intermediate_size",
+    }
     missing = [hf for hf in keys.values() if hf not in cfg]
     if missing:
         raise DataImportError(f"{path}: a Hugging Face config.json needs {', '.join(missing)}")
@@ -140,8 +147,19 @@ def hf_to_model_config(path: Path) -> dict:
         ModelArch.from_model_config(mc)
     except ValueError as e:
         raise DataImportError(f"{path}: {e}") from None
-    return {k: mc[k] for k in ("num_layers", "hidden_dim", "num_heads", "num_kv_heads", "intermediate_dim",
-                               "num_local_experts", "num_experts_per_tok", "vocab_size")}
+    return {
+        k: mc[k]
+        for k in (
+            "num_layers",
+            "hidden_dim",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_dim",
+            "num_local_experts",
+            "num_experts_per_tok",
+            "vocab_size",
+        )
+    }
 
 
 def resolve_deployment(src: Path, flags: dict, recorded: dict) -> tuple[dict, dict]:
@@ -176,15 +194,19 @@ def resolve_deployment(src: Path, flags: dict, recorded: dict) -> tuple[dict, di
     for key, (flag, what) in DEPLOYMENT_KEYS.items():
         if key == "model_config":
             if model_config is None and values.get("model"):
-                missing.append(f"  {flag} FILE (key model_config): {what}; {values['model']} is not built in "
-                               f"(built in: {', '.join(catalog().models)})")
+                missing.append(
+                    f"  {flag} FILE (key model_config): {what}; {values['model']} is not built in "
+                    f"(built in: {', '.join(catalog().models)})"
+                )
             continue
         if values.get(key) is None:
             missing.append(f"  {flag} (key {key}): {what}")
     if missing:
         yaml_name = yaml_path or src.with_name(f"{src.stem}.deployment.yaml")
-        raise DataImportError(f"{src}: {len(missing)} deployment field(s) not recorded by the source; give each as a "
-                              f"flag or a key in {yaml_name}:\n" + "\n".join(missing))
+        raise DataImportError(
+            f"{src}: {len(missing)} deployment field(s) not recorded by the source; give each as a "
+            f"flag or a key in {yaml_name}:\n" + "\n".join(missing)
+        )
     return values, model_config
 
 
@@ -218,13 +240,21 @@ def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dic
     for i in range(n):
         g = m.prefix_group[i]
         if g and group_length.setdefault(g, m.prefix_length[i]) != m.prefix_length[i]:
-            raise DataImportError(f"{m.path}: request {i + 1} of prefix group {g!r} has prefix_length "
-                                  f"{m.prefix_length[i]}, an earlier one {group_length[g]} (one group, one shared prefix)")
+            raise DataImportError(
+                f"{m.path}: request {i + 1} of prefix group {g!r} has prefix_length "
+                f"{m.prefix_length[i]}, an earlier one {group_length[g]} (one group, one shared prefix)"
+            )
     requests, truth = [], []
     for k, i in enumerate(order):
         i = int(i)
-        rec = {"index": k, "arrival_time_us": int(round(arrival[i] - t0)), "input_tokens": m.input_tokens[i],
-               "output_tokens": m.output_tokens[i], "prefix_group": m.prefix_group[i], "has_error": m.failed[i]}
+        rec = {
+            "index": k,
+            "arrival_time_us": int(round(arrival[i] - t0)),
+            "input_tokens": m.input_tokens[i],
+            "output_tokens": m.output_tokens[i],
+            "prefix_group": m.prefix_group[i],
+            "has_error": m.failed[i],
+        }
         if m.prefix_group[i]:
             rec["prefix_length"] = m.prefix_length[i]
         requests.append(rec)
@@ -233,25 +263,42 @@ def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dic
             t["ttft_s"] = m.ttft_s[i]
         truth.append(t)
     model = deployment["model"]
-    config = {"tensor_parallelism": deployment["tp"], "max_num_seqs": deployment["max_num_seqs"],
-              "max_num_batched_tokens": deployment["max_num_batched_tokens"],
-              "kv_blocks_total_gpu": deployment["kv_blocks"], "block_size": deployment["block_size"],
-              "hardware": deployment["hardware"]}
+    config = {
+        "tensor_parallelism": deployment["tp"],
+        "max_num_seqs": deployment["max_num_seqs"],
+        "max_num_batched_tokens": deployment["max_num_batched_tokens"],
+        "kv_blocks_total_gpu": deployment["kv_blocks"],
+        "block_size": deployment["block_size"],
+        "hardware": deployment["hardware"],
+    }
     timeout = deployment.get("client_timeout_s") or m.client_timeout_s
     if timeout:
         config["client_timeout_s"] = float(timeout)
-    meta = {"experiment": out.name, "model_id": model, "model_short": model.split("/")[-1].lower(),
-            "profile": m.source, "split": "", "measurement": m.measurement,
-            "imported_from": {"format": m.source, "path": str(m.path)},
-            "config": config, "model_config": model_config, "requests": requests}
+    meta = {
+        "experiment": out.name,
+        "model_id": model,
+        "model_short": model.split("/")[-1].lower(),
+        "profile": m.source,
+        "split": "",
+        "measurement": m.measurement,
+        "imported_from": {"format": m.source, "path": str(m.path)},
+        "config": config,
+        "model_config": model_config,
+        "requests": requests,
+    }
     shared = {"num_unique_system_prompts": len(group_length)}
     out_len = _uniform_output_len(m)
     if out_len is not None:
         shared["output_len"] = out_len  # every successful request generated this many tokens
     profile = {"imported_from": m.source, "data": {"shared_prefix": shared}}
-    exp_config = {"model": model, "tensor_parallel_size": deployment["tp"], "max_num_seqs": deployment["max_num_seqs"],
-                  "max_num_batched_tokens": deployment["max_num_batched_tokens"], "block_size": deployment["block_size"],
-                  "num_gpu_blocks_override": deployment["kv_blocks"]}
+    exp_config = {
+        "model": model,
+        "tensor_parallel_size": deployment["tp"],
+        "max_num_seqs": deployment["max_num_seqs"],
+        "max_num_batched_tokens": deployment["max_num_batched_tokens"],
+        "block_size": deployment["block_size"],
+        "num_gpu_blocks_override": deployment["kv_blocks"],
+    }
     if deployment.get("max_model_len"):
         exp_config["max_model_len"] = deployment["max_model_len"]
 

@@ -9,12 +9,14 @@ E2E = end_time - start_time. A failed request lasted end_time - start_time. A su
 without token times is accepted only with 0 output tokens (its first token is its end).
 inference-perf records no prefix groups: the importer writes none.
 """
+
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
 from stepml_evolve.evaluator.readers import read_json
+
 from .common import DataImportError, Measured
 
 
@@ -26,11 +28,15 @@ def read_inference_perf(src: str | Path) -> Measured:
     src = Path(src)
     data = read_json(src, DataImportError)
     if not isinstance(data, list):
-        raise DataImportError(f"{src}: expected a JSON list of per-request records (per_request_lifecycle_metrics.json)")
+        raise DataImportError(
+            f"{src}: expected a JSON list of per-request records (per_request_lifecycle_metrics.json)"
+        )
     m = Measured(source="inference-perf", path=src, measurement="client")
     for k, rec in enumerate(data, start=1):
-        def bad(problem):
+
+        def bad(problem, k=k):
             raise DataImportError(f"{src}: request {k}: {problem}")
+
         if not isinstance(rec, dict):
             bad("not an object")
         for key in ("start_time", "end_time", "info"):

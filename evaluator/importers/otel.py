@@ -11,6 +11,7 @@ gen_ai.latency.time_in_queue is informative) give the request. Arrival = span st
 as the attributes say. A span with status code 2 (ERROR) is a failed request lasting its e2e (or
 the span's duration). vLLM records no prefix groups and no client limit.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,12 @@ from .common import DataImportError, Measured
 
 SPAN = "llm_request"
 PROMPT, COMPLETION = "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"
-TTFT, E2E, QUEUE, REQUEST_ID = ("gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e",
-                                "gen_ai.latency.time_in_queue", "gen_ai.request.id")
+TTFT, E2E, QUEUE, REQUEST_ID = (
+    "gen_ai.latency.time_to_first_token",
+    "gen_ai.latency.e2e",
+    "gen_ai.latency.time_in_queue",
+    "gen_ai.request.id",
+)
 
 
 def _value(v):
@@ -75,8 +80,9 @@ def read_otel(src: str | Path) -> Measured:
             attrs = {a.get("key"): _value(a.get("value")) for a in span.get("attributes") or [] if isinstance(a, dict)}
             rid = attrs.get(REQUEST_ID) or span.get("spanId") or f"#{len(m.arrival_us) + 1}"
 
-            def bad(problem):
+            def bad(problem, ln=ln, rid=rid):
                 raise DataImportError(f"{src}: line {ln}: span of request {rid}: {problem}")
+
             if rid in seen:
                 bad("appears twice")
             seen.add(rid)

@@ -1,11 +1,12 @@
 """The `evolve` command line: each command parses its options, calls one library function and
 prints the result. User errors (`UserError`) are reported once, by `console.CommandGroup`."""
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import typer
 
@@ -13,26 +14,65 @@ from stepml_evolve.evaluator.datasets import SYNTHETIC_SEED, check_data, write_s
 from stepml_evolve.evaluator.executor import Cluster
 from stepml_evolve.evaluator.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
-from stepml_evolve.evaluator.importers import FORMATS as IMPORT_FORMATS, import_experiment
-from stepml_evolve.evaluator.importers.blis_trace_export import DEFAULT_LATENCY_MODEL, DEFAULT_SEED, export_experiment_dir
+from stepml_evolve.evaluator.importers import FORMATS as IMPORT_FORMATS
+from stepml_evolve.evaluator.importers import import_experiment
+from stepml_evolve.evaluator.importers.blis_trace_export import (
+    DEFAULT_LATENCY_MODEL,
+    DEFAULT_SEED,
+    export_experiment_dir,
+)
 from stepml_evolve.evaluator.synthetic import SAMPLE_SIZES
 from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
-from stepml_evolve.evolve.commands import (ENGINES, EvaluationSetup, LLMSettings, cluster_bench, cross_validate_program,
-                                           emit_program, evaluate_program, fit_program, run_bench, run_search)
+from stepml_evolve.evolve.commands import (
+    ENGINES,
+    EvaluationSetup,
+    LLMSettings,
+    cluster_bench,
+    cross_validate_program,
+    emit_program,
+    evaluate_program,
+    fit_program,
+    run_bench,
+    run_search,
+)
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, SearchConfig
 
 from .archive import archive_app
 from .console import CommandGroup, err, error, out, say
-from .options import (SETUP, ClusterOption, DataOption, Method, MethodOption, ObjectiveOption, OutputLenOption,
-                      PromptReuseOption, RemoteWorkersOption, SemanticsOption, WeightsOption, WorkersOption)
+from .options import (
+    SETUP,
+    ClusterOption,
+    DataOption,
+    Method,
+    MethodOption,
+    ObjectiveOption,
+    OutputLenOption,
+    PromptReuseOption,
+    RemoteWorkersOption,
+    SemanticsOption,
+    WeightsOption,
+    WorkersOption,
+)
 from .progress import fit_progress, run_progress
-from .tables import (blis_comparison_table, cluster_bench_table, cv_summary_table, dumps, experiments_table, loss_text,
-                     metrics_table, run_summary_tables)
+from .tables import (
+    blis_comparison_table,
+    cluster_bench_table,
+    cv_summary_table,
+    dumps,
+    experiments_table,
+    loss_text,
+    metrics_table,
+    run_summary_tables,
+)
 
-app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
-                  help="Discover step-time programs for LLM-inference simulators.")
+app = typer.Typer(
+    cls=CommandGroup,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Discover step-time programs for LLM-inference simulators.",
+)
 data_app = typer.Typer(cls=CommandGroup, no_args_is_help=True, help="Inspect and generate experiment data.")
 app.add_typer(data_app, name="data")
 app.add_typer(archive_app, name="archive")
@@ -67,8 +107,10 @@ def data_check(
 def data_synth(
     out_dir: Path = typer.Option(..., "--out", help="Directory to write the synthetic experiments into."),
     seed: int = typer.Option(SYNTHETIC_SEED, min=0, help=f"Generator seed ({SYNTHETIC_SEED} is the built-in sample)."),
-    size: Optional[Literal[tuple(SAMPLE_SIZES)]] = typer.Option(
-        None, help="full, or small (a fifth of the requests); default: the built-in sample's (STEPML_SAMPLE_SIZE, else full)."),
+    size: Literal[tuple(SAMPLE_SIZES)] | None = typer.Option(
+        None,
+        help="full, or small (a fifth of the requests); default: the built-in sample's (STEPML_SAMPLE_SIZE, else full).",
+    ),
 ):
     """Write the built-in synthetic sample (hidden oracle + noise) in the replay format."""
     dirs = write_synthetic_sample(out_dir, seed=seed, size=size)
@@ -77,56 +119,94 @@ def data_synth(
 
 @data_app.command("export")
 def data_export(
-    exp_dir: Path = typer.Option(..., "--blis-trace", help="Experiment directory (replay format) to export as a BLIS trace v2."),
-    prefix: Path = typer.Option(..., "--out", help="Output prefix: writes PREFIX.yaml, PREFIX.csv, PREFIX.model/config.json, PREFIX.cmd."),
-    blis: Optional[Path] = typer.Option(None, "--blis", help="BLIS checkout for --defaults-filepath/--hardware-config "
-                                        "(default: relative paths, to run from a checkout)."),
+    exp_dir: Path = typer.Option(
+        ..., "--blis-trace", help="Experiment directory (replay format) to export as a BLIS trace v2."
+    ),
+    prefix: Path = typer.Option(
+        ..., "--out", help="Output prefix: writes PREFIX.yaml, PREFIX.csv, PREFIX.model/config.json, PREFIX.cmd."
+    ),
+    blis: Path | None = typer.Option(
+        None,
+        "--blis",
+        help="BLIS checkout for --defaults-filepath/--hardware-config "
+        "(default: relative paths, to run from a checkout).",
+    ),
     latency_model: str = typer.Option(DEFAULT_LATENCY_MODEL, "--latency-model", help="BLIS --latency-model backend."),
     seed: int = typer.Option(DEFAULT_SEED, "--seed", min=0, help="BLIS --seed (its random token ids)."),
-    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Only the first N requests (quick checks)."),
+    requests: int | None = typer.Option(None, "--requests", min=1, help="Only the first N requests (quick checks)."),
     output_len: OutputLenOption = SETUP.output_len,
     prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
 ):
     """Export one experiment as a BLIS trace v2 and print the `blis replay` command that replays it."""
-    exp = export_experiment_dir(exp_dir, prefix, output_len=output_len, blis_dir=blis, latency_model=latency_model,
-                                seed=seed, requests=requests, prompt_reuse=prompt_reuse)
-    for note in [*exp.notes, f"wrote {exp.header}, {exp.data} ({exp.n_requests} requests), {exp.config}, {exp.cmd_file}, {exp.deployment}"]:
+    exp = export_experiment_dir(
+        exp_dir,
+        prefix,
+        output_len=output_len,
+        blis_dir=blis,
+        latency_model=latency_model,
+        seed=seed,
+        requests=requests,
+        prompt_reuse=prompt_reuse,
+    )
+    for note in [
+        *exp.notes,
+        f"wrote {exp.header}, {exp.data} ({exp.n_requests} requests), {exp.config}, {exp.cmd_file}, {exp.deployment}",
+    ]:
         err.print(note, markup=False, highlight=False, soft_wrap=True)
     sys.stdout.write(exp.command + "\n")  # plain: one line, never wrapped
 
 
 @data_app.command("import")
 def data_import(
-    src: Path = typer.Argument(..., help="The measurements: a BLIS trace header (.yaml), per_request_lifecycle_metrics.json, "
-                                         "or OTLP JSON lines of vLLM spans."),
+    src: Path = typer.Argument(
+        ...,
+        help="The measurements: a BLIS trace header (.yaml), per_request_lifecycle_metrics.json, "
+        "or OTLP JSON lines of vLLM spans.",
+    ),
     fmt: ImportFormat = typer.Option(..., "--from", help="Format of SRC."),
     out_dir: Path = typer.Option(..., "--out", help="New experiment directory to write (must not exist or be empty)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Served model (Hugging Face id)."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU: H100 or A100-80GB."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Tensor parallelism."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1),
-    kv_blocks: Optional[int] = typer.Option(None, "--kv-blocks", min=1, help="GPU KV-cache blocks."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="KV-cache block size in tokens."),
-    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json (architecture)."),
-    trace_data: Optional[Path] = typer.Option(None, "--trace-data", help="BLIS trace CSV (default: SRC's stem + .csv)."),
+    model: str | None = typer.Option(None, "--model", help="Served model (Hugging Face id)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="GPU: H100 or A100-80GB."),
+    tp: int | None = typer.Option(None, "--tp", min=1, help="Tensor parallelism."),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", min=1),
+    kv_blocks: int | None = typer.Option(None, "--kv-blocks", min=1, help="GPU KV-cache blocks."),
+    block_size: int | None = typer.Option(None, "--block-size", min=1, help="KV-cache block size in tokens."),
+    model_config: Path | None = typer.Option(None, "--model-config", help="Hugging Face config.json (architecture)."),
+    trace_data: Path | None = typer.Option(None, "--trace-data", help="BLIS trace CSV (default: SRC's stem + .csv)."),
 ):
     """Import measurements (BLIS trace, inference-perf, vLLM OTel spans) as one experiment."""
-    path, measured = import_experiment(fmt, src, out_dir, trace_data=trace_data, model=model, hardware=hardware, tp=tp,
-                                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                       kv_blocks=kv_blocks, block_size=block_size,
-                                       model_config=str(model_config) if model_config else None)
+    path, measured = import_experiment(
+        fmt,
+        src,
+        out_dir,
+        trace_data=trace_data,
+        model=model,
+        hardware=hardware,
+        tp=tp,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_blocks=kv_blocks,
+        block_size=block_size,
+        model_config=str(model_config) if model_config else None,
+    )
     n, failed = len(measured.failed), sum(measured.failed)
-    out.print(f"wrote {path}: {n} requests ({failed} failed), measured at the {measured.measurement} "
-              f"(the replay's arrival is the {'send time' if measured.measurement == 'client' else 'server arrival'})",
-              markup=False, highlight=False, soft_wrap=True)
+    out.print(
+        f"wrote {path}: {n} requests ({failed} failed), measured at the {measured.measurement} "
+        f"(the replay's arrival is the {'send time' if measured.measurement == 'client' else 'server arrival'})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("eval")
 def eval_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
     data: DataOption = None,
-    split: Split = typer.Option("test", "--split", help="Split to score: a temporal window, or all (whole experiments)."),
+    split: Split = typer.Option(
+        "test", "--split", help="Split to score: a temporal window, or all (whole experiments)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
     workers: WorkersOption = None,
     output_len: OutputLenOption = SETUP.output_len,
@@ -136,8 +216,15 @@ def eval_cmd(
     weights: WeightsOption = None,
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
-    setup = EvaluationSetup(data=data, output_len=output_len, prompt_reuse=prompt_reuse, semantics=semantics,
-                            objective=objective, weights=weights, workers=workers)
+    setup = EvaluationSetup(
+        data=data,
+        output_len=output_len,
+        prompt_reuse=prompt_reuse,
+        semantics=semantics,
+        objective=objective,
+        weights=weights,
+        workers=workers,
+    )
     result = evaluate_program(program, setup, split, say=say)
     if as_json:
         print(dumps(result.to_json()))
@@ -154,15 +241,30 @@ def eval_cmd(
 def fit_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
     data: DataOption = None,
-    seed: int = typer.Option(FIT.seed, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."),
-    scope: Scope = typer.Option(FIT.scope, "--scope", help="One constant set (global), one per model, or one per experiment."),
-    out_path: Optional[Path] = typer.Option(None, "--out", help="Fitted program file (default: <program>.fitted.py here)."),
-    max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1,
-                                            help="Closed-loop evaluations per group (default by method and size; "
-                                                 "cmaes rounds up to whole generations)."),
-    quick: bool = typer.Option(False, "--quick", help="Screening fit: subset of experiments, short window, small budget."),
-    restarts: int = typer.Option(FIT.restarts, "--restarts", min=0,
-                                 help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget)."),
+    seed: int = typer.Option(
+        FIT.seed, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."
+    ),
+    scope: Scope = typer.Option(
+        FIT.scope, "--scope", help="One constant set (global), one per model, or one per experiment."
+    ),
+    out_path: Path | None = typer.Option(
+        None, "--out", help="Fitted program file (default: <program>.fitted.py here)."
+    ),
+    max_evals: int | None = typer.Option(
+        FIT.max_evals,
+        "--max-evals",
+        min=1,
+        help="Closed-loop evaluations per group (default by method and size; cmaes rounds up to whole generations).",
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", help="Screening fit: subset of experiments, short window, small budget."
+    ),
+    restarts: int = typer.Option(
+        FIT.restarts,
+        "--restarts",
+        min=0,
+        help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget).",
+    ),
     as_json: bool = typer.Option(False, "--json"),
     workers: WorkersOption = None,
     output_len: OutputLenOption = SETUP.output_len,
@@ -175,11 +277,29 @@ def fit_cmd(
     remote_workers: RemoteWorkersOption = None,
 ):
     """Fit PROGRAM's constants on the train split, then score validate and test."""
-    setup = EvaluationSetup(data=data, output_len=output_len, prompt_reuse=prompt_reuse, semantics=semantics,
-                            objective=objective, weights=weights, workers=workers,
-                            cluster=Cluster.of(cluster, remote_workers))
-    fitted = fit_program(program, setup, seed=seed, scope=scope, out=out_path, max_evals=max_evals, quick=quick,
-                         restarts=restarts, method=method, say=say, progress=fit_progress)
+    setup = EvaluationSetup(
+        data=data,
+        output_len=output_len,
+        prompt_reuse=prompt_reuse,
+        semantics=semantics,
+        objective=objective,
+        weights=weights,
+        workers=workers,
+        cluster=Cluster.of(cluster, remote_workers),
+    )
+    fitted = fit_program(
+        program,
+        setup,
+        seed=seed,
+        scope=scope,
+        out=out_path,
+        max_evals=max_evals,
+        quick=quick,
+        restarts=restarts,
+        method=method,
+        say=say,
+        progress=fit_progress,
+    )
     if as_json:
         print(dumps(fitted.to_json()))
         return
@@ -187,23 +307,32 @@ def fit_cmd(
         out.print(metrics_table(rows, f"fitted {program.name} ({scope} scope), {split} split"))
         out.print(f"loss ({split}): {loss_text(fitted.losses[split])}")
     r = fitted.result
-    out.print(f"train loss {r.loss:.3f} after {r.evaluations} closed-loop evaluations ({fitted.config.method}) in {r.seconds:.1f} s; "
-              f"fitted program: {', '.join(map(str, fitted.written))}")
+    out.print(
+        f"train loss {r.loss:.3f} after {r.evaluations} closed-loop evaluations ({fitted.config.method}) in {r.seconds:.1f} s; "
+        f"fitted program: {', '.join(map(str, fitted.written))}"
+    )
 
 
 @app.command("cv")
 def cv_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
-    protocol: str = typer.Option(..., "--protocol",
-                                 help="lomo (leave one model out), lowo (leave one workload out) or groups:FILE "
-                                      "(YAML: fold name -> experiment names it holds out)."),
+    protocol: str = typer.Option(
+        ...,
+        "--protocol",
+        help="lomo (leave one model out), lowo (leave one workload out) or groups:FILE "
+        "(YAML: fold name -> experiment names it holds out).",
+    ),
     data: DataOption = None,
     seed: int = typer.Option(FIT.seed, "--seed", min=0, help="Fit seed: same seed and data give the same numbers."),
-    max_evals: Optional[int] = typer.Option(FIT.max_evals, "--max-evals", min=1,
-                                            help="Closed-loop evaluations per fold fit (default by method and size)."),
-    in_distribution: bool = typer.Option(False, "--in-distribution",
-                                         help="Also fit on every experiment and score them all on all requests: "
-                                              "the errors when nothing is held out, beside the CV errors."),
+    max_evals: int | None = typer.Option(
+        FIT.max_evals, "--max-evals", min=1, help="Closed-loop evaluations per fold fit (default by method and size)."
+    ),
+    in_distribution: bool = typer.Option(
+        False,
+        "--in-distribution",
+        help="Also fit on every experiment and score them all on all requests: "
+        "the errors when nothing is held out, beside the CV errors.",
+    ),
     as_json: bool = typer.Option(False, "--json"),
     workers: WorkersOption = None,
     output_len: OutputLenOption = SETUP.output_len,
@@ -216,102 +345,231 @@ def cv_cmd(
     remote_workers: RemoteWorkersOption = None,
 ):
     """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
-    setup = EvaluationSetup(data=data, output_len=output_len, prompt_reuse=prompt_reuse, semantics=semantics,
-                            objective=objective, weights=weights, workers=workers,
-                            cluster=Cluster.of(cluster, remote_workers))
-    done = cross_validate_program(program, protocol, setup, seed=seed, max_evals=max_evals, method=method,
-                                  in_distribution=in_distribution, say=say, progress=fit_progress)
+    setup = EvaluationSetup(
+        data=data,
+        output_len=output_len,
+        prompt_reuse=prompt_reuse,
+        semantics=semantics,
+        objective=objective,
+        weights=weights,
+        workers=workers,
+        cluster=Cluster.of(cluster, remote_workers),
+    )
+    done = cross_validate_program(
+        program,
+        protocol,
+        setup,
+        seed=seed,
+        max_evals=max_evals,
+        method=method,
+        in_distribution=in_distribution,
+        say=say,
+        progress=fit_progress,
+    )
     if as_json:
         print(dumps(done.to_json()))
         return
     for f in done.cv.folds:
-        out.print(metrics_table(f.rows, f"fold {f.fold.name}: fitted on {len(f.fold.train)} experiments "
-                                        f"(train loss {f.fit.loss:.3f}, {f.fit.evaluations} evaluations), held out on all requests"))
+        out.print(
+            metrics_table(
+                f.rows,
+                f"fold {f.fold.name}: fitted on {len(f.fold.train)} experiments "
+                f"(train loss {f.fit.loss:.3f}, {f.fit.evaluations} evaluations), held out on all requests",
+            )
+        )
     out.print(cv_summary_table(done.cv.summary(), f"{program.name}, {done.cv.protocol}: held-out experiments"))
     if done.cv.in_distribution:
         inside = done.in_distribution()
-        out.print(cv_summary_table(inside["summary"], f"{program.name}, in-distribution: fitted on all "
-                                                      f"{len(done.cv.in_distribution.fold.train)} experiments"))
+        out.print(
+            cv_summary_table(
+                inside["summary"],
+                f"{program.name}, in-distribution: fitted on all {len(done.cv.in_distribution.fold.train)} experiments",
+            )
+        )
         out.print(f"in-distribution loss: {loss_text(inside['loss'])}")
     out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}  ({done.config.objective.describe()})")
 
 
 @app.command("run")
 def run_cmd(
-    generations: int = typer.Option(SEARCH.generations, "--generations", min=0,
-                                    help="Generations to complete (generation 0 fits the seeds)."),
+    generations: int = typer.Option(
+        SEARCH.generations, "--generations", min=0, help="Generations to complete (generation 0 fits the seeds)."
+    ),
     seed: int = typer.Option(SEARCH.seed, "--seed", min=0, help="Same seed and data give the same archive (offline)."),
     data: DataOption = None,
-    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: runs/<data>-seed<seed>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --archive from its last completed generation "
-                                "(a new run if there is none)."),
-    llm: Optional[str] = typer.Option(None, "--llm", help="litellm model string, e.g. openai/gpt-4o-mini, ollama/qwen2.5-coder."),
-    llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url",
-                                               help="OpenAI-compatible server URL (e.g. http://127.0.0.1:8000/v1)."),
-    llm_ratio: float = typer.Option(SEARCH.llm_ratio, "--llm-ratio", min=0.0, max=1.0,
-                                    help="Share of children asked of the LLM; the rest are symbolic."),
-    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", min=0.0, help="Stop LLM calls once this much is spent."),
-    max_llm_calls: Optional[int] = typer.Option(None, "--max-llm-calls", min=0, help="Stop LLM calls after this many."),
-    max_llm_tokens: Optional[int] = typer.Option(None, "--max-llm-tokens", min=0, help="Stop LLM calls after this many tokens."),
-    llm_timeout: float = typer.Option(LLMSettings.timeout_s, "--llm-timeout",
-                                      help="Seconds before an LLM call is abandoned (then retried)."),
-    llm_offline: bool = typer.Option(False, "--llm-offline", help="Replay LLM replies from the cache only; never call out."),
+    archive_dir: Path | None = typer.Option(
+        None, "--archive", help="Archive directory (default: runs/<data>-seed<seed>)."
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in --archive from its last completed generation (a new run if there is none).",
+    ),
+    llm: str | None = typer.Option(
+        None, "--llm", help="litellm model string, e.g. openai/gpt-4o-mini, ollama/qwen2.5-coder."
+    ),
+    llm_base_url: str | None = typer.Option(
+        None, "--llm-base-url", help="OpenAI-compatible server URL (e.g. http://127.0.0.1:8000/v1)."
+    ),
+    llm_ratio: float = typer.Option(
+        SEARCH.llm_ratio,
+        "--llm-ratio",
+        min=0.0,
+        max=1.0,
+        help="Share of children asked of the LLM; the rest are symbolic.",
+    ),
+    budget_usd: float | None = typer.Option(
+        None, "--budget-usd", min=0.0, help="Stop LLM calls once this much is spent."
+    ),
+    max_llm_calls: int | None = typer.Option(None, "--max-llm-calls", min=0, help="Stop LLM calls after this many."),
+    max_llm_tokens: int | None = typer.Option(
+        None, "--max-llm-tokens", min=0, help="Stop LLM calls after this many tokens."
+    ),
+    llm_timeout: float = typer.Option(
+        LLMSettings.timeout_s, "--llm-timeout", help="Seconds before an LLM call is abandoned (then retried)."
+    ),
+    llm_offline: bool = typer.Option(
+        False, "--llm-offline", help="Replay LLM replies from the cache only; never call out."
+    ),
     children: int = typer.Option(SEARCH.children, "--children", min=1, help="Children per generation."),
-    quick_evals: Optional[int] = typer.Option(SEARCH.quick_evals, "--quick-evals", min=1,
-                                              help="Screening-fit budget per child (closed-loop evaluations; default by "
-                                                   "--fit-method: " + ", ".join(f"{n} {m}" for m, n in QUICK_EVALS.items()) + ")."),
-    full_fit_evals: Optional[int] = typer.Option(SEARCH.full_fit_evals, "--full-fit-evals", min=1,
-                                                 help="Full-fit budget for promoted children (default by --fit-method)."),
-    fit_method: Method = typer.Option(SEARCH.fit_method, "--fit-method", help="How constants are fitted (see evolve fit --method)."),
+    quick_evals: int | None = typer.Option(
+        SEARCH.quick_evals,
+        "--quick-evals",
+        min=1,
+        help="Screening-fit budget per child (closed-loop evaluations; default by "
+        "--fit-method: " + ", ".join(f"{n} {m}" for m, n in QUICK_EVALS.items()) + ").",
+    ),
+    full_fit_evals: int | None = typer.Option(
+        SEARCH.full_fit_evals,
+        "--full-fit-evals",
+        min=1,
+        help="Full-fit budget for promoted children (default by --fit-method).",
+    ),
+    fit_method: Method = typer.Option(
+        SEARCH.fit_method, "--fit-method", help="How constants are fitted (see evolve fit --method)."
+    ),
     objective: ObjectiveOption = SEARCH.objective,
     weights: WeightsOption = None,
-    patience: Optional[int] = typer.Option(SEARCH.patience, "--patience", min=1,
-                                           help="Stop once the best validation loss has not improved by more than 0.5% "
-                                                "for this many generations."),
-    seed_fit_evals: Optional[int] = typer.Option(SEARCH.seed_fit_evals, "--seed-fit-evals", min=1,
-                                                 help="Fit budget for the seeds (default: the standard fit)."),
-    max_promotions: int = typer.Option(SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."),
-    islands: int = typer.Option(SEARCH.islands, "--islands", min=1, help="Independent islands with periodic migration of their best."),
-    migration_interval: int = typer.Option(SEARCH.migration_interval, "--migration-interval", min=1,
-                                           help="Generations between migrations (with --islands > 1)."),
-    seeds: Optional[list[Path]] = typer.Option(None, "--seeds", help="Seed program files, or directories of them, instead of the "
-                                               "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`."),
+    patience: int | None = typer.Option(
+        SEARCH.patience,
+        "--patience",
+        min=1,
+        help="Stop once the best validation loss has not improved by more than 0.5% for this many generations.",
+    ),
+    seed_fit_evals: int | None = typer.Option(
+        SEARCH.seed_fit_evals, "--seed-fit-evals", min=1, help="Fit budget for the seeds (default: the standard fit)."
+    ),
+    max_promotions: int = typer.Option(
+        SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."
+    ),
+    islands: int = typer.Option(
+        SEARCH.islands, "--islands", min=1, help="Independent islands with periodic migration of their best."
+    ),
+    migration_interval: int = typer.Option(
+        SEARCH.migration_interval,
+        "--migration-interval",
+        min=1,
+        help="Generations between migrations (with --islands > 1).",
+    ),
+    seeds: list[Path] | None = typer.Option(
+        None,
+        "--seeds",
+        help="Seed program files, or directories of them, instead of the "
+        "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`.",
+    ),
     workers: WorkersOption = None,
     semantics: SemanticsOption = SEARCH.semantics,
     prompt_reuse: PromptReuseOption = SEARCH.prompt_reuse,
-    cv: Literal[CV_MODES] = typer.Option(SEARCH.cv, "--cv",
-                                         help="none: a promoted child's validation loss is its loss on the validation "
-                                              "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
-                                              "(workload-)out, and its validation loss is the CV loss (about 3x the time)."),
-    front_cv: Literal[FRONT_CV_MODES] = typer.Option(SEARCH.front_cv, "--front-cv",
-                                                     help="When the run ends, cross-validate the Pareto front members "
-                                                          "with this protocol and store the scores (none: skip)."),
-    units: Literal["check", "off"] = typer.Option(SEARCH.units, "--units",
-                                                  help="check: reject a seed or child whose step time is not a time "
-                                                       "(e.g. microseconds plus a count), rule 'units'; off: no units check."),
-    engine: Literal[ENGINES] = typer.Option(ENGINES[0], "--engine",
-                                            help="mapelites: our MAP-Elites loop; openevolve: OpenEvolve's controller "
-                                                 "(needs --llm) over our evaluator, every program in the same archive."),
-    rewrites: bool = typer.Option(False, "--rewrites",
-                                  help="With --engine openevolve: ask the LLM for whole programs, not SEARCH/REPLACE "
-                                       "diffs (OpenEvolve's default)."),
+    cv: Literal[CV_MODES] = typer.Option(
+        SEARCH.cv,
+        "--cv",
+        help="none: a promoted child's validation loss is its loss on the validation "
+        "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
+        "(workload-)out, and its validation loss is the CV loss (about 3x the time).",
+    ),
+    front_cv: Literal[FRONT_CV_MODES] = typer.Option(
+        SEARCH.front_cv,
+        "--front-cv",
+        help="When the run ends, cross-validate the Pareto front members "
+        "with this protocol and store the scores (none: skip).",
+    ),
+    units: Literal["check", "off"] = typer.Option(
+        SEARCH.units,
+        "--units",
+        help="check: reject a seed or child whose step time is not a time "
+        "(e.g. microseconds plus a count), rule 'units'; off: no units check.",
+    ),
+    engine: Literal[ENGINES] = typer.Option(
+        ENGINES[0],
+        "--engine",
+        help="mapelites: our MAP-Elites loop; openevolve: OpenEvolve's controller "
+        "(needs --llm) over our evaluator, every program in the same archive.",
+    ),
+    rewrites: bool = typer.Option(
+        False,
+        "--rewrites",
+        help="With --engine openevolve: ask the LLM for whole programs, not SEARCH/REPLACE "
+        "diffs (OpenEvolve's default).",
+    ),
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
-    setup = EvaluationSetup(data=data, prompt_reuse=prompt_reuse, semantics=semantics, objective=objective,
-                            weights=weights, workers=workers, cluster=Cluster.of(cluster, remote_workers))
-    config = SearchConfig(generations=generations, seed=seed, children=children, islands=islands, llm_ratio=llm_ratio,
-                          quick_evals=quick_evals, full_fit_evals=full_fit_evals, seed_fit_evals=seed_fit_evals,
-                          max_promotions=max_promotions, migration_interval=migration_interval, semantics=semantics,
-                          prompt_reuse=prompt_reuse,
-                          fit_method=fit_method, objective=objective, patience=patience, units=units,
-                          cv=cv, front_cv=front_cv)
-    llm_settings = LLMSettings(llm, base_url=llm_base_url, timeout_s=llm_timeout, offline=llm_offline, max_calls=max_llm_calls,
-                               max_tokens=max_llm_tokens, max_usd=budget_usd) if llm else None
-    outcome = run_search(config, setup, archive_dir, resume=resume, seeds=seeds, llm=llm_settings, engine=engine,
-                         diffs=not rewrites, say=say, progress=run_progress)
+    setup = EvaluationSetup(
+        data=data,
+        prompt_reuse=prompt_reuse,
+        semantics=semantics,
+        objective=objective,
+        weights=weights,
+        workers=workers,
+        cluster=Cluster.of(cluster, remote_workers),
+    )
+    config = SearchConfig(
+        generations=generations,
+        seed=seed,
+        children=children,
+        islands=islands,
+        llm_ratio=llm_ratio,
+        quick_evals=quick_evals,
+        full_fit_evals=full_fit_evals,
+        seed_fit_evals=seed_fit_evals,
+        max_promotions=max_promotions,
+        migration_interval=migration_interval,
+        semantics=semantics,
+        prompt_reuse=prompt_reuse,
+        fit_method=fit_method,
+        objective=objective,
+        patience=patience,
+        units=units,
+        cv=cv,
+        front_cv=front_cv,
+    )
+    llm_settings = (
+        LLMSettings(
+            llm,
+            base_url=llm_base_url,
+            timeout_s=llm_timeout,
+            offline=llm_offline,
+            max_calls=max_llm_calls,
+            max_tokens=max_llm_tokens,
+            max_usd=budget_usd,
+        )
+        if llm
+        else None
+    )
+    outcome = run_search(
+        config,
+        setup,
+        archive_dir,
+        resume=resume,
+        seeds=seeds,
+        llm=llm_settings,
+        engine=engine,
+        diffs=not rewrites,
+        say=say,
+        progress=run_progress,
+    )
     if as_json:
         print(dumps(outcome.to_json()))
         return
@@ -323,23 +581,43 @@ def run_cmd(
 
 @app.command("emit-go")
 def emit_go_cmd(
-    program: str = typer.Argument("best", help="best (lowest CV loss, lomo else lowo, when the archive has CV scores; else "
-                                  "lowest validation loss), simplest (lowest complexity within --within % of best), "
-                                  "a program id from the archive, or a program file (.py)."),
-    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
-    within: Optional[float] = typer.Option(None, "--within", min=0.0, help="With simplest: percent over the best loss "
-                                           "allowed (default 5)."),
-    out_path: Optional[Path] = typer.Option(None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."),
-    test_out: Optional[Path] = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
-    target: GoTarget = typer.Option(DEFAULT_TARGET, "--target", help="The BLIS LatencyModel to implement: "
-                                    + "; ".join(f"{t.name}: {t.fits}" for t in TARGETS.values()) + "."),
+    program: str = typer.Argument(
+        "best",
+        help="best (lowest CV loss, lomo else lowo, when the archive has CV scores; else "
+        "lowest validation loss), simplest (lowest complexity within --within % of best), "
+        "a program id from the archive, or a program file (.py).",
+    ),
+    archive_dir: Path | None = typer.Option(
+        None, "--archive", help="Archive directory (default: the newest under runs/)."
+    ),
+    within: float | None = typer.Option(
+        None, "--within", min=0.0, help="With simplest: percent over the best loss allowed (default 5)."
+    ),
+    out_path: Path | None = typer.Option(
+        None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."
+    ),
+    test_out: Path | None = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
+    target: GoTarget = typer.Option(
+        DEFAULT_TARGET,
+        "--target",
+        help="The BLIS LatencyModel to implement: " + "; ".join(f"{t.name}: {t.fits}" for t in TARGETS.values()) + ".",
+    ),
     name: str = typer.Option(DEFAULT_NAME, "--name", help="Go identifier prefix: <name>Model, New<name>Model, ..."),
     samples: int = typer.Option(DEFAULT_SAMPLES, "--samples", min=1, help="Sample batches in the generated test."),
-    blis: Optional[Path] = typer.Option(None, "--blis", help="Install into this BLIS checkout: model and test in sim/latency/, "
-                                        "the backend registered, then go build, vet and test there."),
-    backend: Optional[str] = typer.Option(None, "--backend", help=f"With --blis: the backend name (default {DEFAULT_BACKEND})."),
-    go_test: Optional[list[str]] = typer.Option(None, "--go-test", help="With --blis: the packages to test (default ./sim/...; "
-                                                "several: repeat, or space-separated in one value)."),
+    blis: Path | None = typer.Option(
+        None,
+        "--blis",
+        help="Install into this BLIS checkout: model and test in sim/latency/, "
+        "the backend registered, then go build, vet and test there.",
+    ),
+    backend: str | None = typer.Option(
+        None, "--backend", help=f"With --blis: the backend name (default {DEFAULT_BACKEND})."
+    ),
+    go_test: list[str] | None = typer.Option(
+        None,
+        "--go-test",
+        help="With --blis: the packages to test (default ./sim/...; several: repeat, or space-separated in one value).",
+    ),
 ):
     """Emit a program as Go (package latency) implementing BLIS's LatencyModel (or install it with --blis)."""
     if blis is None and (backend or go_test):
@@ -349,10 +627,14 @@ def emit_go_cmd(
     if blis is not None:
         if within is not None:
             raise BlisError("--within does not go with --blis yet (simplest there uses 5%); emit with --out instead")
-        install_into_blis(program, archive_dir, blis, target, name, backend or DEFAULT_BACKEND, samples, go_test or DEFAULT_GO_TEST)
+        install_into_blis(
+            program, archive_dir, blis, target, name, backend or DEFAULT_BACKEND, samples, go_test or DEFAULT_GO_TEST
+        )
         return
     out_path = out_path or Path("stepml_evolved.go")
-    choice = emit_program(program, archive_dir, out_path, test_out, target=target, name=name, samples=samples, within=within)
+    choice = emit_program(
+        program, archive_dir, out_path, test_out, target=target, name=name, samples=samples, within=within
+    )
     if choice is not None:
         err.print(choice.describe(), markup=False, highlight=False, soft_wrap=True)
     out.print(f"wrote {out_path} ({name}Model, target {target})")
@@ -363,25 +645,31 @@ def emit_go_cmd(
 @app.command("blis-compare")
 def blis_compare_cmd(
     program: str = typer.Argument("best", help="best, a program id from the archive, or a program file (.py)."),
-    blis: Path = typer.Option(..., "--blis", help="A built BLIS checkout; the program is installed there as emit-go --blis does."),
+    blis: Path = typer.Option(
+        ..., "--blis", help="A built BLIS checkout; the program is installed there as emit-go --blis does."
+    ),
     data: Path = typer.Option(..., "--data", help="Directory of replay experiments (or one experiment directory)."),
-    archive_dir: Optional[Path] = typer.Option(None, "--archive", help="Archive directory (default: the newest under runs/)."),
-    experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these experiments (repeatable)."),
-    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Replay only each experiment's first N requests."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
+    archive_dir: Path | None = typer.Option(
+        None, "--archive", help="Archive directory (default: the newest under runs/)."
+    ),
+    experiment: list[str] | None = typer.Option(None, "--experiment", help="Only these experiments (repeatable)."),
+    requests: int | None = typer.Option(
+        None, "--requests", min=1, help="Replay only each experiment's first N requests."
+    ),
+    backend: str | None = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
     prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
     from stepml_evolve.evaluator.experiments import experiment_dirs
-
     from stepml_evolve.evolve.blis.compare import compare_program_in_blis
 
     dirs = [d for d in experiment_dirs(data) if not experiment or d.name in experiment]
     if not dirs:
         raise BlisError(f"{data}: no experiment directories{' named ' + ', '.join(experiment) if experiment else ''}")
-    rows = compare_program_in_blis(program, archive_dir, blis, dirs, backend=backend, requests=requests, say=say,
-                                   prompt_reuse=prompt_reuse)
+    rows = compare_program_in_blis(
+        program, archive_dir, blis, dirs, backend=backend, requests=requests, say=say, prompt_reuse=prompt_reuse
+    )
     if as_json:
         print(dumps([r.to_json() for r in rows]))
         return
@@ -390,21 +678,37 @@ def blis_compare_cmd(
 
 @app.command("bench")
 def bench_cmd(
-    data: Optional[Path] = typer.Option(None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."),
+    data: Path | None = typer.Option(
+        None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
     skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the full fits of the seeds (minutes to an hour)."),
-    fit_seed: Optional[list[str]] = typer.Option(None, "--fit-seed", help="Seed programs to fit (repeatable; default all of seeds/)."),
-    fit_method: Optional[list[str]] = typer.Option(None, "--fit-method",
-                                                   help=f"Fitting methods to time (repeatable: {', '.join(METHODS)}; default all)."),
-    search_generations: int = typer.Option(4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."),
+    fit_seed: list[str] | None = typer.Option(
+        None, "--fit-seed", help="Seed programs to fit (repeatable; default all of seeds/)."
+    ),
+    fit_method: list[str] | None = typer.Option(
+        None, "--fit-method", help=f"Fitting methods to time (repeatable: {', '.join(METHODS)}; default all)."
+    ),
+    search_generations: int = typer.Option(
+        4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."
+    ),
     workers: WorkersOption = None,
-    blis: Optional[Path] = typer.Option(None, "--blis", help="Also time BLIS (a built checkout, or the offline snapshot "
-                                        "../shared/blis) against the tool's replay on three real experiments."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", help="Instead of the figures above: replays/s and generations/hour "
-                                          "on local threads against this Ray cluster (an address as for evolve run --cluster), "
-                                          "for each --remote-workers count."),
-    remote_workers: Optional[list[int]] = typer.Option(None, "--remote-workers", min=1,
-                                                       help="With --cluster: replays in flight on it (repeatable; default 1, 2, 4)."),
+    blis: Path | None = typer.Option(
+        None,
+        "--blis",
+        help="Also time BLIS (a built checkout, or the offline snapshot "
+        "../shared/blis) against the tool's replay on three real experiments.",
+    ),
+    cluster: str | None = typer.Option(
+        None,
+        "--cluster",
+        help="Instead of the figures above: replays/s and generations/hour "
+        "on local threads against this Ray cluster (an address as for evolve run --cluster), "
+        "for each --remote-workers count.",
+    ),
+    remote_workers: list[int] | None = typer.Option(
+        None, "--remote-workers", min=1, help="With --cluster: replays in flight on it (repeatable; default 1, 2, 4)."
+    ),
 ):
     """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
     unknown = sorted(set(fit_method or ()) - set(METHODS))
@@ -418,8 +722,16 @@ def bench_cmd(
         else:
             out.print(cluster_bench_table(figures))
         return
-    figures = run_bench(data, skip_fit=skip_fit, say=say, search_generations=search_generations, workers=workers,
-                        blis=blis, fit_seeds=fit_seed, fit_methods=fit_method)
+    figures = run_bench(
+        data,
+        skip_fit=skip_fit,
+        say=say,
+        search_generations=search_generations,
+        workers=workers,
+        blis=blis,
+        fit_seeds=fit_seed,
+        fit_methods=fit_method,
+    )
     if as_json:
         print(dumps(figures))
     else:
@@ -427,8 +739,10 @@ def bench_cmd(
             if k != "fits":
                 out.print(f"{k:24s} {v}")
         for row in figures.get("fits") or []:
-            out.print(f"fit {row['seed']:18s} {row['method']:13s} {row['fit_s']:8.1f} s {row['replays']:6d} replays  "
-                      f"train loss {row['train_loss']}")
+            out.print(
+                f"fit {row['seed']:18s} {row['method']:13s} {row['fit_s']:8.1f} s {row['replays']:6d} replays  "
+                f"train loss {row['train_loss']}"
+            )
 
 
 def main() -> None:

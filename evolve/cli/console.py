@@ -1,6 +1,7 @@
 """The terminal side of every command: stdout and stderr consoles, what a backend says (`say`),
 and the one place a user error becomes `error: <message>` with exit code 2 (`CommandGroup`, the
 class of every typer app here, so it holds for `main()` and for `CliRunner().invoke(app, ...)` alike)."""
+
 from __future__ import annotations
 
 import sys

@@ -1,9 +1,10 @@
 """The options several commands share, each defined once as a typed alias (its default is the
 parameter's: `SETUP`'s field for the options that make an `EvaluationSetup`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 import typer
 
@@ -17,32 +18,73 @@ from stepml_evolve.evolve.commands import EvaluationSetup
 SETUP = EvaluationSetup()
 Method = Literal[METHODS]
 
-DataOption = Annotated[Optional[Path], typer.Option(
-    "--data", help="Directory of replay experiments (default: the built-in synthetic sample).")]
-OutputLenOption = Annotated[Literal[OUTPUT_LEN_POLICIES], typer.Option(
-    "--output-len", help="Output length policy: profile (server output_len) or reported (client token counts).")]
-PromptReuseOption = Annotated[Literal[PROMPT_REUSE_POLICIES], typer.Option(
-    "--prompt-reuse", help="Which requests sent the same prompt, for the replay's prefix cache: detect (a prompt "
-                           "list the client cycled through, found in the input lengths, plus shared system "
-                           "prompts; system prompts only when the lengths show no cycle), system-prompt (only "
-                           "the system prompts are shared) or off (nothing is).")]
-SemanticsOption = Annotated[Literal[SEMANTICS], typer.Option(
-    "--semantics", help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
-                        "in the simulator) or vllm (see docs/design-notes.md).")]
-ObjectiveOption = Annotated[Literal[OBJECTIVES], typer.Option(
-    "--objective", help="The loss: rms (RMS APE of mean E2E + RMS APE of mean TTFT over experiments) or worst3 "
-                        "(mean of the three worst experiments' APE of mean E2E).")]
-WeightsOption = Annotated[Optional[Path], typer.Option(
-    "--weights", help="YAML file of experiment-name pattern -> weight (first match wins, others weigh 1), "
-                      "e.g. '\"*mixtral*\": 2'.")]
-WorkersOption = Annotated[Optional[int], typer.Option(
-    "--workers", min=1, help="Parallel replay threads (default: all cores).")]
-ClusterOption = Annotated[Optional[str], typer.Option(
-    "--cluster", help="Replay on a Ray cluster instead of local threads: ray://HOST:PORT (its Ray Client server), "
-                      "HOST:PORT (its GCS, from one of its nodes) or auto (the cluster `ray start --head` runs on "
-                      "this machine). Needs the extra: pip install '.[ray]'. Same results as threads.")]
-RemoteWorkersOption = Annotated[Optional[int], typer.Option(
-    "--remote-workers", min=1, help="With --cluster: replays in flight at once on it (default: the cluster's CPUs).")]
-MethodOption = Annotated[Method, typer.Option(
-    "--method", help="trust-region (trajectory surrogate judged by the closed loop; about a tenth of the replays) "
-                     "or cmaes (CMA-ES on the closed loop).")]
+DataOption = Annotated[
+    Path | None,
+    typer.Option("--data", help="Directory of replay experiments (default: the built-in synthetic sample)."),
+]
+OutputLenOption = Annotated[
+    Literal[OUTPUT_LEN_POLICIES],
+    typer.Option(
+        "--output-len", help="Output length policy: profile (server output_len) or reported (client token counts)."
+    ),
+]
+PromptReuseOption = Annotated[
+    Literal[PROMPT_REUSE_POLICIES],
+    typer.Option(
+        "--prompt-reuse",
+        help="Which requests sent the same prompt, for the replay's prefix cache: detect (a prompt "
+        "list the client cycled through, found in the input lengths, plus shared system "
+        "prompts; system prompts only when the lengths show no cycle), system-prompt (only "
+        "the system prompts are shared) or off (nothing is).",
+    ),
+]
+SemanticsOption = Annotated[
+    Literal[SEMANTICS],
+    typer.Option(
+        "--semantics",
+        help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
+        "in the simulator) or vllm (see docs/design-notes.md).",
+    ),
+]
+ObjectiveOption = Annotated[
+    Literal[OBJECTIVES],
+    typer.Option(
+        "--objective",
+        help="The loss: rms (RMS APE of mean E2E + RMS APE of mean TTFT over experiments) or worst3 "
+        "(mean of the three worst experiments' APE of mean E2E).",
+    ),
+]
+WeightsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--weights",
+        help="YAML file of experiment-name pattern -> weight (first match wins, others weigh 1), "
+        "e.g. '\"*mixtral*\": 2'.",
+    ),
+]
+WorkersOption = Annotated[
+    int | None, typer.Option("--workers", min=1, help="Parallel replay threads (default: all cores).")
+]
+ClusterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        help="Replay on a Ray cluster instead of local threads: ray://HOST:PORT (its Ray Client server), "
+        "HOST:PORT (its GCS, from one of its nodes) or auto (the cluster `ray start --head` runs on "
+        "this machine). Needs the extra: pip install '.[ray]'. Same results as threads.",
+    ),
+]
+RemoteWorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--remote-workers", min=1, help="With --cluster: replays in flight at once on it (default: the cluster's CPUs)."
+    ),
+]
+MethodOption = Annotated[
+    Method,
+    typer.Option(
+        "--method",
+        help="trust-region (trajectory surrogate judged by the closed loop; about a tenth of the replays) "
+        "or cmaes (CMA-ES on the closed loop).",
+    ),
+]

@@ -1,5 +1,6 @@
 """Rendering of results: rich tables for people (metric rows, experiments, a search's summary),
 NaN-free JSON for scripts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,16 +35,37 @@ def dumps(obj) -> str:
 
 def metrics_table(rows: list[MetricRow], title: str) -> Table:
     t = Table(title=title)
-    for col in ("experiment", "n", "E2E obs s", "E2E pred s", "E2E APE%", "TTFT obs s", "TTFT pred s", "TTFT APE%",
-                "ITL obs ms", "ITL pred ms", "ITL APE%", "timeouts obs/pred"):
+    for col in (
+        "experiment",
+        "n",
+        "E2E obs s",
+        "E2E pred s",
+        "E2E APE%",
+        "TTFT obs s",
+        "TTFT pred s",
+        "TTFT APE%",
+        "ITL obs ms",
+        "ITL pred ms",
+        "ITL APE%",
+        "timeouts obs/pred",
+    ):
         t.add_column(col, justify="left" if col == "experiment" else "right")
     for r in rows:
         o, p, a = r.observed, r.predicted, r.ape
-        t.add_row(r.name, str(r.n_requests),
-                  fmt(o.e2e_mean_s, ".3f"), fmt(p.e2e_mean_s, ".3f"), fmt(a.e2e, ".1f"),
-                  fmt(o.ttft_mean_s, ".4f"), fmt(p.ttft_mean_s, ".4f"), fmt(a.ttft, ".1f"),
-                  fmt(o.itl_mean_ms, ".2f"), fmt(p.itl_mean_ms, ".2f"), fmt(a.itl, ".1f"),
-                  f"{r.timeouts.observed}/{r.timeouts.predicted}")
+        t.add_row(
+            r.name,
+            str(r.n_requests),
+            fmt(o.e2e_mean_s, ".3f"),
+            fmt(p.e2e_mean_s, ".3f"),
+            fmt(a.e2e, ".1f"),
+            fmt(o.ttft_mean_s, ".4f"),
+            fmt(p.ttft_mean_s, ".4f"),
+            fmt(a.ttft, ".1f"),
+            fmt(o.itl_mean_ms, ".2f"),
+            fmt(p.itl_mean_ms, ".2f"),
+            fmt(a.itl, ".1f"),
+            f"{r.timeouts.observed}/{r.timeouts.predicted}",
+        )
     return t
 
 
@@ -68,25 +90,54 @@ def prompts_cell(reuse: dict | None) -> str:
         return ""
     if reuse["model"] == "cycle":
         return f"cycle {reuse['period']} ({reuse['share_matched'] * 100:.1f}%)"
-    return {"recorded": f"recorded {reuse['n_prompts']}", "system-prompt": f"system {reuse['n_prompts']}"}.get(reuse["model"], "none")
+    return {"recorded": f"recorded {reuse['n_prompts']}", "system-prompt": f"system {reuse['n_prompts']}"}.get(
+        reuse["model"], "none"
+    )
 
 
 def experiments_table(rows: list[ExperimentSummary], title: str) -> Table:
-    t = Table(title=title, caption="measured at: client = TTFT/E2E from the client's send time, server = from the "
-                                   "server's arrival (span start); the replay's arrival is that moment. prompts: how "
-                                   "requests share prompt blocks (cycle P (share): a list of P prompts sent in turn, "
-                                   "share of requests matching it; system G: G system prompts; recorded G: groups in "
-                                   "the data); cached %: prompt tokens a never-evicting prefix cache would serve")
-    for col in ("experiment", "model", "TP", "kind", "requests", "failed", "out len", "measured at", "prompts",
-                "cached %", "E2E s", "TTFT s", "train/val/test"):
+    t = Table(
+        title=title,
+        caption="measured at: client = TTFT/E2E from the client's send time, server = from the "
+        "server's arrival (span start); the replay's arrival is that moment. prompts: how "
+        "requests share prompt blocks (cycle P (share): a list of P prompts sent in turn, "
+        "share of requests matching it; system G: G system prompts; recorded G: groups in "
+        "the data); cached %: prompt tokens a never-evicting prefix cache would serve",
+    )
+    for col in (
+        "experiment",
+        "model",
+        "TP",
+        "kind",
+        "requests",
+        "failed",
+        "out len",
+        "measured at",
+        "prompts",
+        "cached %",
+        "E2E s",
+        "TTFT s",
+        "train/val/test",
+    ):
         t.add_column(col, justify="left" if col in ("experiment", "model") else "right")
     for r in rows:
         s = r.split
         cached = fmt(r.prompt_reuse["cached_share"] * 100, ".1f") if r.prompt_reuse else ""
-        t.add_row(r.name, r.model.split("/")[-1], str(r.tp), "MoE" if r.moe else "dense", str(r.n_requests),
-                  str(r.n_failed), str(r.output_len), r.measurement, prompts_cell(r.prompt_reuse), cached,
-                  fmt(r.observed["e2e_mean_s"], ".3f"), fmt(r.observed["ttft_mean_s"], ".4f"),
-                  f"{s['train']}/{s['validate']}/{s['test']}")
+        t.add_row(
+            r.name,
+            r.model.split("/")[-1],
+            str(r.tp),
+            "MoE" if r.moe else "dense",
+            str(r.n_requests),
+            str(r.n_failed),
+            str(r.output_len),
+            r.measurement,
+            prompts_cell(r.prompt_reuse),
+            cached,
+            fmt(r.observed["e2e_mean_s"], ".3f"),
+            fmt(r.observed["ttft_mean_s"], ".4f"),
+            f"{s['train']}/{s['validate']}/{s['test']}",
+        )
     return t
 
 
@@ -95,8 +146,10 @@ def run_summary_tables(summary: dict) -> list:
     best = summary.get("best")
     if not best:
         return ["no program was fully evaluated"]
-    headline = (f"best program by validation loss: #{best['id']} (generation {best['generation']}, {best['operator']}), "
-                f"val loss {fmt(best['val_loss'], '.3f')}, test loss {fmt(best['test_loss'], '.3f')}, complexity {best['complexity']}")
+    headline = (
+        f"best program by validation loss: #{best['id']} (generation {best['generation']}, {best['operator']}), "
+        f"val loss {fmt(best['val_loss'], '.3f')}, test loss {fmt(best['test_loss'], '.3f')}, complexity {best['complexity']}"
+    )
     t = Table(title=f"program #{best['id']}: test split, absolute % error of means")
     for col in ("experiment", "n", "E2E", "TTFT", "ITL"):
         t.add_column(col, justify="left" if col == "experiment" else "right")
@@ -115,27 +168,63 @@ def run_summary_tables(summary: dict) -> list:
 def blis_comparison_table(rows) -> Table:
     """blis-compare: per experiment, requests compared, mean E2E/TTFT in the tool and BLIS, exact shares, seconds."""
     t = Table(title="the program in BLIS vs in the tool (BLIS semantics), requests that succeeded in reality")
-    for col in ("experiment", "n", "E2E tool ms", "E2E BLIS ms", "diff %", "TTFT tool ms", "TTFT BLIS ms", "diff %",
-                "exact E2E %", "exact TTFT %", "BLIS s", "tool s", "trace gap E2E %", "trace gap TTFT %"):
+    for col in (
+        "experiment",
+        "n",
+        "E2E tool ms",
+        "E2E BLIS ms",
+        "diff %",
+        "TTFT tool ms",
+        "TTFT BLIS ms",
+        "diff %",
+        "exact E2E %",
+        "exact TTFT %",
+        "BLIS s",
+        "tool s",
+        "trace gap E2E %",
+        "trace gap TTFT %",
+    ):
         t.add_column(col, justify="left" if col == "experiment" else "right")
     for f in rows:
-        t.add_row(f.experiment, str(f.n_compared), f"{f.e2e_mean_ms[0]:.3f}", f"{f.e2e_mean_ms[1]:.3f}", f"{f.e2e_diff_pct:+.3f}",
-                  f"{f.ttft_mean_ms[0]:.3f}", f"{f.ttft_mean_ms[1]:.3f}", f"{f.ttft_diff_pct:+.3f}", f"{f.exact_e2e * 100:.1f}",
-                  f"{f.exact_ttft * 100:.1f}", f"{f.blis_s:.1f}", f"{f.tool_s:.3f}", f"{f.workload_gap_pct[1]:+.3f}",
-                  f"{f.workload_gap_pct[0]:+.3f}")
-    t.caption = ("trace gap: the tool's own means on the prompts as the trace states them, against the full workload "
-                 "model (a trace cannot say that two prompts share a system prompt)")
+        t.add_row(
+            f.experiment,
+            str(f.n_compared),
+            f"{f.e2e_mean_ms[0]:.3f}",
+            f"{f.e2e_mean_ms[1]:.3f}",
+            f"{f.e2e_diff_pct:+.3f}",
+            f"{f.ttft_mean_ms[0]:.3f}",
+            f"{f.ttft_mean_ms[1]:.3f}",
+            f"{f.ttft_diff_pct:+.3f}",
+            f"{f.exact_e2e * 100:.1f}",
+            f"{f.exact_ttft * 100:.1f}",
+            f"{f.blis_s:.1f}",
+            f"{f.tool_s:.3f}",
+            f"{f.workload_gap_pct[1]:+.3f}",
+            f"{f.workload_gap_pct[0]:+.3f}",
+        )
+    t.caption = (
+        "trace gap: the tool's own means on the prompts as the trace states them, against the full workload "
+        "model (a trace cannot say that two prompts share a system prompt)"
+    )
     return t
 
 
 def cluster_bench_table(figures: dict) -> Table:
     """bench --cluster: replays/s and generations/hour on threads and per count of Ray workers."""
-    t = Table(title=f"{figures['data']}, {figures['batch']} per batch; cluster {figures['cluster']} "
-                    f"({figures['cluster_cpus']} CPUs, connected in {figures['connect_s']} s)")
+    t = Table(
+        title=f"{figures['data']}, {figures['batch']} per batch; cluster {figures['cluster']} "
+        f"({figures['cluster_cpus']} CPUs, connected in {figures['connect_s']} s)"
+    )
     for col in ("where", "workers", "replays/s", "x threads", "generations/h", "x threads", "same losses"):
         t.add_column(col, justify="left" if col == "where" else "right")
     for r in figures["rows"]:
-        t.add_row(r["where"], str(r["workers"]), f"{r['replays_per_s']:.1f}", fmt(r.get("replays_vs_threads"), ".2f", missing=""),
-                  fmt(r.get("generations_per_hour")), fmt(r.get("generations_vs_threads"), ".2f", missing=""),
-                  "" if "identical" not in r else ("yes" if r["identical"] else "NO"))
+        t.add_row(
+            r["where"],
+            str(r["workers"]),
+            f"{r['replays_per_s']:.1f}",
+            fmt(r.get("replays_vs_threads"), ".2f", missing=""),
+            fmt(r.get("generations_per_hour")),
+            fmt(r.get("generations_vs_threads"), ".2f", missing=""),
+            "" if "identical" not in r else ("yes" if r["identical"] else "NO"),
+        )
     return t

@@ -1,6 +1,7 @@
 """The library function behind each command (named after its verb), and what they share: the
 `EvaluationSetup` a replaying command starts from and `say`, the plain callable they report through.
 They know nothing of the terminal; `evolve.cli` parses, calls one of them and prints."""
+
 from .archive import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive
 from .bench import run_bench
 from .bench_cluster import cluster_bench
@@ -12,6 +13,21 @@ from .report import write_report
 from .run import ENGINES, LLMSettings, run_search
 from .setup import SKIPPED, EvaluationSetup, Say
 
-__all__ = ["DEFAULT_PROTOCOL", "ENGINES", "SKIPPED", "EvaluationSetup", "LLMSettings", "Say", "cluster_bench",
-           "cross_validate_archive", "cross_validate_program", "emit_program", "evaluate_program", "fit_program",
-           "migrate_archive", "run_bench", "run_search", "write_report"]
+__all__ = [
+    "DEFAULT_PROTOCOL",
+    "ENGINES",
+    "SKIPPED",
+    "EvaluationSetup",
+    "LLMSettings",
+    "Say",
+    "cluster_bench",
+    "cross_validate_archive",
+    "cross_validate_program",
+    "emit_program",
+    "evaluate_program",
+    "fit_program",
+    "migrate_archive",
+    "run_bench",
+    "run_search",
+    "write_report",
+]

@@ -10,6 +10,7 @@ program's fitted constants as the start) on the train split of the other experim
 experiments scored on all their requests. A program already scored under the protocol with the
 same settings (seed, max-evals, method, objective, semantics) is skipped unless `again`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,7 +34,9 @@ from stepml_evolve.evolve.search import RunSettings
 
 from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
-DEFAULT_PROTOCOL = "lomo"  # `evolve archive cv --protocol` offers crossval.PROTOCOLS (the library takes groups:FILE too)
+DEFAULT_PROTOCOL = (
+    "lomo"  # `evolve archive cv --protocol` offers crossval.PROTOCOLS (the library takes groups:FILE too)
+)
 
 
 class ArchiveCVError(UserError):
@@ -41,6 +44,7 @@ class ArchiveCVError(UserError):
 
 
 # ---- the run's settings and data ----
+
 
 @dataclass(frozen=True)
 class RunFitSettings:
@@ -55,7 +59,9 @@ class RunFitSettings:
         return _blank_score(protocol, self).settings()
 
 
-def run_fit_settings(run: RunRecord, seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals) -> RunFitSettings:
+def run_fit_settings(
+    run: RunRecord, seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals
+) -> RunFitSettings:
     """The run's fit method, objective (with its weights) and semantics, as stored with its settings
     (a run stored before a setting existed ran with its legacy value, as `--resume` assumes)."""
     search = RunSettings.stored(run.config).search
@@ -67,8 +73,16 @@ def run_fit_settings(run: RunRecord, seed: int = FitConfig.seed, max_evals: int 
 
 def _blank_score(protocol: str, fit: RunFitSettings) -> CVScoreRecord:
     c = fit.config
-    return CVScoreRecord(program_id=0, protocol=protocol, seed=c.seed, max_evals=c.max_evals, method=c.method,
-                         objective=c.objective.name, weights=[list(w) for w in c.objective.weights], semantics=fit.semantics)
+    return CVScoreRecord(
+        program_id=0,
+        protocol=protocol,
+        seed=c.seed,
+        max_evals=c.max_evals,
+        method=c.method,
+        objective=c.objective.name,
+        weights=[list(w) for w in c.objective.weights],
+        semantics=fit.semantics,
+    )
 
 
 def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: Say = quiet) -> LoadedData:
@@ -77,17 +91,22 @@ def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: S
     experiment files are not the run's (the fingerprint `--resume` checks)."""
     directory = data if data is not None else (None if run.synthetic else Path(run.data_label))
     if directory is not None and not Path(directory).is_dir():
-        raise ArchiveCVError(f"{directory}: the run's data is not there (the run in {archive_dir} searched on "
-                             f"{run.data_label}); pass --data DIR with its experiments")
+        raise ArchiveCVError(
+            f"{directory}: the run's data is not there (the run in {archive_dir} searched on "
+            f"{run.data_label}); pass --data DIR with its experiments"
+        )
     search = RunSettings.stored(run.config).search
     loaded = EvaluationSetup(directory, prompt_reuse=search["prompt_reuse"]).load(say)
     if loaded.fingerprint() != run.data_fingerprint:
-        raise ArchiveCVError(f"{loaded.directory}: not the data the run in {archive_dir} searched on ({run.data_label}): "
-                             "its experiment files differ; pass --data DIR with the run's experiments")
+        raise ArchiveCVError(
+            f"{loaded.directory}: not the data the run in {archive_dir} searched on ({run.data_label}): "
+            "its experiment files differ; pass --data DIR with the run's experiments"
+        )
     return loaded
 
 
 # ---- scoring programs (the library function a search calls at the end of a run) ----
+
 
 @dataclass
 class ProgramCV:
@@ -97,13 +116,27 @@ class ProgramCV:
 
     def to_json(self) -> dict:
         p = self.program
-        return {"id": p.id, "complexity": p.complexity, "val_loss": p.val_loss, "skipped": self.skipped,
-                "cv": self.score.to_json()}
+        return {
+            "id": p.id,
+            "complexity": p.complexity,
+            "val_loss": p.val_loss,
+            "skipped": self.skipped,
+            "cv": self.score.to_json(),
+        }
 
 
-def cross_validate_programs(archive: Archive, programs: list[ProgramRecord], loaded: LoadedData, engine: Engine,
-                            protocol: str, fit: RunFitSettings, *, again: bool = False,
-                            progress: ProgressFn | None = None, say: Say = quiet) -> list[ProgramCV]:
+def cross_validate_programs(
+    archive: Archive,
+    programs: list[ProgramRecord],
+    loaded: LoadedData,
+    engine: Engine,
+    protocol: str,
+    fit: RunFitSettings,
+    *,
+    again: bool = False,
+    progress: ProgressFn | None = None,
+    say: Say = quiet,
+) -> list[ProgramCV]:
     """Cross-validate each program (in order) and store its score as soon as it is done (a killed
     job keeps the finished ones). The folds are made first, so a protocol the data cannot serve
     fails before any fit. `engine` replays `loaded.experiments` with `fit.semantics`."""
@@ -111,7 +144,9 @@ def cross_validate_programs(archive: Archive, programs: list[ProgramRecord], loa
     if engine.semantics != fit.semantics:
         raise ValueError(f"the engine replays with {engine.semantics} semantics, the run with {fit.semantics}")
     wanted = fit.settings(protocol)
-    stored = {s.program_id: s for pid in {p.id for p in programs} for s in archive.cv_scores(pid) if s.protocol == protocol}
+    stored = {
+        s.program_id: s for pid in {p.id for p in programs} for s in archive.cv_scores(pid) if s.protocol == protocol
+    }
     out: list[ProgramCV] = []
     for i, p in enumerate(programs):
         old = stored.get(p.id)
@@ -121,13 +156,23 @@ def cross_validate_programs(archive: Archive, programs: list[ProgramRecord], loa
             continue
         say(f"#{p.id} ({i + 1} of {len(programs)}): {protocol}, {len(folds)} folds")
         t0 = time.perf_counter()
-        cv = cross_validate(parse_program(p.source), loaded.experiments, engine, protocol, folds, fit.config,
-                            start=dict(p.constants) or None, progress=progress, percentiles=True)
+        cv = cross_validate(
+            parse_program(p.source),
+            loaded.experiments,
+            engine,
+            protocol,
+            folds,
+            fit.config,
+            start=dict(p.constants) or None,
+            progress=progress,
+            percentiles=True,
+        )
         out.append(ProgramCV(p, archive.write_cv(p.id, cv, fit.config, fit.semantics, time.perf_counter() - t0), False))
     return out
 
 
 # ---- `evolve archive cv` and `evolve archive migrate` ----
+
 
 def open_writable(directory: Path | None) -> Archive:
     """The archive in `directory` (default: the newest under runs/) opened for writing, which
@@ -146,12 +191,22 @@ class ArchiveCV:
 
     def to_json(self) -> dict:
         c = self.fit.config
-        return {"archive": str(self.archive_dir), "data": self.data.label, "protocol": self.protocol, "seed": c.seed,
-                "max_evals": c.max_evals, "method": c.method, **c.objective.settings(), "semantics": self.fit.semantics,
-                "programs": [p.to_json() for p in self.programs]}
+        return {
+            "archive": str(self.archive_dir),
+            "data": self.data.label,
+            "protocol": self.protocol,
+            "seed": c.seed,
+            "max_evals": c.max_evals,
+            "method": c.method,
+            **c.objective.settings(),
+            "semantics": self.fit.semantics,
+            "programs": [p.to_json() for p in self.programs],
+        }
 
 
-def _chosen(archive: Archive, run: RunRecord, programs: list[ProgramRecord], refs: list[str], front: bool) -> list[ProgramRecord]:
+def _chosen(
+    archive: Archive, run: RunRecord, programs: list[ProgramRecord], refs: list[str], front: bool
+) -> list[ProgramRecord]:
     if refs and front:
         raise ArchiveCVError("give program ids or --front, not both")
     if not refs:
@@ -163,15 +218,27 @@ def _chosen(archive: Archive, run: RunRecord, programs: list[ProgramRecord], ref
     for ref in refs:
         p = resolve(archive, ref)
         if p.run_id != run.id:
-            raise ArchiveCVError(f"program {p.id} belongs to run {p.run_id}, not to the latest run {run.id} of {archive.dir}")
+            raise ArchiveCVError(
+                f"program {p.id} belongs to run {p.run_id}, not to the latest run {run.id} of {archive.dir}"
+            )
         chosen.setdefault(p.id, p)
     return list(chosen.values())
 
 
-def cross_validate_archive(archive_dir: Path | None, refs: list[str] | None = None, *, front: bool = False,
-                           protocol: str = DEFAULT_PROTOCOL, seed: int = FitConfig.seed,
-                           max_evals: int | None = FitConfig.max_evals, again: bool = False, data: Path | None = None,
-                           workers: int | None = None, say: Say = quiet, progress: FitProgress = no_progress) -> ArchiveCV:
+def cross_validate_archive(
+    archive_dir: Path | None,
+    refs: list[str] | None = None,
+    *,
+    front: bool = False,
+    protocol: str = DEFAULT_PROTOCOL,
+    seed: int = FitConfig.seed,
+    max_evals: int | None = FitConfig.max_evals,
+    again: bool = False,
+    data: Path | None = None,
+    workers: int | None = None,
+    say: Say = quiet,
+    progress: FitProgress = no_progress,
+) -> ArchiveCV:
     """`evolve archive cv`: the programs `refs` (ids or `best`), or the latest run's Pareto front,
     cross-validated with the run's data (`data` overrides where it is looked for) and settings.
     Every check (programs, data, folds) comes before the first fit; scores are stored one by one."""
@@ -185,8 +252,9 @@ def cross_validate_archive(archive_dir: Path | None, refs: list[str] | None = No
         loaded = run_data(run, archive.dir, data, say)
         make_folds(protocol, loaded.experiments)  # a protocol the data cannot serve fails before the engine starts
         with Engine(loaded.experiments, workers, semantics=fit.semantics) as engine, progress() as on_progress:
-            done = cross_validate_programs(archive, chosen, loaded, engine, protocol, fit, again=again,
-                                           progress=on_progress, say=say)
+            done = cross_validate_programs(
+                archive, chosen, loaded, engine, protocol, fit, again=again, progress=on_progress, say=say
+            )
         return ArchiveCV(archive.dir, loaded, protocol, fit, done, archive.migrated_from)
     finally:
         archive.close()

@@ -1,4 +1,5 @@
 """`evolve bench`: throughput figures on this machine (speed goals live here, not in tests)."""
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,11 @@ BENCH_PROGRAM = "roofline"
 
 
 def default_bench_data() -> Path | None:
-    for cand in (os.environ.get("STEPML_REAL_DATA"), "../shared/data/replay", Path(__file__).resolve().parents[3] / "shared/data/replay"):
+    for cand in (
+        os.environ.get("STEPML_REAL_DATA"),
+        "../shared/data/replay",
+        Path(__file__).resolve().parents[3] / "shared/data/replay",
+    ):
         if cand and Path(cand).is_dir():
             return Path(cand)
     return None
@@ -47,19 +52,32 @@ def generations_per_hour(loaded, engine: Engine, generations: int, say: Say) -> 
 
     with tempfile.TemporaryDirectory(prefix="stepml-bench-") as tmp:
         archive = Archive(tmp, create=True)
-        search = Search(archive, loaded, engine, SearchConfig(generations=generations, seed=0, seed_fit_evals=10),
-                        progress=lambda info: say(f"  bench search: generation {info['generation']} done") if "message" not in info else None)
+        search = Search(
+            archive,
+            loaded,
+            engine,
+            SearchConfig(generations=generations, seed=0, seed_fit_evals=10),
+            progress=lambda info: (
+                say(f"  bench search: generation {info['generation']} done") if "message" not in info else None
+            ),
+        )
         search.run()
         gens = [g for g in archive.generations(search.run_id) if g.generation >= 1]
         archive.close()
     seconds = sum(g.seconds for g in gens)
-    return {"generations_per_hour": round(len(gens) / seconds * 3600, 1), "generation_s_mean": round(seconds / len(gens), 1),
-            "generations_timed": len(gens)}
+    return {
+        "generations_per_hour": round(len(gens) / seconds * 3600, 1),
+        "generation_s_mean": round(seconds / len(gens), 1),
+        "generations_timed": len(gens),
+    }
 
 
 # BLIS against the tool on the same experiments: prefix caching, preemption, MoE (the first 3000 requests)
-BLIS_BENCH_CASES = (("20260217-155451-llama-2-7b-tp1-codegen", None), ("20260217-170634-llama-2-7b-tp1-reasoning", None),
-                    ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", 3000))
+BLIS_BENCH_CASES = (
+    ("20260217-155451-llama-2-7b-tp1-codegen", None),
+    ("20260217-170634-llama-2-7b-tp1-reasoning", None),
+    ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", 3000),
+)
 
 
 def blis_vs_tool(blis: Path, data: Path, say: Say) -> dict:
@@ -86,11 +104,21 @@ def blis_vs_tool(blis: Path, data: Path, say: Say) -> dict:
         rows = []
         for name, requests in BLIS_BENCH_CASES:
             f = compare_with_blis(load_program(program), data / name, checkout, requests=requests)
-            say(f"blis vs tool, {name}: {f.blis_s:.2f} s vs {f.tool_s:.3f} s; mean E2E {f.e2e_diff_pct:+.3f} %, "
-                f"TTFT {f.ttft_diff_pct:+.3f} %")
-            rows.append({"experiment": name, "requests": requests, "blis_s": round(f.blis_s, 2),
-                         "tool_s": round(f.tool_s, 4), "speedup": round(f.blis_s / f.tool_s, 1),
-                         "e2e_diff_pct": round(f.e2e_diff_pct, 3), "ttft_diff_pct": round(f.ttft_diff_pct, 3)})
+            say(
+                f"blis vs tool, {name}: {f.blis_s:.2f} s vs {f.tool_s:.3f} s; mean E2E {f.e2e_diff_pct:+.3f} %, "
+                f"TTFT {f.ttft_diff_pct:+.3f} %"
+            )
+            rows.append(
+                {
+                    "experiment": name,
+                    "requests": requests,
+                    "blis_s": round(f.blis_s, 2),
+                    "tool_s": round(f.tool_s, 4),
+                    "speedup": round(f.blis_s / f.tool_s, 1),
+                    "e2e_diff_pct": round(f.e2e_diff_pct, 3),
+                    "ttft_diff_pct": round(f.ttft_diff_pct, 3),
+                }
+            )
     return {"blis_vs_tool": rows}
 
 
@@ -107,24 +135,44 @@ def seed_fits(exps, engine: Engine, seeds: list[str], methods: list[str], say: S
         for method in methods:
             say(f"full global fit of {name} ({method})...")
             r = fit(prog, exps, engine, FitConfig(seed=0, method=method))
-            rows.append({"seed": name, "method": method, "fit_s": round(r.seconds, 1), "replays": r.evaluations,
-                         "train_loss": round(r.loss, 3)})
+            rows.append(
+                {
+                    "seed": name,
+                    "method": method,
+                    "fit_s": round(r.seconds, 1),
+                    "replays": r.evaluations,
+                    "train_loss": round(r.loss, 3),
+                }
+            )
             say(f"  {name} {method}: {r.seconds:.1f} s, {r.evaluations} replays, train loss {r.loss:.3f}")
     return rows
 
 
-def run_bench(data: Path | None, skip_fit: bool = False, say: Say = print,
-              search_generations: int = 4, workers: int | None = None, blis: Path | None = None,
-              fit_seeds: list[str] | None = None, fit_methods: list[str] | None = None) -> dict:
+def run_bench(
+    data: Path | None,
+    skip_fit: bool = False,
+    say: Say = print,
+    search_generations: int = 4,
+    workers: int | None = None,
+    blis: Path | None = None,
+    fit_seeds: list[str] | None = None,
+    fit_methods: list[str] | None = None,
+) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
     prog = load_program(seed_path(BENCH_PROGRAM))
     compiled = compile_program(prog)
     consts = np.array(list(prog.constants.values()))
     replay(exps[0], compiled, consts)  # compile/load the numba code outside the timings
-    figures: dict = {"data": loaded.label, "synthetic": loaded.synthetic, "cores": os.cpu_count(),
-                     "program": f"seeds/{BENCH_PROGRAM}.py",
-                     "fit_s": None, "fits": None, "generations_per_hour": None}  # null when skipped, still listed
+    figures: dict = {
+        "data": loaded.label,
+        "synthetic": loaded.synthetic,
+        "cores": os.cpu_count(),
+        "program": f"seeds/{BENCH_PROGRAM}.py",
+        "fit_s": None,
+        "fits": None,
+        "generations_per_hour": None,
+    }  # null when skipped, still listed
 
     largest = max(exps, key=lambda e: e.n_requests)
     n_max = largest.n_requests
@@ -132,8 +180,10 @@ def run_bench(data: Path | None, skip_fit: bool = False, say: Say = print,
     figures["replay_s_largest"] = round(max(per_exp[e.name] for e in exps if e.n_requests == n_max), 4)
     figures["replay_requests_largest"] = n_max
     figures["replay_s_slowest_any"] = round(max(per_exp.values()), 4)
-    say(f"replay: largest experiment ({n_max} requests) {figures['replay_s_largest']} s; slowest of all "
-        f"{figures['replay_s_slowest_any']} s")
+    say(
+        f"replay: largest experiment ({n_max} requests) {figures['replay_s_largest']} s; slowest of all "
+        f"{figures['replay_s_slowest_any']} s"
+    )
 
     with Engine(exps, workers) as engine:
         vectors = [consts] * len(exps)
@@ -144,16 +194,25 @@ def run_bench(data: Path | None, skip_fit: bool = False, say: Say = print,
         q = fit(prog, exps, engine, quick_config(0, exps))
         figures["quick_fit_s"] = round(time.perf_counter() - t0, 2)
         figures["quick_fit_evals"] = q.evaluations
-        say(f"quick fit ({BENCH_PROGRAM}): {figures['quick_fit_s']} s ({q.evaluations} replays of the screening windows)")
+        say(
+            f"quick fit ({BENCH_PROGRAM}): {figures['quick_fit_s']} s ({q.evaluations} replays of the screening windows)"
+        )
         if not skip_fit:
-            figures["fits"] = seed_fits(exps, engine, fit_seeds or [p.stem for p in seed_paths()],
-                                        fit_methods or list(METHODS), say)
+            figures["fits"] = seed_fits(
+                exps, engine, fit_seeds or [p.stem for p in seed_paths()], fit_methods or list(METHODS), say
+            )
             first = figures["fits"][0]
-            figures["fit_s"], figures["fit_evals"], figures["fit_train_loss"] = first["fit_s"], first["replays"], first["train_loss"]
+            figures["fit_s"], figures["fit_evals"], figures["fit_train_loss"] = (
+                first["fit_s"],
+                first["replays"],
+                first["train_loss"],
+            )
         if search_generations > 0:
             say(f"offline search, {search_generations} generations with default settings...")
             figures.update(generations_per_hour(loaded, engine, search_generations, say))
-            say(f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)")
+            say(
+                f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)"
+            )
     if blis is not None:
         if loaded.synthetic:
             say("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")

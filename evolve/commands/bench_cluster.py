@@ -1,5 +1,6 @@
 """`evolve bench --cluster`: replays/s and search generations/hour on local threads against a Ray
 cluster, for each number of replays in flight there, in one run."""
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,16 @@ def _throughput(engine: Engine, compiled, population, experiments, repeat: int) 
     return repeat * len(population) * len(experiments) / (time.perf_counter() - t0), losses
 
 
-def cluster_bench(data: Path | None, cluster: Cluster, remote_workers: list[int], threads: int | None,
-                  generations: int, say: Say, program: str = BENCH_PROGRAM, repeat: int = 3) -> dict:
+def cluster_bench(
+    data: Path | None,
+    cluster: Cluster,
+    remote_workers: list[int],
+    threads: int | None,
+    generations: int,
+    say: Say,
+    program: str = BENCH_PROGRAM,
+    repeat: int = 3,
+) -> dict:
     """On `data` (default as for evolve bench): threads first, then the cluster at each count of
     remote workers; the cluster's losses must equal the threads' (reported as `identical`)."""
     loaded = load_data(data if data is not None else default_bench_data())
@@ -59,7 +68,9 @@ def cluster_bench(data: Path | None, cluster: Cluster, remote_workers: list[int]
     t0 = time.perf_counter()
     with Engine(exps, cluster=Cluster(cluster.address)) as remote:
         connect_s = round(time.perf_counter() - t0, 2)
-        say(f"connected to {cluster.address} ({remote.workers} CPUs) and stored {len(exps)} experiments in {connect_s} s")
+        say(
+            f"connected to {cluster.address} ({remote.workers} CPUs) and stored {len(exps)} experiments in {connect_s} s"
+        )
         cpus = remote.workers
         for n in remote_workers:
             remote.executor.workers = n
@@ -71,6 +82,13 @@ def cluster_bench(data: Path | None, cluster: Cluster, remote_workers: list[int]
         row["replays_vs_threads"] = round(row["replays_per_s"] / base["replays_per_s"], 2)
         if generations > 0:
             row["generations_vs_threads"] = round(row["generations_per_hour"] / base["generations_per_hour"], 2)
-    return {"data": loaded.label, "synthetic": loaded.synthetic, "program": f"seeds/{program}.py", "cluster": cluster.address,
-            "cluster_cpus": cpus, "connect_s": connect_s, "batch": f"{POPULATION} constant vectors x {len(exps)} experiments",
-            "rows": rows}
+    return {
+        "data": loaded.label,
+        "synthetic": loaded.synthetic,
+        "program": f"seeds/{program}.py",
+        "cluster": cluster.address,
+        "cluster_cpus": cpus,
+        "connect_s": connect_s,
+        "batch": f"{POPULATION} constant vectors x {len(exps)} experiments",
+        "rows": rows,
+    }

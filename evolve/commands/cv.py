@@ -1,5 +1,6 @@
 """`evolve cv`: a program file cross-validated by a protocol (lomo, lowo, groups:FILE): per fold,
 its constants fitted on the other experiments and the held-out experiments scored on all requests."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,33 +25,70 @@ class CrossValidatedProgram:
     prompt_reuse: str = DEFAULT_POLICY
 
     def to_json(self) -> dict:
-        return {"program": str(self.program), "protocol": self.cv.protocol, "data": self.data.label,
-                "synthetic": self.data.synthetic, "prompt_reuse": self.prompt_reuse, "seed": self.config.seed,
-                "method": self.config.method,
-                **self.config.objective.settings(),
-                "folds": [{"name": f.fold.name, "train": list(f.fold.train), "train_loss": f.fit.loss,
-                           "evaluations": f.fit.evaluations, "constants": f.constants, "experiments": f.rows}
-                          for f in self.cv.folds],
-                "summary": self.cv.summary(), "loss": self.cv.loss,
-                **({"in_distribution": self.in_distribution()} if self.cv.in_distribution else {})}
+        return {
+            "program": str(self.program),
+            "protocol": self.cv.protocol,
+            "data": self.data.label,
+            "synthetic": self.data.synthetic,
+            "prompt_reuse": self.prompt_reuse,
+            "seed": self.config.seed,
+            "method": self.config.method,
+            **self.config.objective.settings(),
+            "folds": [
+                {
+                    "name": f.fold.name,
+                    "train": list(f.fold.train),
+                    "train_loss": f.fit.loss,
+                    "evaluations": f.fit.evaluations,
+                    "constants": f.constants,
+                    "experiments": f.rows,
+                }
+                for f in self.cv.folds
+            ],
+            "summary": self.cv.summary(),
+            "loss": self.cv.loss,
+            **({"in_distribution": self.in_distribution()} if self.cv.in_distribution else {}),
+        }
 
     def in_distribution(self) -> dict:
         inside = self.cv.in_distribution
-        return {"train_loss": inside.fit.loss, "evaluations": inside.fit.evaluations, "constants": inside.constants,
-                "experiments": inside.rows, "summary": summarize(inside.rows),
-                "loss": self.config.objective.of_rows(inside.rows)}
+        return {
+            "train_loss": inside.fit.loss,
+            "evaluations": inside.fit.evaluations,
+            "constants": inside.constants,
+            "experiments": inside.rows,
+            "summary": summarize(inside.rows),
+            "loss": self.config.objective.of_rows(inside.rows),
+        }
 
 
-def cross_validate_program(path: Path, protocol: str, setup: EvaluationSetup = EvaluationSetup(), *,
-                           seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals,
-                           method: str = FitConfig.method, in_distribution: bool = False, say: Say = quiet,
-                           progress: FitProgress = no_progress) -> CrossValidatedProgram:
+def cross_validate_program(
+    path: Path,
+    protocol: str,
+    setup: EvaluationSetup = EvaluationSetup(),
+    *,
+    seed: int = FitConfig.seed,
+    max_evals: int | None = FitConfig.max_evals,
+    method: str = FitConfig.method,
+    in_distribution: bool = False,
+    say: Say = quiet,
+    progress: FitProgress = no_progress,
+) -> CrossValidatedProgram:
     """Folds are made (and a bad protocol or groups file refused) before any fit starts."""
     program = load_program(path)
     loaded = setup.load(say)
     folds = make_folds(protocol, loaded.experiments)
     config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=method), objective=setup.goal(loaded))
     with setup.engine(loaded) as engine, progress() as on_progress:
-        cv = cross_validate(program, loaded.experiments, engine, protocol, folds, config, progress=on_progress,
-                            percentiles=True, in_distribution=in_distribution)
+        cv = cross_validate(
+            program,
+            loaded.experiments,
+            engine,
+            protocol,
+            folds,
+            config,
+            progress=on_progress,
+            percentiles=True,
+            in_distribution=in_distribution,
+        )
     return CrossValidatedProgram(path, loaded, config, cv, setup.prompt_reuse)

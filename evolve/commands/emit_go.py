@@ -7,6 +7,7 @@ The rules (archive.browse.choose): `best` is the lowest CV loss when any program
 one (protocol lomo, else lowo), else the lowest validation loss; `simplest` is the lowest
 complexity within `within` percent of that best loss. The Go file's header names the rule, the
 losses and the program's CV scores."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,12 +16,11 @@ from pathlib import Path
 from stepml_evolve.archive.browse import RULES, Choice, choose, cv_header, fitted_header, opened, resolve
 from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
 from stepml_evolve.evaluator.fitted_header import header_lines
-
+from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, EmitError, emit_go, emit_go_test, gofmt
 from stepml_evolve.evolve.go.emit import target as target_of
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.go.parity import samples as parity_samples
-from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,9 @@ def choose_for_emission(spec: str, archive_dir: Path | None, within: float | Non
     return Emission(parse_program(record.source), header, choice)
 
 
-def program_for_emission(spec: str, archive_dir: Path | None, within: float | None = None) -> tuple[Program, dict[str, str]]:
+def program_for_emission(
+    spec: str, archive_dir: Path | None, within: float | None = None
+) -> tuple[Program, dict[str, str]]:
     """The program named by `spec` (a .py file, or `best`/`simplest`/an id in the archive) and the
     header of the Go file: the file and its `# fitted:` header on one line, or the archived program,
     its data, seed and losses (and, for a rule, which rule chose it and why)."""
@@ -69,8 +71,14 @@ def program_for_emission(spec: str, archive_dir: Path | None, within: float | No
     return emission.program, emission.header
 
 
-def emitted_sources(spec: str, archive_dir: Path | None, target: str = DEFAULT_TARGET, name: str = DEFAULT_NAME,
-                    samples: int | None = DEFAULT_SAMPLES, within: float | None = None) -> tuple[str, str | None]:
+def emitted_sources(
+    spec: str,
+    archive_dir: Path | None,
+    target: str = DEFAULT_TARGET,
+    name: str = DEFAULT_NAME,
+    samples: int | None = DEFAULT_SAMPLES,
+    within: float | None = None,
+) -> tuple[str, str | None]:
     """The gofmt-clean Go model of `spec` and, unless samples is None, its Go test against Python
     on `samples` batches."""
     return _sources(choose_for_emission(spec, archive_dir, within), target, name, samples)
@@ -78,12 +86,22 @@ def emitted_sources(spec: str, archive_dir: Path | None, target: str = DEFAULT_T
 
 def _sources(emission: Emission, target: str, name: str, samples: int | None) -> tuple[str, str | None]:
     source = gofmt(emit_go(emission.program, name=name, target_name=target, header=emission.header))
-    test_source = gofmt(emit_go_test(name, parity_samples(emission.program, samples), target)) if samples is not None else None
+    test_source = (
+        gofmt(emit_go_test(name, parity_samples(emission.program, samples), target)) if samples is not None else None
+    )
     return source, test_source
 
 
-def emit_program(spec: str, archive_dir: Path | None, out: Path, test_out: Path | None = None, target: str = DEFAULT_TARGET,
-                 name: str = DEFAULT_NAME, samples: int = DEFAULT_SAMPLES, within: float | None = None) -> Choice | None:
+def emit_program(
+    spec: str,
+    archive_dir: Path | None,
+    out: Path,
+    test_out: Path | None = None,
+    target: str = DEFAULT_TARGET,
+    name: str = DEFAULT_NAME,
+    samples: int = DEFAULT_SAMPLES,
+    within: float | None = None,
+) -> Choice | None:
     """Write `out` (and `test_out`, the Go test against Python on `samples` batches); paths checked
     first. Returns the rule's choice when a rule (`best`, `simplest`) picked the program."""
     check_outputs([out] + ([test_out] if test_out else []), inputs=[Path(spec)] if spec.endswith(".py") else [])

@@ -1,4 +1,5 @@
 """`evolve eval`: a program file replayed closed-loop on every experiment, scored on one split."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,12 +34,21 @@ class Evaluation:
         return [r for r in self.rows if r.error]
 
     def to_json(self) -> dict:
-        return {"program": str(self.program), "data": self.data.label, "synthetic": self.data.synthetic,
-                "split": self.split, "prompt_reuse": self.prompt_reuse, "loss": self.loss, **self.objective.settings(), "experiments": self.rows}
+        return {
+            "program": str(self.program),
+            "data": self.data.label,
+            "synthetic": self.data.synthetic,
+            "split": self.split,
+            "prompt_reuse": self.prompt_reuse,
+            "loss": self.loss,
+            **self.objective.settings(),
+            "experiments": self.rows,
+        }
 
 
-def evaluate_program(path: Path, setup: EvaluationSetup = EvaluationSetup(), split: str = "test",
-                     say: Say = quiet) -> Evaluation:
+def evaluate_program(
+    path: Path, setup: EvaluationSetup = EvaluationSetup(), split: str = "test", say: Say = quiet
+) -> Evaluation:
     """The program's per-experiment metrics on `split`, with the constants it holds."""
     program = load_program(path)
     loaded = setup.load(say)

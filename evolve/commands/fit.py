@@ -1,5 +1,6 @@
 """`evolve fit`: a program file's constants fitted on the train split, scored on validate and
 test, and written as fitted program files (one per fit group) with their `# fitted:` header."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,15 @@ from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitted_header import FittedHeader
-from stepml_evolve.evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, group_key, quick_config
+from stepml_evolve.evaluator.fitting import (
+    FAILED_LOSS,
+    FAILED_REASON,
+    FitConfig,
+    FitResult,
+    fit,
+    group_key,
+    quick_config,
+)
 from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
@@ -39,27 +48,47 @@ class FittedPrograms:
         return {s: self.config.objective.of_rows(rows) for s, rows in self.rows.items()}
 
     def to_json(self) -> dict:
-        return {"program": str(self.program), "fitted_programs": [str(p) for p in self.written], "data": self.data.label,
-                "synthetic": self.data.synthetic, "prompt_reuse": self.prompt_reuse, "seed": self.config.seed,
-                "scope": self.config.scope,
-                "method": self.config.method, **self.config.objective.settings(),
-                "train_loss": self.result.loss, "constants": self.result.constants, "evaluations": self.result.evaluations,
-                "seconds": self.result.seconds,
-                "splits": {s: {"loss": self.losses[s], "experiments": rows} for s, rows in self.rows.items()}}
+        return {
+            "program": str(self.program),
+            "fitted_programs": [str(p) for p in self.written],
+            "data": self.data.label,
+            "synthetic": self.data.synthetic,
+            "prompt_reuse": self.prompt_reuse,
+            "seed": self.config.seed,
+            "scope": self.config.scope,
+            "method": self.config.method,
+            **self.config.objective.settings(),
+            "train_loss": self.result.loss,
+            "constants": self.result.constants,
+            "evaluations": self.result.evaluations,
+            "seconds": self.result.seconds,
+            "splits": {s: {"loss": self.losses[s], "experiments": rows} for s, rows in self.rows.items()},
+        }
 
 
-def fit_program(path: Path, setup: EvaluationSetup = EvaluationSetup(), *, seed: int = FitConfig.seed,
-                scope: str = FitConfig.scope, out: Path | None = None, max_evals: int | None = FitConfig.max_evals,
-                quick: bool = False, restarts: int = FitConfig.restarts, method: str = FitConfig.method,
-                say: Say = quiet, progress: FitProgress = no_progress) -> FittedPrograms:
+def fit_program(
+    path: Path,
+    setup: EvaluationSetup = EvaluationSetup(),
+    *,
+    seed: int = FitConfig.seed,
+    scope: str = FitConfig.scope,
+    out: Path | None = None,
+    max_evals: int | None = FitConfig.max_evals,
+    quick: bool = False,
+    restarts: int = FitConfig.restarts,
+    method: str = FitConfig.method,
+    say: Say = quiet,
+    progress: FitProgress = no_progress,
+) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts."""
     program = load_program(path)
     loaded = setup.load(say)
     goal = setup.goal(loaded)
     config = quick_config(seed, loaded.experiments, method) if quick else FitConfig(seed=seed, scope=scope)
-    config = dataclasses.replace(config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts,
-                                 method=method, objective=goal)
+    config = dataclasses.replace(
+        config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts, method=method, objective=goal
+    )
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
@@ -71,11 +100,21 @@ def fit_program(path: Path, setup: EvaluationSetup = EvaluationSetup(), *, seed:
         rows = engine.score(program, vectors, SCORED_SPLITS, percentiles=True)
     written = []
     for group, constants in result.constants.items():
-        header = FittedHeader(data=loaded.label, seed=seed, scope=scope, group=group, restarts=restarts, quick=quick,
-                              semantics=setup.semantics, method=method,
-                              objective=goal.name + ("+weights" if goal.weights else ""), prompt_reuse=setup.prompt_reuse,
-                              train_loss=result.loss, loss_of_all_groups=len(result.constants) != 1,
-                              evaluations=result.evaluations)
+        header = FittedHeader(
+            data=loaded.label,
+            seed=seed,
+            scope=scope,
+            group=group,
+            restarts=restarts,
+            quick=quick,
+            semantics=setup.semantics,
+            method=method,
+            objective=goal.name + ("+weights" if goal.weights else ""),
+            prompt_reuse=setup.prompt_reuse,
+            train_loss=result.loss,
+            loss_of_all_groups=len(result.constants) != 1,
+            evaluations=result.evaluations,
+        )
         target = paths.get(group, base)
         write_atomic(target, program.with_constants(constants, header=header.render()).source)
         written.append(target)

@@ -1,11 +1,11 @@
 """`evolve archive report`: an archive's self-contained HTML report (archive.report) written to a file."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from stepml_evolve.archive.browse import opened
 from stepml_evolve.archive.report import render
-
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 
 

@@ -1,12 +1,13 @@
 """`evolve run`: a search assembled from its settings (data, archive, seeds, LLM, emitters,
 engine) and run to its last generation with live progress; returns the summary it stored."""
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from stepml_evolve.archive.browse import RUNS_DIR
 from stepml_evolve.archive.grid import pareto_front
@@ -24,7 +25,9 @@ from stepml_evolve.seeds import load_seeds
 from .archive import cross_validate_programs, run_fit_settings
 from .setup import SKIPPED, EvaluationSetup, Say, no_progress, quiet
 
-SearchProgress = Callable[[int, int], AbstractContextManager[ProgressFn]]  # opens a display for (last, first) generation
+SearchProgress = Callable[
+    [int, int], AbstractContextManager[ProgressFn]
+]  # opens a display for (last, first) generation
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,15 @@ class RunOutcome:
         return {"archive": str(self.archive_dir), **self.summary}
 
 
-def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engine, config: SearchConfig, summary: dict,
-                say: Say = quiet) -> dict:
+def score_front(
+    archive: Archive,
+    run_id: int,
+    loaded: LoadedData,
+    engine: Engine,
+    config: SearchConfig,
+    summary: dict,
+    say: Say = quiet,
+) -> dict:
     """Cross-validate the front members that have no score of `config.front_cv` yet (a resumed run
     finishes what a killed one started), store the scores, and add them to the run's summary.
     Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
@@ -60,6 +70,7 @@ def score_front(archive: Archive, run_id: int, loaded: LoadedData, engine: Engin
     except FoldError as e:
         say(f"{SKIPPED}cross-validating the front: {e}")
         return summary
+
     def losses() -> dict[int, float | None]:  # program id -> its stored loss under the protocol
         return {s.program_id: s.loss for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol}
 
@@ -99,7 +110,9 @@ def _llm_client(llm: LLMSettings, archive_dir: Path):
     from stepml_evolve.evolve.search.llm_client import LLMClient
     from stepml_evolve.evolve.search.llm_operator import Budget
 
-    client = LLMClient(llm.model, archive_dir / "llm_cache", base_url=llm.base_url, timeout_s=llm.timeout_s, offline=llm.offline)
+    client = LLMClient(
+        llm.model, archive_dir / "llm_cache", base_url=llm.base_url, timeout_s=llm.timeout_s, offline=llm.offline
+    )
     return client, Budget(max_calls=llm.max_calls, max_tokens=llm.max_tokens, max_usd=llm.max_usd)
 
 
@@ -134,15 +147,30 @@ def _check_setup(config: SearchConfig, setup: EvaluationSetup) -> None:
     """A run reads its data and replays as its config says (the archive stores the config, and
     --resume and `archive cv` go by it), so the setup must say the same."""
     if (setup.output_len, setup.semantics, setup.prompt_reuse, setup.objective) != (
-            "profile", config.semantics, config.prompt_reuse, config.objective):
-        raise ValueError("the setup's output length, semantics, prompt reuse and objective must be the run's "
-                         "(profile and its config's)")
+        "profile",
+        config.semantics,
+        config.prompt_reuse,
+        config.objective,
+    ):
+        raise ValueError(
+            "the setup's output length, semantics, prompt reuse and objective must be the run's "
+            "(profile and its config's)"
+        )
 
 
-def run_search(config: SearchConfig, setup: EvaluationSetup = EvaluationSetup(), archive_dir: Path | None = None, *,
-               resume: bool = False, seeds: list[Path] | None = None, llm: LLMSettings | None = None,
-               engine: str = ENGINES[0], diffs: bool = True, say: Say = quiet,
-               progress: SearchProgress = no_progress) -> RunOutcome:
+def run_search(
+    config: SearchConfig,
+    setup: EvaluationSetup = EvaluationSetup(),
+    archive_dir: Path | None = None,
+    *,
+    resume: bool = False,
+    seeds: list[Path] | None = None,
+    llm: LLMSettings | None = None,
+    engine: str = ENGINES[0],
+    diffs: bool = True,
+    say: Say = quiet,
+    progress: SearchProgress = no_progress,
+) -> RunOutcome:
     """Run (or with resume, continue) the search in `archive_dir` (default: `default_archive_dir`).
     setup: the data, and where replays run (threads, or a Ray cluster: the archive is the same);
     its weights file is read into config.weights, so the run stores the weights, not the path.
@@ -173,12 +201,24 @@ def run_search(config: SearchConfig, setup: EvaluationSetup = EvaluationSetup(),
     try:
         outside = engine == "openevolve"
         operator = _llm_operator(llm, archive_dir, loaded, config) if llm and not outside else None
-        run_config = {"data": loaded.label, "llm": llm.model if llm else None, "llm_base_url": llm.base_url if llm else None,
-                      "engine": engine}
+        run_config = {
+            "data": loaded.label,
+            "llm": llm.model if llm else None,
+            "llm_base_url": llm.base_url if llm else None,
+            "engine": engine,
+        }
         with setup.engine(loaded) as pool:
-            search = Search(archive, loaded, pool, config, build_emitters(operator, config.llm_ratio), resume=resume,
-                            run_config=run_config, seeds=seed_programs,
-                            seeds_checked=seed_programs is not None)
+            search = Search(
+                archive,
+                loaded,
+                pool,
+                config,
+                build_emitters(operator, config.llm_ratio),
+                resume=resume,
+                run_config=run_config,
+                seeds=seed_programs,
+                seeds_checked=seed_programs is not None,
+            )
             start = archive.last_generation(search.run_id) + 1
             if start > config.generations:
                 say(f"{archive_dir}: already at generation {start - 1}; nothing to run")
@@ -193,9 +233,18 @@ def run_search(config: SearchConfig, setup: EvaluationSetup = EvaluationSetup(),
                         from stepml_evolve.evolve.openevolve.engine import OUTPUT_DIR, run_openevolve
 
                         client, budget = _llm_client(llm, archive_dir)
-                        summary = run_openevolve(search, client, budget, archive_dir / OUTPUT_DIR, config.generations,
-                                                 islands=config.islands, migration_interval=config.migration_interval,
-                                                 server=_server(loaded), llm_timeout_s=llm.timeout_s, diffs=diffs)
+                        summary = run_openevolve(
+                            search,
+                            client,
+                            budget,
+                            archive_dir / OUTPUT_DIR,
+                            config.generations,
+                            islands=config.islands,
+                            migration_interval=config.migration_interval,
+                            server=_server(loaded),
+                            llm_timeout_s=llm.timeout_s,
+                            diffs=diffs,
+                        )
                     else:
                         summary = search.run()
             except SearchError as e:

@@ -2,12 +2,13 @@
 read, how and where they are replayed, the loss), and the plain callables a command reports through:
 `say` for a line to the user, a progress opener for a live display (the command line passes rich
 ones; a library caller passes its own, or nothing)."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES, LoadedData, load_data
 from stepml_evolve.evaluator.engine import Engine

@@ -6,10 +6,22 @@ What callers use (imported on first use): emit_go (Go source of a program), emit
 gofmt, find_go_tool, EmitError (a construct Go cannot express, or no gofmt), TARGETS (the BLIS
 interfaces), DEFAULT_TARGET, DEFAULT_NAME, DEFAULT_SAMPLES (batches in the parity test).
 """
+
 from stepml_evolve.lazy import attach
 
-__getattr__, __dir__, __all__ = attach(__name__, {
-    ".emit": ("emit_go", "emit_go_test", "gofmt", "find_go_tool", "EmitError", "TARGETS", "DEFAULT_TARGET",
-              "DEFAULT_NAME"),
-    ".parity": ("DEFAULT_SAMPLES",),
-})
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        ".emit": (
+            "emit_go",
+            "emit_go_test",
+            "gofmt",
+            "find_go_tool",
+            "EmitError",
+            "TARGETS",
+            "DEFAULT_TARGET",
+            "DEFAULT_NAME",
+        ),
+        ".parity": ("DEFAULT_SAMPLES",),
+    },
+)

@@ -8,10 +8,10 @@ Two translations, both from ASTs, never from strings:
 Semantics of the protected operations match the VM exactly (see docs/design-notes.md).
 jinja2 templates hold the file skeletons (evolve/go/templates/).
 """
+
 from __future__ import annotations
 
 import ast
-import math
 import re
 from dataclasses import dataclass
 from functools import reduce
@@ -22,11 +22,11 @@ import jinja2
 from stepml_evolve.evaluator.catalog import catalog
 from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.evaluator.dsl import Program
-from stepml_evolve.evaluator.dsl.operators import AND, OPERATORS, Kind, Operator, operands, operator_of
+from stepml_evolve.evaluator.dsl.operators import AND, Kind, Operator, operands, operator_of
 from stepml_evolve.evaluator.dsl.program import literal_number
 
 from .physics import physics_context
-from .text import ATOM, BINARY, UNARY, EmitError, camel, go_float, go_value, wrap
+from .text import ATOM, EmitError, camel, go_float, go_value, wrap
 
 DEFAULT_NAME = "StepMLEvolved"  # Go identifier prefix: <name>Model, New<name>Model, ...
 
@@ -53,13 +53,26 @@ class Target:
 
 _COMMON = ("StepTime", "QueueingTime", "OutputTokenProcessingTime")
 # The one table of targets (the CLI's --target choices, the README, `--blis`'s interface check).
-TARGETS = {t.name: t for t in (
-    Target("blis-head", (*_COMMON, "PostDecodeFixedOverhead"), "TokenID",
-           "the 4-method interface (since 2026-03-10) with []sim.TokenID tokens (since 2026-06-29), "
-           "e.g. the snapshot commit f90a1e3a of 2026-08-22", from_config=True),
-    Target("blis-2026-03", (*_COMMON, "SchedulingProcessingTime", "PreemptionProcessingTime"), "int",
-           "the 5-method interface with []int tokens, checkouts from 2026-02-24 to 2026-03-05", from_config=False),
-)}
+TARGETS = {
+    t.name: t
+    for t in (
+        Target(
+            "blis-head",
+            (*_COMMON, "PostDecodeFixedOverhead"),
+            "TokenID",
+            "the 4-method interface (since 2026-03-10) with []sim.TokenID tokens (since 2026-06-29), "
+            "e.g. the snapshot commit f90a1e3a of 2026-08-22",
+            from_config=True,
+        ),
+        Target(
+            "blis-2026-03",
+            (*_COMMON, "SchedulingProcessingTime", "PreemptionProcessingTime"),
+            "int",
+            "the 5-method interface with []int tokens, checkouts from 2026-02-24 to 2026-03-05",
+            from_config=False,
+        ),
+    )
+}
 DEFAULT_TARGET = "blis-head"
 # BLIS's names (hardware_config.json) for the catalog's GPUs, by preset (go_name): the
 # constructor from sim.ModelHardwareConfig takes the NVLink bandwidth, which BLIS's
@@ -71,6 +84,7 @@ def target(name: str) -> Target:
     if name not in TARGETS:
         raise EmitError(f"unknown target {name!r} (known: {', '.join(TARGETS)})")
     return TARGETS[name]
+
 
 def _literal_only(node: ast.AST) -> bool:
     """A subtree Go would fold as an exact constant expression (only literals and operators whose
@@ -90,12 +104,29 @@ def _needs_lit(node: ast.AST) -> bool:
     if not _literal_only(node) or isinstance(node, ast.Constant):
         return False
     return any(isinstance(n, ast.BinOp) for n in ast.walk(node)) or any(
-        isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) and literal_number(n.operand) == 0 for n in ast.walk(node))
+        isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) and literal_number(n.operand) == 0
+        for n in ast.walk(node)
+    )
 
 
 # Helpers the template defines for every model (package-level names to keep locals clear of).
-HELPERS = ("StepTime", "QueueingTime", "OutputTokenTime", "PostDecodeTime", "Div", "Max", "Min", "Log", "Exp",
-           "Select", "Micros", "Lit", "Or", "And", "Coefficients")
+HELPERS = (
+    "StepTime",
+    "QueueingTime",
+    "OutputTokenTime",
+    "PostDecodeTime",
+    "Div",
+    "Max",
+    "Min",
+    "Log",
+    "Exp",
+    "Select",
+    "Micros",
+    "Lit",
+    "Or",
+    "And",
+    "Coefficients",
+)
 
 
 @dataclass
@@ -135,7 +166,11 @@ class _GoExpr:
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                     used.add(n.id)
         for stmt in fn.body:
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            if (
+                isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+            ):
                 continue  # docstring
             if isinstance(stmt, ast.Assign):
                 name = stmt.targets[0].id
@@ -255,8 +290,13 @@ class _GoExpr:
 
 
 def _templates() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(resources.files(__package__) / "templates")),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resources.files(__package__) / "templates")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
 
 
 def _comment(text: str) -> list[str]:
@@ -264,7 +304,9 @@ def _comment(text: str) -> list[str]:
     Go would read as a build constraint or directive (`+build ...`, `go:...`)."""
     lines = []
     for ln in (text or "").strip().splitlines():
-        ln = "".join(ch for ch in ln if ch.isprintable()).rstrip().replace("+build", "+ build")  # vet flags any "+build"
+        ln = (
+            "".join(ch for ch in ln if ch.isprintable()).rstrip().replace("+build", "+ build")
+        )  # vet flags any "+build"
         if ln.lstrip().startswith("go:"):
             ln = "> " + ln.lstrip()
         lines.append(ln)
@@ -276,12 +318,19 @@ def _gpu_names() -> list[dict]:
     out = []
     for hw in catalog().hardware.values():
         blis = BLIS_GPU_NAMES.get(hw.go_name, ())
-        out.append({"go_name": hw.go_name, "shown": list(dict.fromkeys([hw.name, *blis])),
-                    "names": sorted({hw.name.lower(), *(a.lower() for a in hw.aliases), *(b.lower() for b in blis)})})
+        out.append(
+            {
+                "go_name": hw.go_name,
+                "shown": list(dict.fromkeys([hw.name, *blis])),
+                "names": sorted({hw.name.lower(), *(a.lower() for a in hw.aliases), *(b.lower() for b in blis)}),
+            }
+        )
     return out
 
 
-def emit_go(program: Program, name: str = DEFAULT_NAME, target_name: str = DEFAULT_TARGET, header: dict | None = None) -> str:
+def emit_go(
+    program: Program, name: str = DEFAULT_NAME, target_name: str = DEFAULT_TARGET, header: dict | None = None
+) -> str:
     """Go source (before gofmt) implementing sim.LatencyModel of `target_name` for `program`."""
     tgt = target(target_name)
     if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", name):
@@ -296,16 +345,24 @@ def emit_go(program: Program, name: str = DEFAULT_NAME, target_name: str = DEFAU
         consts[cname] = names.prefix + go[:1].upper() + go[1:]
     if not tgt.post_decode and "post_decode_time" in program.functions:
         with_post = [t.name for t in TARGETS.values() if t.post_decode]
-        raise EmitError(f"post_decode_time has no method in the {tgt.name} interface: emit with --target "
-                        f"{' or '.join(with_post)} (PostDecodeFixedOverhead)")
+        raise EmitError(
+            f"post_decode_time has no method in the {tgt.name} interface: emit with --target "
+            f"{' or '.join(with_post)} (PostDecodeFixedOverhead)"
+        )
     functions: dict[str, list[str] | None] = {}
     for fname in ("step_time", "queueing_time", "output_token_time", "post_decode_time"):
         fn = program.functions.get(fname)
         functions[fname] = _GoExpr(names, consts, fname).body(fn) if fn is not None else None
     ctx = {
-        "name": name, "prefix": names.prefix, "target": tgt, "header": header or {},
-        "doc": _comment(program.doc), "constants": [(consts[k], go_value(v), k) for k, v in program.constants.items()],
-        "functions": functions, "gpus": _gpu_names(), **physics_context(name),
+        "name": name,
+        "prefix": names.prefix,
+        "target": tgt,
+        "header": header or {},
+        "doc": _comment(program.doc),
+        "constants": [(consts[k], go_value(v), k) for k, v in program.constants.items()],
+        "functions": functions,
+        "gpus": _gpu_names(),
+        **physics_context(name),
     }
     return _templates().get_template("latency_model.go.j2").render(**ctx)
 
@@ -314,8 +371,11 @@ def emit_go_test(name: str, samples: dict, target_name: str = DEFAULT_TARGET) ->
     """A Go test holding the Go predictions to values computed by Python on sample batches (and,
     for a target with the ModelHardwareConfig constructor, that constructor to the presets)."""
     blis_gpu = {g["go_name"]: g["shown"][-1] for g in _gpu_names()}
-    return _templates().get_template("latency_model_test.go.j2").render(
-        name=name, prefix=name[:1].lower() + name[1:], target=target(target_name), blis_gpu=blis_gpu, **samples)
+    return (
+        _templates()
+        .get_template("latency_model_test.go.j2")
+        .render(name=name, prefix=name[:1].lower() + name[1:], target=target(target_name), blis_gpu=blis_gpu, **samples)
+    )
 
 
 def find_go_tool(tool: str = "gofmt") -> str | None:

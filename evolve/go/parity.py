@@ -4,6 +4,7 @@ Expected values apply the same rounding the Go side does (half to even; at least
 step, at least 0 for the other times), so the test checks the physics and the program, not
 rounding conventions.
 """
+
 from __future__ import annotations
 
 import random
@@ -70,24 +71,40 @@ def samples(program: Program, n_batches: int = DEFAULT_SAMPLES, seed: int = 0, d
     deps, ks = [], []
     for model, tp, hw_name in deployments:
         arch, hw = catalog().models[model].arch, get_hardware(hw_name)
-        deps.append({"layers": arch.layers, "hidden": arch.hidden, "heads": arch.heads, "kv_heads": arch.kv_heads,
-                     "ffn": arch.ffn, "experts": arch.num_experts, "top_k": arch.top_k, "vocab": arch.vocab,
-                     "hw": hw.go_name, "tp": tp})
+        deps.append(
+            {
+                "layers": arch.layers,
+                "hidden": arch.hidden,
+                "heads": arch.heads,
+                "kv_heads": arch.kv_heads,
+                "ffn": arch.ffn,
+                "experts": arch.num_experts,
+                "top_k": arch.top_k,
+                "vocab": arch.vocab,
+                "hw": hw.go_name,
+                "tp": tp,
+            }
+        )
         ks.append(coefficients(arch, hw, tp))
     steps = []
     for i in range(n_batches):
         d = i % len(deployments)
         reqs = _batch(rng)
-        steps.append({"deployment": d, "want": python_step_us(sp, consts, ks[d], reqs),
-                      "reqs": [v for r in reqs for v in r]})
+        steps.append(
+            {"deployment": d, "want": python_step_us(sp, consts, ks[d], reqs), "reqs": [v for r in reqs for v in r]}
+        )
     queue = []
     for _ in range(50):
         inp, out = rng.randint(1, 4000), rng.randint(1, 1500)
         last = rng.choice([0, rng.randint(1, 200_000)])  # before the first step, or a step's duration
         queue.append([inp, out, last, micros(sp.queueing_time(inp, out, consts, last), 0)])
-    return {"deployments": deps, "steps": steps, "queue": queue,
-            "output_token_us": micros(sp.output_token_time(consts), 0),
-            "post_decode_us": micros(sp.post_decode_time(consts), 0)}
+    return {
+        "deployments": deps,
+        "steps": steps,
+        "queue": queue,
+        "output_token_us": micros(sp.output_token_time(consts), 0),
+        "post_decode_us": micros(sp.post_decode_time(consts), 0),
+    }
 
 
 __all__ = ["samples", "micros", "DEFAULT_DEPLOYMENTS"]

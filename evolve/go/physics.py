@@ -6,6 +6,7 @@ Both functions are parsed from their source and translated node by node; what th
 is written above them in evaluator/components.py. `physics_context(name)` returns every variable
 the physics parts of templates/latency_model.go.j2 use.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,6 +17,7 @@ import textwrap
 from stepml_evolve.evaluator import components as comps_mod
 from stepml_evolve.evaluator.catalog import catalog
 from stepml_evolve.evaluator.components import COMPONENT_NAMES, COMPONENTS, N_COEFFICIENTS
+
 from .text import ATOM, BINARY, COMPARISONS, UNARY, EmitError, camel, go_number, go_value, wrap
 
 # Parameter of coefficient_values -> its Go value inside New<Name>Model (arch, hw, tp in scope).
@@ -36,8 +38,13 @@ COEFFICIENT_ARGUMENTS = {
 }
 
 _OPS = {**BINARY, ast.Div: ("/", BINARY[ast.Mult][1])}  # plain / (the physics never divides by 0): binds like *
-_PY_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.Pow: operator.pow}
+_PY_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
 
 
 def coefficient_slots() -> dict[str, int]:
@@ -75,8 +82,10 @@ class _Translator:
 
     def fail(self, node: ast.AST, what: str):
         line = self.first_line + getattr(node, "lineno", 1) - 1
-        raise EmitError(f"components.{self.name} (line {line}): cannot translate {what} to Go; see the contract "
-                        "above coefficient_values in evaluator/components.py")
+        raise EmitError(
+            f"components.{self.name} (line {line}): cannot translate {what} to Go; see the contract "
+            "above coefficient_values in evaluator/components.py"
+        )
 
     def body(self) -> tuple[list[str], list[str]]:
         """(Go statements before the return, the returned Python names)."""
@@ -125,8 +134,14 @@ class _Translator:
             if type(constant) in (int, float):
                 return go_value(constant), ATOM
             self.fail(node, f"the name {node.id}")
-        if (isinstance(node, ast.Subscript) and self.receiver_k and isinstance(node.value, ast.Name)
-                and node.value.id == "k" and isinstance(node.slice, ast.Name) and node.slice.id in coefficient_slots()):
+        if (
+            isinstance(node, ast.Subscript)
+            and self.receiver_k
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "k"
+            and isinstance(node.slice, ast.Name)
+            and node.slice.id in coefficient_slots()
+        ):
             return f"m.k[{coefficient_slots()[node.slice.id]}]", ATOM
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
             return f"math.Pow({self.expr(node.left)}, {self.expr(node.right)})", ATOM
@@ -166,7 +181,9 @@ def coefficient_function_go(select: str) -> tuple[list[tuple[str, str]], list[st
     t = _Translator(comps_mod.coefficient_values, select=select)
     missing = [p for p in t.params if p not in COEFFICIENT_ARGUMENTS]
     if missing:
-        t.fail(t.tree, f"the parameter(s) {', '.join(missing)} (add their Go values to go_physics.COEFFICIENT_ARGUMENTS)")
+        t.fail(
+            t.tree, f"the parameter(s) {', '.join(missing)} (add their Go values to go_physics.COEFFICIENT_ARGUMENTS)"
+        )
     lines, names = t.body()
     slots = coefficient_slots()
     expected = [slot[2:].lower() for slot in slots]
@@ -182,14 +199,20 @@ def hardware_presets() -> list[dict[str, str]]:
     """One Go preset per catalog hardware: the name suffix, a comment and the field values."""
     presets = []
     for hw in catalog().hardware.values():
-        presets.append({
-            "go_name": hw.go_name,
-            "comment": (f'is the {hw.description} ("{hw.name}" in the catalog): '
-                        f"{hw.peak_flops / 1e12:g} TFLOP/s BF16 dense, "
-                        f"{hw.hbm_bytes_per_s / 1e12:g} TB/s HBM, {hw.link_bytes_per_s / 1e9:g} GB/s NVLink."),
-            "fields": (f"PeakFlops: {go_number(hw.peak_flops)}, HBMBytesPerS: {go_number(hw.hbm_bytes_per_s)}, "
-                       f"LinkBytesPerS: {go_number(hw.link_bytes_per_s)}"),
-        })
+        presets.append(
+            {
+                "go_name": hw.go_name,
+                "comment": (
+                    f'is the {hw.description} ("{hw.name}" in the catalog): '
+                    f"{hw.peak_flops / 1e12:g} TFLOP/s BF16 dense, "
+                    f"{hw.hbm_bytes_per_s / 1e12:g} TB/s HBM, {hw.link_bytes_per_s / 1e9:g} GB/s NVLink."
+                ),
+                "fields": (
+                    f"PeakFlops: {go_number(hw.peak_flops)}, HBMBytesPerS: {go_number(hw.hbm_bytes_per_s)}, "
+                    f"LinkBytesPerS: {go_number(hw.link_bytes_per_s)}"
+                ),
+            }
+        )
     return presets
 
 

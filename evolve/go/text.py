@@ -1,8 +1,8 @@
 """Go spelling shared by the Go emitters (the program in emit_go.py, the physics in go_physics.py):
 identifiers, float literals, operator precedences and parentheses, and the emitters' error."""
+
 from __future__ import annotations
 
-import ast
 import math
 import re
 from decimal import Decimal

@@ -7,8 +7,12 @@ What callers use (imported on first use; OpenEvolve itself only when a run start
 run_openevolve, require_openevolve (a one-line error when OpenEvolve is absent or of another
 release line), OUTPUT_DIR (OpenEvolve's directory under the archive).
 """
+
 from stepml_evolve.lazy import attach
 
-__getattr__, __dir__, __all__ = attach(__name__, {
-    ".engine": ("run_openevolve", "require_openevolve", "OUTPUT_DIR"),
-})
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        ".engine": ("run_openevolve", "require_openevolve", "OUTPUT_DIR"),
+    },
+)

@@ -19,6 +19,7 @@ Who does what:
   failures (a reply with no code, a diff that does not apply, a failed LLM call) never reach the
   evaluator; they are read from its log and written as rejections.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,26 +35,30 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, RejectionRecord
 from stepml_evolve.archive.grid import best
+from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, RejectionRecord
 from stepml_evolve.evaluator.components import COMPONENTS
-
+from stepml_evolve.evolve.search import Judgement, Search, SearchError
 from stepml_evolve.evolve.search.emitters import Proposal, signed_errors
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, prompt_templates
-from .local_server import LocalServer, chat_completion
+
 from .evaluator import FAILED, JUDGE_URL_ENV, SEED_ENV
-from stepml_evolve.evolve.search import Judgement, Search, SearchError
+from .local_server import LocalServer, chat_completion
 
 OPERATOR = "openevolve"
 SUPPORTED = "0.4"  # OpenEvolve release line the engine is written against (its library API and hooks)
 OUTPUT_DIR = "openevolve"  # under the archive directory: OpenEvolve's own logs and its initial program
-HEADER = ("# A step-time program for stepml-evolve. Only the EVOLVE-BLOCK below is the program; it is\n"
-          "# parsed by a validator (a Python subset, see the system message), never executed.\n")
+HEADER = (
+    "# A step-time program for stepml-evolve. Only the EVOLVE-BLOCK below is the program; it is\n"
+    "# parsed by a validator (a Python subset, see the system message), never executed.\n"
+)
 BLOCK_START, BLOCK_END = "# EVOLVE-BLOCK-START", "# EVOLVE-BLOCK-END"
-REPLY_FORMAT = ("The program is shown inside a file, between the lines # EVOLVE-BLOCK-START and "
-                "# EVOLVE-BLOCK-END. Change only what is inside that block, and reply in the format the user "
-                "message asks for.")
+REPLY_FORMAT = (
+    "The program is shown inside a file, between the lines # EVOLVE-BLOCK-START and "
+    "# EVOLVE-BLOCK-END. Change only what is inside that block, and reply in the format the user "
+    "message asks for."
+)
 EVALUATION_TIMEOUT_S = 24 * 3600  # OpenEvolve abandons an iteration after this; full fits can take many minutes
 
 
@@ -106,9 +111,15 @@ def metrics_of(j: Judgement) -> dict:
     if j.program is None:  # the feature dimensions too: OpenEvolve places every program in its grid
         return dict(FAILED)
     r = j.program.record
-    out = {"combined_score": 1.0 / (1.0 + j.loss) if math.isfinite(j.loss) else 0.0, "valid": 1.0, "loss": _finite(j.loss),
-           "promoted": float(j.promoted), "quick_loss": _finite(r.quick_loss), "dsl_complexity": float(r.complexity),
-           "n_components": float(r.n_components)}
+    out = {
+        "combined_score": 1.0 / (1.0 + j.loss) if math.isfinite(j.loss) else 0.0,
+        "valid": 1.0,
+        "loss": _finite(j.loss),
+        "promoted": float(j.promoted),
+        "quick_loss": _finite(r.quick_loss),
+        "dsl_complexity": float(r.complexity),
+        "n_components": float(r.n_components),
+    }
     if j.promoted:
         out.update(train_loss=_finite(r.train_loss), val_loss=_finite(r.val_loss), test_loss=_finite(r.test_loss))
         for row in signed_errors(j.program.evaluations, ("validate",)):
@@ -123,24 +134,38 @@ def artifacts_of(j: Judgement) -> dict:
         return {"rejected": f"rule {j.rejection.rule}: {j.rejection.reason}"}
     r = j.program.record
     if not j.promoted:
-        return {"cascade": f"screened only: quick-fit loss {r.quick_loss:.3f} on the screening windows did not beat "
-                           f"the elites, so it got no full fit (estimated validation loss {j.loss:.3f})"}
+        return {
+            "cascade": f"screened only: quick-fit loss {r.quick_loss:.3f} on the screening windows did not beat "
+            f"the elites, so it got no full fit (estimated validation loss {j.loss:.3f})"
+        }
     lines = ["experiment | split | observed E2E s | E2E error % | observed TTFT s | TTFT error %"]
     for row in signed_errors(j.program.evaluations, ("train", "validate")):
-        lines.append(f"{row['experiment']} | {row['split']} | {row['e2e_obs']:.3f} | {row['e2e_err']:+.1f} | "
-                     f"{row['ttft_obs']:.3f} | {row['ttft_err']:+.1f}")
-    return {"per_experiment_errors": "\n".join(lines) + "\n(signed: positive means predicted slower than measured)",
-            "fitted_constants": json.dumps(r.constants, sort_keys=True)}
+        lines.append(
+            f"{row['experiment']} | {row['split']} | {row['e2e_obs']:.3f} | {row['e2e_err']:+.1f} | "
+            f"{row['ttft_obs']:.3f} | {row['ttft_err']:+.1f}"
+        )
+    return {
+        "per_experiment_errors": "\n".join(lines) + "\n(signed: positive means predicted slower than measured)",
+        "fitted_constants": json.dumps(r.constants, sort_keys=True),
+    }
 
 
 # OpenEvolve's own failures, as its main process logs them, and the rule each is recorded under
 # 0.4.0 logs "Iteration N error: ...", 0.4.1 "Iteration N error [diff]: ..." (its evolution mode)
 _FAILURE = re.compile(r"^Iteration (\d+) error(?: \[[\w-]+\])?: (.*?)(?: \| tokens: .*)?$", re.DOTALL)
 _TIMEOUT = re.compile(r"Iteration (\d+) timed out")
-_RULES = (("No valid code", "llm-no-code"), ("No valid diffs", "llm-diff"), ("SEARCH block", "llm-diff"),
-          ("Diff did not change", "llm-unchanged"), ("identical to the parent", "llm-unchanged"),
-          ("EVOLVE-BLOCK", "evolve-block"), ("exceeds maximum length", "llm-too-long"),
-          ("cap reached", "llm-budget"), ("budget reached", "llm-budget"), ("LLM", "llm-error"))
+_RULES = (
+    ("No valid code", "llm-no-code"),
+    ("No valid diffs", "llm-diff"),
+    ("SEARCH block", "llm-diff"),
+    ("Diff did not change", "llm-unchanged"),
+    ("identical to the parent", "llm-unchanged"),
+    ("EVOLVE-BLOCK", "evolve-block"),
+    ("exceeds maximum length", "llm-too-long"),
+    ("cap reached", "llm-budget"),
+    ("budget reached", "llm-budget"),
+    ("LLM", "llm-error"),
+)
 
 
 def failure_rule(message: str) -> str:
@@ -178,15 +203,26 @@ class Judge:
     def _judge(self, code: str) -> Judgement:
         block, why = unwrap(code)
         if block is None:
-            return Judgement(None, RejectionRecord(operator=OPERATOR, parents=[], rule="evolve-block", reason=why,
-                                                   source=code), math.inf)
+            return Judgement(
+                None,
+                RejectionRecord(operator=OPERATOR, parents=[], rule="evolve-block", reason=why, source=code),
+                math.inf,
+            )
         try:
             return self.search.judge(Proposal(OPERATOR, [], block))
         except Exception as e:  # noqa: BLE001 - a candidate that breaks the judge is a rejection, not a crashed run
             logging.getLogger(__name__).exception("stepml-evolve judge failed on a candidate")
-            return Judgement(None, RejectionRecord(operator=OPERATOR, parents=[], rule="evaluation",
-                                                   reason=f"the judge failed: {type(e).__name__}: {e}", source=block),
-                             math.inf)
+            return Judgement(
+                None,
+                RejectionRecord(
+                    operator=OPERATOR,
+                    parents=[],
+                    rule="evaluation",
+                    reason=f"the judge failed: {type(e).__name__}: {e}",
+                    source=block,
+                ),
+                math.inf,
+            )
 
     def start_from(self, code: str, program: NewProgram, loss: float) -> None:
         """`code` (an archived program, wrapped) is where OpenEvolve starts: judged as archived."""
@@ -194,22 +230,26 @@ class Judge:
 
     def chat(self, body: dict) -> tuple[int, dict]:
         """An OpenAI chat completion answered through our LLM client (cache, retries, caps)."""
-        if (why := self.budget.exhausted()):
+        if why := self.budget.exhausted():
             return 400, {"error": {"message": why, "type": "budget"}}
         messages = body.get("messages") or []
         prompt = code_key(json.dumps(messages, sort_keys=True))
         with self.calls_lock:
             n = self.asked[prompt] = self.asked.get(prompt, 0) + 1
         try:  # the n-th asking of a prompt has its own cached reply, so a replay repeats the run
-            reply = self.client.complete(messages, may_retry=lambda pending: self.budget.exhausted(pending) is None,
-                                         tag=f"openevolve:{n}")
+            reply = self.client.complete(
+                messages, may_retry=lambda pending: self.budget.exhausted(pending) is None, tag=f"openevolve:{n}"
+            )
         except LLMUnavailable as e:
             self._spend(e.attempts)
             return 503, {"error": {"message": f"LLM call failed: {e}", "type": "upstream"}}
         self._spend(reply.attempts)
         last = reply.attempts[-1]
-        usage = {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
-                 "total_tokens": last.prompt_tokens + last.completion_tokens}
+        usage = {
+            "prompt_tokens": last.prompt_tokens,
+            "completion_tokens": last.completion_tokens,
+            "total_tokens": last.prompt_tokens + last.completion_tokens,
+        }
         return 200, chat_completion(reply.content, self.client.model, usage, f"stepml-{last.request_hash[:16]}")
 
     def _spend(self, attempts) -> None:
@@ -248,9 +288,15 @@ class Judge:
             parents = self._parent(snapshot, candidate.parent_id)
             detail = f"island {island}; {str(candidate.metadata.get('changes') or '')[:200]}".strip("; ")
             if j is None:
-                self._write(rejection=RejectionRecord(operator=OPERATOR, parents=parents, rule="openevolve-error",
-                                                      reason="OpenEvolve added a program the judge never saw",
-                                                      source=candidate.code))
+                self._write(
+                    rejection=RejectionRecord(
+                        operator=OPERATOR,
+                        parents=parents,
+                        rule="openevolve-error",
+                        reason="OpenEvolve added a program the judge never saw",
+                        source=candidate.code,
+                    )
+                )
                 return False
             if j.program is None:
                 self._write(rejection=dataclasses.replace(j.rejection, parents=parents))
@@ -263,10 +309,15 @@ class Judge:
     def failure(self, message: str) -> None:
         """One of OpenEvolve's own failed iterations (from its log): a rejection of its generation."""
         with self.lock:
-            self._write(rejection=RejectionRecord(operator=OPERATOR, parents=[], rule=failure_rule(message),
-                                                  reason=" ".join(message.split())[:500]))
+            self._write(
+                rejection=RejectionRecord(
+                    operator=OPERATOR, parents=[], rule=failure_rule(message), reason=" ".join(message.split())[:500]
+                )
+            )
 
-    def _write(self, program: NewProgram | None = None, rejection: RejectionRecord | None = None, promoted: int = 0) -> None:
+    def _write(
+        self, program: NewProgram | None = None, rejection: RejectionRecord | None = None, promoted: int = 0
+    ) -> None:
         """One candidate (or one failure) as a generation of its own."""
         s = self.search
         g = s.last_generation() + 1
@@ -275,8 +326,14 @@ class Judge:
             calls, self.calls = self.calls, []
         if program is not None and calls:
             calls[-1].program_index = 0  # the last call before a program is the one that produced it
-        stats = s.commit(g, self.last, [program] if program else [], [rejection] if rejection else [], calls,
-                         GenerationRecord(n_children=1, n_promoted=promoted))
+        stats = s.commit(
+            g,
+            self.last,
+            [program] if program else [],
+            [rejection] if rejection else [],
+            calls,
+            GenerationRecord(n_children=1, n_promoted=promoted),
+        )
         info = s.status(g)
         info["evals_per_s"] = stats.evaluations / max(now - self.last, 1e-9)
         self.last = now
@@ -293,7 +350,7 @@ class _FailureLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             msg = record.getMessage()
-            if (m := _FAILURE.match(msg)):
+            if m := _FAILURE.match(msg):
                 self.judge.failure(m.group(2))
             elif _TIMEOUT.search(msg):
                 self.judge.failure("the iteration timed out")
@@ -305,6 +362,7 @@ class _FailureLog(logging.Handler):
 
 def judge_server(judge: Judge) -> LocalServer:
     """127.0.0.1:<free port>: POST /evaluate (a candidate's text) and POST /v1/chat/completions."""
+
     def route(path: str, body: dict):
         try:
             if path.rstrip("/") == "/evaluate":
@@ -319,8 +377,16 @@ def judge_server(judge: Judge) -> LocalServer:
     return LocalServer(route)
 
 
-def openevolve_config(model: str, url: str, seed: int, islands: int, migration_interval: int, server: dict,
-                      llm_timeout_s: float, diffs: bool):
+def openevolve_config(
+    model: str,
+    url: str,
+    seed: int,
+    islands: int,
+    migration_interval: int,
+    server: dict,
+    llm_timeout_s: float,
+    diffs: bool,
+):
     """OpenEvolve's Config for a run: our LLM endpoint, our system message, our feature dimensions."""
     from openevolve.config import Config, LLMModelConfig
 
@@ -332,12 +398,26 @@ def openevolve_config(model: str, url: str, seed: int, islands: int, migration_i
     cfg.checkpoint_interval = 10**9  # no checkpoints: every program is in our archive as it is evaluated
     cfg.log_level = "WARNING"  # its INFO lines would flood the terminal; warnings carry the failures we record
     cfg.max_tasks_per_child = 10**9  # Python 3.11 then starts its workers with spawn, not fork (we hold threads)
-    model_cfg = LLMModelConfig(name=model, api_base=f"{url}/v1", api_key="stepml-local", weight=1.0,
-                               timeout=int(llm_timeout_s * 5 + 60), retries=0)  # our client retries
+    model_cfg = LLMModelConfig(
+        name=model,
+        api_base=f"{url}/v1",
+        api_key="stepml-local",
+        weight=1.0,
+        timeout=int(llm_timeout_s * 5 + 60),
+        retries=0,
+    )  # our client retries
     cfg.llm.models = [model_cfg]
     cfg.llm.evaluator_models = [model_cfg]
-    cfg.prompt.system_message = prompt_templates().get_template("system.j2").render(
-        components=COMPONENTS, budget_tokens=server["budget_tokens"], max_seqs=server["max_seqs"], reply_format=REPLY_FORMAT)
+    cfg.prompt.system_message = (
+        prompt_templates()
+        .get_template("system.j2")
+        .render(
+            components=COMPONENTS,
+            budget_tokens=server["budget_tokens"],
+            max_seqs=server["max_seqs"],
+            reply_format=REPLY_FORMAT,
+        )
+    )
     cfg.database.random_seed = seed
     cfg.database.num_islands = islands
     cfg.database.migration_interval = migration_interval
@@ -349,8 +429,19 @@ def openevolve_config(model: str, url: str, seed: int, islands: int, migration_i
     return cfg
 
 
-def run_openevolve(search: Search, client: LLMClient, budget: Budget, output_dir: Path, iterations: int, *,
-                   islands: int, migration_interval: int, server: dict, llm_timeout_s: float, diffs: bool = True) -> dict:
+def run_openevolve(
+    search: Search,
+    client: LLMClient,
+    budget: Budget,
+    output_dir: Path,
+    iterations: int,
+    *,
+    islands: int,
+    migration_interval: int,
+    server: dict,
+    llm_timeout_s: float,
+    diffs: bool = True,
+) -> dict:
     """Generation 0 fits the seeds (our engine); OpenEvolve then runs `iterations` iterations from
     the best of them, each recorded as one generation. Returns the run's summary."""
     openevolve = require_openevolve()
@@ -375,11 +466,18 @@ def run_openevolve(search: Search, client: LLMClient, budget: Budget, output_dir
         with judge_server(judge) as srv:
             os.environ[JUDGE_URL_ENV] = srv.url
             os.environ[SEED_ENV] = str(search.cfg.seed)
-            cfg = openevolve_config(client.model, srv.url, search.cfg.seed, islands, migration_interval, server,
-                                    llm_timeout_s, diffs)
-            openevolve.run_evolution(str(initial_path), str(Path(__file__).with_name("evaluator.py")), cfg,
-                                     iterations=iterations, output_dir=str(output_dir), cleanup=False,
-                                     population_strategy=PopulationStrategy(admit=judge.admit))
+            cfg = openevolve_config(
+                client.model, srv.url, search.cfg.seed, islands, migration_interval, server, llm_timeout_s, diffs
+            )
+            openevolve.run_evolution(
+                str(initial_path),
+                str(Path(__file__).with_name("evaluator.py")),
+                cfg,
+                iterations=iterations,
+                output_dir=str(output_dir),
+                cleanup=False,
+                population_strategy=PopulationStrategy(admit=judge.admit),
+            )
     finally:
         logging.getLogger("openevolve.process_parallel").removeHandler(failures)
         for s, handler in signals.items():

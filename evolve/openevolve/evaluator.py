@@ -6,6 +6,7 @@ judge parses the text with the DSL validator (nothing executes it), fits and rep
 answers with OpenEvolve's metrics and artifacts. Standard library only, apart from OpenEvolve's
 own result type, so it loads in any of OpenEvolve's worker processes.
 """
+
 import json
 import os
 import random
@@ -33,8 +34,11 @@ FAILED = {"combined_score": 0.0, "valid": 0.0, "dsl_complexity": 0.0, "n_compone
 def evaluate(program_path):
     with open(program_path, encoding="utf-8") as f:
         code = f.read()
-    request = urllib.request.Request(os.environ[JUDGE_URL_ENV] + "/evaluate", data=json.dumps({"code": code}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        os.environ[JUDGE_URL_ENV] + "/evaluate",
+        data=json.dumps({"code": code}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request) as response:  # no timeout: a full fit may take many minutes
             out = json.load(response)

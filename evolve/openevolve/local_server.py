@@ -4,12 +4,14 @@ Used by `--engine openevolve`'s judge (evolve/openevolve/engine.py), the tests' 
 tools/compare_engines.py. `route(path, body)` returns (status, payload): a payload of bytes is
 sent as it is (a test can answer garbage), anything else as JSON.
 """
+
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 Route = Callable[[str, dict], tuple[int, Any]]
 
@@ -52,5 +54,11 @@ class LocalServer:
 
 def chat_completion(text: str, model: str, usage: dict, reply_id: str = "chatcmpl-local") -> dict:
     """An OpenAI chat completion holding `text`."""
-    return {"id": reply_id, "object": "chat.completion", "created": 0, "model": model, "usage": usage,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]}
+    return {
+        "id": reply_id,
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "usage": usage,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+    }

@@ -11,6 +11,7 @@ The search loop runs it on a generation's children at once, OpenEvolve's judge o
 time (`Cascade.judge`). Every fit is seeded by the run's seed and where the child stands, so the
 same child in the same place is judged the same way.
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,9 +20,9 @@ import hashlib
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -32,12 +33,21 @@ from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, compile_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.experiments import SPLITS
-from stepml_evolve.evaluator.fitting import FAILED_LOSS, FAILED_REASON, FitConfig, FitResult, fit, fit_experiments, quick_config
+from stepml_evolve.evaluator.fitting import (
+    FAILED_LOSS,
+    FAILED_REASON,
+    FitConfig,
+    FitResult,
+    fit,
+    fit_experiments,
+    quick_config,
+)
 from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.seeding import mix
 
 from .emitters import Emitter, Proposal
 from .settings import SearchConfig
+
 
 def structure_hash(program: Program) -> str:
     """Identity of a program's structure: its functions' ASTs, constant names and bounds, not values
@@ -60,8 +70,13 @@ class Candidate:
 
     def failed(self) -> RejectionRecord:
         """Its rejection when the quick fit found no finite, positive step times."""
-        return RejectionRecord(operator=self.proposal.operator, parents=self.proposal.parents, rule="evaluation",
-                               reason=FAILED_REASON, source=self.program.source)
+        return RejectionRecord(
+            operator=self.proposal.operator,
+            parents=self.proposal.parents,
+            rule="evaluation",
+            reason=FAILED_REASON,
+            source=self.program.source,
+        )
 
 
 @dataclass
@@ -91,20 +106,42 @@ class Judgement:
         return self.program is not None and self.program.record.full
 
 
-def program_record(program: Program, constants: dict, proposal: Proposal, island: int, stage: str,
-                   quick_loss: float | None = None, full: FullFit | None = None) -> NewProgram:
+def program_record(
+    program: Program,
+    constants: dict,
+    proposal: Proposal,
+    island: int,
+    stage: str,
+    quick_loss: float | None = None,
+    full: FullFit | None = None,
+) -> NewProgram:
     """A program as the archive stores it: its source with `constants`, lineage, descriptors, losses
     and (fully evaluated) its per-experiment rows."""
     fitted = program.with_constants(constants) if constants else program
     record = ProgramRecord(
-        id=None, source_hash=structure_hash(program), source=fitted.source, constants=constants,
-        parents=proposal.parents, operator=proposal.operator, operator_detail=proposal.detail, island=island,
-        complexity=program.complexity, n_components=len(program.components_used),
-        components=program.components_used, stage=stage, quick_loss=quick_loss)
+        id=None,
+        source_hash=structure_hash(program),
+        source=fitted.source,
+        constants=constants,
+        parents=proposal.parents,
+        operator=proposal.operator,
+        operator_detail=proposal.detail,
+        island=island,
+        complexity=program.complexity,
+        n_components=len(program.components_used),
+        components=program.components_used,
+        stage=stage,
+        quick_loss=quick_loss,
+    )
     if full is None:
         return NewProgram(record)
-    record = dataclasses.replace(record, train_loss=full.train_loss, val_loss=full.val_loss,
-                                 test_loss=full.test_loss, screen_loss=full.screen_loss)
+    record = dataclasses.replace(
+        record,
+        train_loss=full.train_loss,
+        val_loss=full.val_loss,
+        test_loss=full.test_loss,
+        screen_loss=full.screen_loss,
+    )
     return NewProgram(record, full.rows, full.cv, full.cv_rows)
 
 
@@ -130,10 +167,16 @@ class Cascade:
     def screen(self, cands: list[tuple[Candidate, tuple[int, ...]]]) -> None:
         """Quick-fit each candidate from its own constants (all at once), seeded by the run's seed
         and where it stands (generation and index, or its structure): its quick loss and constants."""
+
         def quick_fit(item: tuple[Candidate, tuple[int, ...]]) -> FitResult:
             cand, where = item
-            res = fit(cand.program, self.exps, self.engine, dataclasses.replace(self.quick, seed=self._seed(*where, 1)),
-                      start=cand.program.constants)
+            res = fit(
+                cand.program,
+                self.exps,
+                self.engine,
+                dataclasses.replace(self.quick, seed=self._seed(*where, 1)),
+                start=cand.program.constants,
+            )
             self._count(res.evaluations)
             return res
 
@@ -148,28 +191,45 @@ class Cascade:
         for c in cands:
             if not c.quick_loss < self.cfg.sanity_factor * best_screen:
                 continue
-            status, rank = elites.status(c.program.complexity, len(c.program.components_used), c.quick_loss,
-                                         self.cfg.promote_margin)
+            status, rank = elites.status(
+                c.program.complexity, len(c.program.components_used), c.quick_loss, self.cfg.promote_margin
+            )
             if status is AddStatus.NEW_CELL:
                 opening.append((rank, c))
             elif status is AddStatus.IMPROVES:
                 improving.append((rank, c))
-        ordered = [c for _, c in sorted(improving, key=lambda t: t[0])] + [c for _, c in sorted(opening, key=lambda t: t[0])]
+        ordered = [c for _, c in sorted(improving, key=lambda t: t[0])] + [
+            c for _, c in sorted(opening, key=lambda t: t[0])
+        ]
         return ordered[: self.cfg.max_promotions]
 
     def full_fits(self, cands: list[tuple[Candidate, tuple[int, ...]]]) -> list[FullFit]:
         """Promoted candidates fully fitted from their screening constants (all at once), seeded
         by the run's seed and where each stands."""
-        return _at_once(lambda item: self._full_fit(item[0].program, item[0].constants, self._seed(*item[1], 2),
-                                                    self.cfg.full_fit_evals, self.cfg.full_fit_sigma), cands)
+        return _at_once(
+            lambda item: self._full_fit(
+                item[0].program,
+                item[0].constants,
+                self._seed(*item[1], 2),
+                self.cfg.full_fit_evals,
+                self.cfg.full_fit_sigma,
+            ),
+            cands,
+        )
 
     def seed_fits(self, programs: list[Program]) -> list[FullFit]:
         """Generation 0: each seed program fully fitted from its own constants, with the standard
         first step (all at once)."""
-        return _at_once(lambda i: self._full_fit(programs[i], programs[i].constants, self._seed(0, i),
-                                                 self.cfg.seed_fit_evals, FitConfig.sigma0), range(len(programs)))
+        return _at_once(
+            lambda i: self._full_fit(
+                programs[i], programs[i].constants, self._seed(0, i), self.cfg.seed_fit_evals, FitConfig.sigma0
+            ),
+            range(len(programs)),
+        )
 
-    def judge(self, child: Program, proposal: Proposal, programs: list[ProgramRecord], island: int | None = None) -> Judgement:
+    def judge(
+        self, child: Program, proposal: Proposal, programs: list[ProgramRecord], island: int | None = None
+    ) -> Judgement:
         """One valid child through the cascade on its own, for an engine that hands children over
         one at a time: quick fit, promotion against the elites of `programs` (those of `island`;
         None: of every island, and the record says island 0), full fit. Its fits are seeded by the
@@ -182,14 +242,20 @@ class Cascade:
         elites = Elites.of([p for p in programs if island is None or p.island == island])
         if self.promotion_order([cand], elites):
             (full,) = self.full_fits([(cand, where)])
-            return Judgement(program_record(child, full.constants, proposal, cand.island, "full", cand.quick_loss, full),
-                             None, full.val_loss)
+            return Judgement(
+                program_record(child, full.constants, proposal, cand.island, "full", cand.quick_loss, full),
+                None,
+                full.val_loss,
+            )
         # not promoted: its validation loss is estimated from its quick loss, scaled as the best
         # program's validation loss is to its screening loss (both on the screening windows)
         top = best(programs)
         scale = top.val_loss / top.screen_loss if top and top.screen_loss and top.val_loss is not None else 1.0
-        return Judgement(program_record(child, cand.constants, proposal, cand.island, "screened", cand.quick_loss), None,
-                         cand.quick_loss * scale)
+        return Judgement(
+            program_record(child, cand.constants, proposal, cand.island, "screened", cand.quick_loss),
+            None,
+            cand.quick_loss * scale,
+        )
 
     def _seed(self, *where: int) -> int:
         """A fit's seed (FitConfig's range) from the run's seed and where the fit stands."""
@@ -199,16 +265,20 @@ class Cascade:
         with self._counting:
             self._evaluations += evaluations
 
-    def _full_fit(self, program: Program, start: dict[str, float], seed: int, max_evals: int | None,
-                  sigma: float) -> FullFit:
+    def _full_fit(
+        self, program: Program, start: dict[str, float], seed: int, max_evals: int | None, sigma: float
+    ) -> FullFit:
         """The fit on every experiment, scored on every split; with --cv also the fold fits (run
         concurrently with it), whose CV loss becomes the validation loss."""
-        config = FitConfig(seed=seed, max_evals=max_evals, sigma0=sigma, method=self.cfg.fit_method, objective=self.goal)
+        config = FitConfig(
+            seed=seed, max_evals=max_evals, sigma0=sigma, method=self.cfg.fit_method, objective=self.goal
+        )
         cv: CrossValidation | None = None
         if self.folds:
             t0 = time.perf_counter()
-            cv = cross_validate(program, self.exps, self.engine, self.cfg.cv, self.folds, config, start=start,
-                                in_distribution=True)
+            cv = cross_validate(
+                program, self.exps, self.engine, self.cfg.cv, self.folds, config, start=start, in_distribution=True
+            )
             res = cv.in_distribution.fit  # the same fit as without --cv (same seed, same constants)
             self._count(sum(f.fit.evaluations for f in cv.folds))
             cv_seconds = time.perf_counter() - t0
@@ -218,11 +288,19 @@ class Cascade:
         consts = res.constants["all"]
         vec = np.array([consts[k] for k in program.constants], dtype=float)
         rows = self.engine.score(program, [vec] * len(self.exps), SPLITS, percentiles=True)
-        screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps, objective=self.goal)[0]
+        screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps, objective=self.goal)[
+            0
+        ]
         self._count(2)
         of = self.goal.of_rows
-        full = FullFit(consts, of(rows["train"]), of(rows["validate"]), of(rows["test"]), screen,
-                       [r for s in SPLITS for r in rows[s]])
+        full = FullFit(
+            consts,
+            of(rows["train"]),
+            of(rows["validate"]),
+            of(rows["test"]),
+            screen,
+            [r for s in SPLITS for r in rows[s]],
+        )
         if cv is None:
             return full
         score = CVScoreRecord.of(0, cv, config, self.cfg.semantics, cv_seconds)

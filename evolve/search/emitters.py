@@ -8,6 +8,7 @@ An emitter owns its state (an LLM's budget, its calls) and answers two questions
 The loop never looks inside an emitter: adding one (a new symbolic move, another engine) is a
 new class here and one line where the emitters are built (`build_emitters`).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,15 @@ from .llm_operator import LLMOperator
 from .selection import examples_for, select_parent
 from .symbolic import NotRepresentable, mutate
 
-OPERATOR_WEIGHTS = {"subtree": 0.2, "node_replace": 0.15, "insert": 0.1, "shrink": 0.1, "crossover": 0.15, "constants": 0.1,
-                    "add_term": 0.2}
+OPERATOR_WEIGHTS = {
+    "subtree": 0.2,
+    "node_replace": 0.15,
+    "insert": 0.1,
+    "shrink": 0.1,
+    "crossover": 0.15,
+    "constants": 0.1,
+    "add_term": 0.2,
+}
 
 # Outcomes the loop tells an emitter about a proposal with a source.
 INVALID, DUPLICATE, EVALUATION_FAILED, ARCHIVED = "invalid_program", "duplicate", "evaluation_failed", "archived"
@@ -91,12 +99,18 @@ class SymbolicEmitter:
             other_prog = parse_program(other.source)
             parents.append(other.id)
         try:
-            source, detail = mutate(operator, ctx.parent_program, ctx.parent.constants, rng, other_prog,
-                                    other.constants if other else None)
+            source, detail = mutate(
+                operator, ctx.parent_program, ctx.parent.constants, rng, other_prog, other.constants if other else None
+            )
         except NotRepresentable as e:
-            return Proposal(operator, parents, rejection=RejectionRecord(operator=operator, parents=parents,
-                                                                         rule="not-representable", reason=str(e)))
-        return Proposal(operator, parents, source, f"{detail}, parent via {ctx.how}", reuses_structure=operator == "constants")
+            return Proposal(
+                operator,
+                parents,
+                rejection=RejectionRecord(operator=operator, parents=parents, rule="not-representable", reason=str(e)),
+            )
+        return Proposal(
+            operator, parents, source, f"{detail}, parent via {ctx.how}", reuses_structure=operator == "constants"
+        )
 
     def tell(self, proposal: Proposal, outcome: str, program_index: int | None = None) -> None:
         pass
@@ -128,16 +142,23 @@ class LLMEmitter:
 
     def ask(self, ctx: AskContext) -> Proposal:
         parents = [ctx.parent.id]
-        result = self.operator.propose(ctx.parent, prompt_rows(ctx.archive, ctx.parent),
-                                       examples_for(ctx.parent, ctx.elites.grid, ctx.rng),
-                                       request_tag=f"{ctx.generation}.{ctx.child}")
+        result = self.operator.propose(
+            ctx.parent,
+            prompt_rows(ctx.archive, ctx.parent),
+            examples_for(ctx.parent, ctx.elites.grid, ctx.rng),
+            request_tag=f"{ctx.generation}.{ctx.child}",
+        )
         calls = [LLMCallRecord(**a.record()) for a in result.attempts]
         if result.source is None:
-            return Proposal(self.name, parents, rejection=RejectionRecord(operator=self.name, parents=parents,
-                                                                          rule=result.rule, reason=result.reason),
-                            llm_calls=calls)
-        return Proposal(self.name, parents, result.source, f"{len(result.attempts)} call(s), parent via {ctx.how}",
-                        llm_calls=calls)
+            return Proposal(
+                self.name,
+                parents,
+                rejection=RejectionRecord(operator=self.name, parents=parents, rule=result.rule, reason=result.reason),
+                llm_calls=calls,
+            )
+        return Proposal(
+            self.name, parents, result.source, f"{len(result.attempts)} call(s), parent via {ctx.how}", llm_calls=calls
+        )
 
     def tell(self, proposal: Proposal, outcome: str, program_index: int | None = None) -> None:
         """The call that produced the program records its fate: invalid, failed, or which program it became."""
@@ -166,9 +187,16 @@ def signed_errors(metric_rows: list, splits: tuple[str, ...]) -> list[dict]:
         if r.split not in splits or r.n_requests == 0:
             continue
         o, p = r.observed, r.predicted
-        rows.append({"experiment": r.name, "split": r.split, "e2e_obs": o.e2e_mean_s,
-                     "e2e_err": _signed_error(p.e2e_mean_s, o.e2e_mean_s), "ttft_obs": o.ttft_mean_s,
-                     "ttft_err": _signed_error(p.ttft_mean_s, o.ttft_mean_s)})
+        rows.append(
+            {
+                "experiment": r.name,
+                "split": r.split,
+                "e2e_obs": o.e2e_mean_s,
+                "e2e_err": _signed_error(p.e2e_mean_s, o.e2e_mean_s),
+                "ttft_obs": o.ttft_mean_s,
+                "ttft_err": _signed_error(p.ttft_mean_s, o.ttft_mean_s),
+            }
+        )
     return rows
 
 

@@ -8,15 +8,16 @@ the cache and yield the same attempts, the same budget spent and the same outcom
 Transient failures (timeouts, 429 rate limits, 5xx, connection errors) are retried a bounded
 number of times with backoff; every attempt is reported to the caller for the archive.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from stepml_evolve.evaluator.outputs import write_atomic
 
@@ -67,9 +68,19 @@ def request_hash(model: str, messages: list[dict], temperature: float, max_token
 
 
 class LLMClient:
-    def __init__(self, model: str, cache_dir: str | Path, base_url: str | None = None, api_key: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, max_retries: int = 3, backoff_s: float = 2.0, temperature: float = 0.8,
-                 max_tokens: int = 2048, offline: bool = False):
+    def __init__(
+        self,
+        model: str,
+        cache_dir: str | Path,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = 3,
+        backoff_s: float = 2.0,
+        temperature: float = 0.8,
+        max_tokens: int = 2048,
+        offline: bool = False,
+    ):
         self.model, self.base_url, self.api_key = model, base_url, api_key
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.temperature, self.max_tokens, self.offline = temperature, max_tokens, offline
@@ -98,18 +109,36 @@ class LLMClient:
         if "attempts" in hit:
             attempts = [Attempt(**{**a, "cached": True}) for a in hit["attempts"]]
         else:  # an entry from before failures were cached: the reply alone
-            attempts = [Attempt(self.model, key, hit["prompt_tokens"], hit["completion_tokens"], hit["cost_usd"],
-                                hit["latency_s"], cached=True)]
+            attempts = [
+                Attempt(
+                    self.model,
+                    key,
+                    hit["prompt_tokens"],
+                    hit["completion_tokens"],
+                    hit["cost_usd"],
+                    hit["latency_s"],
+                    cached=True,
+                )
+            ]
         if hit.get("content") is None:
             raise LLMUnavailable(hit.get("error") or "failed (cached)", attempts)
         return Reply(hit["content"], attempts)
 
     def _store_history(self, key: str, attempts: list[Attempt], content: str | None, error: str | None = None) -> None:
-        self._store(key, {"content": content, "error": error, "model": self.model, "created": time.time(),
-                          "attempts": [{**a.record(), "cached": False} for a in attempts]})
+        self._store(
+            key,
+            {
+                "content": content,
+                "error": error,
+                "model": self.model,
+                "created": time.time(),
+                "attempts": [{**a.record(), "cached": False} for a in attempts],
+            },
+        )
 
-    def complete(self, messages: list[dict], may_retry: Callable[[list[Attempt]], bool] | None = None,
-                 tag: str = "") -> Reply:
+    def complete(
+        self, messages: list[dict], may_retry: Callable[[list[Attempt]], bool] | None = None, tag: str = ""
+    ) -> Reply:
         """The reply to `messages`; raises LLMUnavailable when every attempt failed. may_retry
         (given the attempts so far) can stop retries early, e.g. when a budget is spent. tag joins
         the cache key only: the n-th asking of the same messages gets its own reply."""
@@ -127,9 +156,16 @@ class LLMClient:
             t0 = time.perf_counter()
             a = Attempt(self.model, key)
             try:
-                resp = litellm.completion(model=self.model, messages=messages, temperature=self.temperature,
-                                          max_tokens=self.max_tokens, timeout=self.timeout_s, num_retries=0,
-                                          base_url=self.base_url, api_key=self.api_key or ("none" if self.base_url else None))
+                resp = litellm.completion(
+                    model=self.model,
+                    messages=messages,
+                    temperature=self.temperature,
+                    max_tokens=self.max_tokens,
+                    timeout=self.timeout_s,
+                    num_retries=0,
+                    base_url=self.base_url,
+                    api_key=self.api_key or ("none" if self.base_url else None),
+                )
                 a.latency_s = time.perf_counter() - t0
                 usage = getattr(resp, "usage", None)
                 a.prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
@@ -150,7 +186,7 @@ class LLMClient:
                 if not retry or attempt == self.max_retries or (may_retry is not None and not may_retry(attempts)):
                     self._store_history(key, attempts, None, a.error)
                     raise LLMUnavailable(a.error, attempts) from None
-                time.sleep(self.backoff_s * (2 ** attempt) if a.outcome == "rate_limited" else self.backoff_s)
+                time.sleep(self.backoff_s * (2**attempt) if a.outcome == "rate_limited" else self.backoff_s)
         raise LLMUnavailable("retries exhausted", attempts)  # pragma: no cover - loop always returns or raises
 
 

@@ -1,5 +1,6 @@
 """The LLM mutation operator: prompt with the parent, its errors and other programs; parse the
 fenced code block; validate; retry a bounded number of times with the rejection fed back."""
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,12 @@ def extract_code(reply: str) -> str | None:
 def prompt_templates() -> jinja2.Environment:
     """The jinja2 environment over prompts/ (the system and mutation prompts)."""
     root = resources.files("stepml_evolve.prompts")
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(root)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
 
 
 @dataclass
@@ -72,27 +77,36 @@ class LLMProposal:
 
 
 class LLMOperator:
-    def __init__(self, client: LLMClient, budget: Budget, max_attempts: int = 3, server: dict | None = None,
-                 units: bool = True):
+    def __init__(
+        self, client: LLMClient, budget: Budget, max_attempts: int = 3, server: dict | None = None, units: bool = True
+    ):
         """units: a reply whose functions do not return times is a rejection fed back for a retry
         (as the search would reject it; `evolve run --units check`)."""
         self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
         env = prompt_templates()
         self.system = env.get_template("system.j2").render(
-            components=COMPONENTS, budget_tokens=(server or {}).get("budget_tokens", 2048),
-            max_seqs=(server or {}).get("max_seqs", 128))
+            components=COMPONENTS,
+            budget_tokens=(server or {}).get("budget_tokens", 2048),
+            max_seqs=(server or {}).get("max_seqs", 128),
+        )
         self.mutate_t = env.get_template("mutate.j2")
         self.retry_t = env.get_template("retry.j2")
 
     def propose(self, parent, parent_rows: list[dict], examples: list, request_tag: str = "") -> LLMProposal:
         """Ask for a child of `parent`; request_tag (e.g. generation.child) makes each request distinct,
         so the reply cache never hands the same answer to two different children."""
-        messages = [{"role": "system", "content": self.system},
-                    {"role": "user", "content": self.mutate_t.render(parent=parent, parent_rows=parent_rows, examples=examples,
-                                                                     request_tag=request_tag)}]
+        messages = [
+            {"role": "system", "content": self.system},
+            {
+                "role": "user",
+                "content": self.mutate_t.render(
+                    parent=parent, parent_rows=parent_rows, examples=examples, request_tag=request_tag
+                ),
+            },
+        ]
         proposal = LLMProposal(None)
         for _ in range(self.max_attempts):
-            if (why := self.budget.exhausted()):
+            if why := self.budget.exhausted():
                 proposal.reason, proposal.rule = why, "llm-budget"
                 return proposal
             try:
@@ -125,6 +139,8 @@ class LLMOperator:
                     last.error = reason
                     proposal.rule = f"llm-{e.rule}"
             proposal.reason = reason
-            messages = messages + [{"role": "assistant", "content": reply.content},
-                                   {"role": "user", "content": self.retry_t.render(reason=reason)}]
+            messages = messages + [
+                {"role": "assistant", "content": reply.content},
+                {"role": "user", "content": self.retry_t.render(reason=reason)},
+            ]
         return proposal

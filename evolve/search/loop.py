@@ -15,6 +15,7 @@ streams are derived from the seed and the generation, never shared across genera
 resumed run reads back from the archive what the uninterrupted run kept, so it redoes an
 interrupted generation exactly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,7 @@ import math
 import random
 import time
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from stepml_evolve.archive.grid import Elites, best, pareto_front
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
@@ -47,9 +48,19 @@ ProgressFn = Callable[[dict], None]
 
 
 class Search:
-    def __init__(self, archive: Archive, data: LoadedData, engine: Engine, config: SearchConfig,
-                 emitters: list[Emitter] | None = None, progress: ProgressFn | None = None, resume: bool = False,
-                 run_config: dict | None = None, seeds: list[tuple[str, str]] | None = None, seeds_checked: bool = False):
+    def __init__(
+        self,
+        archive: Archive,
+        data: LoadedData,
+        engine: Engine,
+        config: SearchConfig,
+        emitters: list[Emitter] | None = None,
+        progress: ProgressFn | None = None,
+        resume: bool = False,
+        run_config: dict | None = None,
+        seeds: list[tuple[str, str]] | None = None,
+        seeds_checked: bool = False,
+    ):
         """emitters: who proposes children, the first being the default (symbolic when None); any
         other is asked for its `share` of the children while `available()`. seeds: (name, source)
         of the generation-0 programs; None for the shipped seeds/. seeds_checked: their units were
@@ -64,8 +75,13 @@ class Search:
         if run is None:
             if config.units == "check" and not seeds_checked:
                 check_seed_units(self.seeds)  # before anything is stored
-            self.run_id = archive.create_run(data.label, data.fingerprint(), data.synthetic, config.seed,
-                                             {**(run_config or {}), **settings.to_json(), "generations": config.generations})
+            self.run_id = archive.create_run(
+                data.label,
+                data.fingerprint(),
+                data.synthetic,
+                config.seed,
+                {**(run_config or {}), **settings.to_json(), "generations": config.generations},
+            )
         else:
             settings.check_resume(archive, run, data, resume)
             self.run_id = run.id
@@ -73,14 +89,17 @@ class Search:
         # starts from what an uninterrupted one held.
         self.programs: list[ProgramRecord] = archive.programs(self.run_id)
         # (generation, best validation loss) of each completed generation
-        self.completed: list[tuple[int, float | None]] = [(g.generation, g.best_val) for g in archive.generations(self.run_id)]
+        self.completed: list[tuple[int, float | None]] = [
+            (g.generation, g.best_val) for g in archive.generations(self.run_id)
+        ]
         rejected = archive.rejections(self.run_id)
         # The duplicate filter holds every structure that passed it (archived programs, seeds
         # included, and children that then failed evaluation): rebuilt here exactly as a live run
         # grows it, so a resumed run makes the same choices as an uninterrupted one.
         self.structures = {structure_hash(parse_program(p.source)) for p in self.programs}
-        self.structures |= {structure_hash(parse_program(r.source)) for r in rejected
-                            if r.rule in PASSED_DUPLICATE_FILTER and r.source}
+        self.structures |= {
+            structure_hash(parse_program(r.source)) for r in rejected if r.rule in PASSED_DUPLICATE_FILTER and r.source
+        }
         self.rejection_counts = Counter(r.rule for r in rejected)
         self.started = time.perf_counter()
         for e in self.emitters:
@@ -96,16 +115,27 @@ class Search:
         fulls = self.cascade.seed_fits(progs)
         for i, ((name, source), prog, full) in enumerate(zip(self.seeds, progs, fulls)):
             if not full.train_loss < FAILED_LOSS:  # NaN or non-positive step times whatever the constants
-                rejections.append(RejectionRecord(operator="seed", parents=[], rule="evaluation", source=source,
-                                                  reason=f"seed {name}: {FAILED_REASON}"))
-                self.progress({"generation": 0, "message": f"seed {name}: rejected (step_time non-finite or non-positive)"})
+                rejections.append(
+                    RejectionRecord(
+                        operator="seed",
+                        parents=[],
+                        rule="evaluation",
+                        source=source,
+                        reason=f"seed {name}: {FAILED_REASON}",
+                    )
+                )
+                self.progress(
+                    {"generation": 0, "message": f"seed {name}: rejected (step_time non-finite or non-positive)"}
+                )
                 continue
             seed = Proposal("seed", [], source, name)
             programs.append(program_record(prog, full.constants, seed, i % self.cfg.islands, "seed", full=full))
             self.progress({"generation": 0, "message": f"seed {name}: val loss {full.val_loss:.3f}"})
         if not programs:
             raise SearchError(f"none of the seed programs can be evaluated ({'; '.join(r.reason for r in rejections)})")
-        return self.commit(0, t0, programs, rejections, [], GenerationRecord(n_children=len(self.seeds), n_promoted=len(programs)))
+        return self.commit(
+            0, t0, programs, rejections, [], GenerationRecord(n_children=len(self.seeds), n_promoted=len(programs))
+        )
 
     def _generation(self, g: int) -> GenerationRecord:
         t0 = time.perf_counter()
@@ -126,15 +156,23 @@ class Search:
         programs: list[NewProgram] = []
         for c in cands:
             if c in fulls:
-                new = program_record(c.program, fulls[c].constants, c.proposal, c.island, "full", c.quick_loss, fulls[c])
+                new = program_record(
+                    c.program, fulls[c].constants, c.proposal, c.island, "full", c.quick_loss, fulls[c]
+                )
             else:
                 new = program_record(c.program, c.constants, c.proposal, c.island, "screened", c.quick_loss)
             c.emitter.tell(c.proposal, ARCHIVED, len(programs))
             programs.append(new)
         if self.cfg.islands > 1 and g % self.cfg.migration_interval == 0:
             programs.extend(self._migrants())
-        return self.commit(g, t0, programs, rejections, llm_calls,
-                           GenerationRecord(n_children=self.cfg.children, n_promoted=len(promoted)))
+        return self.commit(
+            g,
+            t0,
+            programs,
+            rejections,
+            llm_calls,
+            GenerationRecord(n_children=self.cfg.children, n_promoted=len(promoted)),
+        )
 
     def _choose_emitter(self, rng: random.Random) -> Emitter:
         """The first emitter is the default; each other one takes its share while it is available."""
@@ -148,8 +186,9 @@ class Search:
                 return e if e.available() else default
         return default
 
-    def _propose(self, g: int, i: int, elites: Elites, rejections: list[RejectionRecord],
-                 llm_calls: list[LLMCallRecord]) -> Candidate | None:
+    def _propose(
+        self, g: int, i: int, elites: Elites, rejections: list[RejectionRecord], llm_calls: list[LLMCallRecord]
+    ) -> Candidate | None:
         rng = random.Random(mix(self.cfg.seed, g, i))
         parent, how = select_parent(rng, elites.grid, elites.front)
         emitter = self._choose_emitter(rng)
@@ -178,7 +217,9 @@ class Search:
             return RejectionRecord(**reject, rule=e.rule, reason=str(e))
         h = structure_hash(child)
         if h in self.structures and not proposal.reuses_structure:
-            return RejectionRecord(**reject, rule="duplicate", reason="same structure as a program already in the archive")
+            return RejectionRecord(
+                **reject, rule="duplicate", reason="same structure as a program already in the archive"
+            )
         self.structures.add(h)
         return child
 
@@ -190,23 +231,43 @@ class Search:
             top = best([p for p in self.programs if p.island == i])
             if top is None:
                 continue
-            record = dataclasses.replace(top, id=None, parents=[top.id], operator="migration",
-                                         operator_detail=f"island {i} -> {(i + 1) % n}", island=(i + 1) % n, stage="full")
+            record = dataclasses.replace(
+                top,
+                id=None,
+                parents=[top.id],
+                operator="migration",
+                operator_detail=f"island {i} -> {(i + 1) % n}",
+                island=(i + 1) % n,
+                stage="full",
+            )
             out.append(NewProgram(record, self.archive.metric_rows(top.id)))
         return out
 
-    def commit(self, generation: int, t0: float, programs: list[NewProgram], rejections: list[RejectionRecord],
-               llm_calls: list[LLMCallRecord], stats: GenerationRecord) -> GenerationRecord:
+    def commit(
+        self,
+        generation: int,
+        t0: float,
+        programs: list[NewProgram],
+        rejections: list[RejectionRecord],
+        llm_calls: list[LLMCallRecord],
+        stats: GenerationRecord,
+    ) -> GenerationRecord:
         """Write one generation (this loop's, or an outside engine's) in one transaction and keep
         its programs in `programs`; returns its record. t0: when it started (time.perf_counter())."""
         scored = [(p.val_loss, p.train_loss) for p in self.programs if p.full and p.val_loss is not None]
         scored += [(p.record.val_loss, p.record.train_loss) for p in programs if p.record.val_loss is not None]
         scored = [s for s in scored if math.isfinite(s[0])]
         top = min(scored) if scored else (None, None)
-        stats = dataclasses.replace(stats, n_rejected=len(rejections), evaluations=self.cascade.take_evaluations(),
-                                    best_val=top[0], best_train=top[1])
-        ids = self.archive.write_generation(self.run_id, generation, time.perf_counter() - t0, programs, rejections,
-                                            llm_calls, stats)
+        stats = dataclasses.replace(
+            stats,
+            n_rejected=len(rejections),
+            evaluations=self.cascade.take_evaluations(),
+            best_val=top[0],
+            best_train=top[1],
+        )
+        ids = self.archive.write_generation(
+            self.run_id, generation, time.perf_counter() - t0, programs, rejections, llm_calls, stats
+        )
         self.programs += [_as_read_back(p.record, pid, self.run_id, generation) for p, pid in zip(programs, ids)]
         self.rejection_counts.update(r.rule for r in rejections)
         self.completed.append((generation, stats.best_val))
@@ -229,10 +290,15 @@ class Search:
     def status(self, generation: int) -> dict:
         top = best(self.programs)
         elapsed = time.perf_counter() - self.started
-        info = {"generation": generation, "programs": len(self.programs),
-                "full": sum(p.full for p in self.programs), "best_train": top.train_loss if top else None,
-                "best_val": top.val_loss if top else None, "rejections": dict(self.rejection_counts),
-                "elapsed_s": elapsed}
+        info = {
+            "generation": generation,
+            "programs": len(self.programs),
+            "full": sum(p.full for p in self.programs),
+            "best_train": top.train_loss if top else None,
+            "best_val": top.val_loss if top else None,
+            "rejections": dict(self.rejection_counts),
+            "elapsed_s": elapsed,
+        }
         for e in self.emitters:
             info.update(e.status())
         return info
@@ -266,16 +332,28 @@ class Search:
     def summary(self) -> dict:
         top = best(self.programs)
         front = pareto_front(self.programs)
-        out = {"generations": self.last_generation(), "programs": len(self.programs),
-               "fully_evaluated": sum(p.full for p in self.programs), "rejections": dict(self.rejection_counts),
-               "stopped_by_patience": self.out_of_patience() and self.last_generation() < self.cfg.generations,
-               "front": [{"id": p.id, "complexity": p.complexity, "val_loss": p.val_loss, "operator": p.operator} for p in front]}
+        out = {
+            "generations": self.last_generation(),
+            "programs": len(self.programs),
+            "fully_evaluated": sum(p.full for p in self.programs),
+            "rejections": dict(self.rejection_counts),
+            "stopped_by_patience": self.out_of_patience() and self.last_generation() < self.cfg.generations,
+            "front": [
+                {"id": p.id, "complexity": p.complexity, "val_loss": p.val_loss, "operator": p.operator} for p in front
+            ],
+        }
         if top is not None:
             rows = self.archive.metric_rows(top.id, "test")
-            out["best"] = {"id": top.id, "val_loss": top.val_loss, "train_loss": top.train_loss, "test_loss": top.test_loss,
-                           "complexity": top.complexity, "operator": top.operator, "generation": top.generation,
-                           "test": [{"name": r.name, "n_requests": r.n_requests, "ape": dataclasses.asdict(r.ape)}
-                                    for r in rows]}
+            out["best"] = {
+                "id": top.id,
+                "val_loss": top.val_loss,
+                "train_loss": top.train_loss,
+                "test_loss": top.test_loss,
+                "complexity": top.complexity,
+                "operator": top.operator,
+                "generation": top.generation,
+                "test": [{"name": r.name, "n_requests": r.n_requests, "ape": dataclasses.asdict(r.ape)} for r in rows],
+            }
         return out
 
 

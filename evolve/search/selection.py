@@ -1,4 +1,5 @@
 """Parent selection: elites by tournament, Pareto-front members, and uniformly random cells."""
+
 from __future__ import annotations
 
 import random
@@ -10,8 +11,9 @@ TOURNAMENT = 3
 P_ELITE, P_FRONT = 0.4, 0.3  # the rest: a random occupied cell
 
 
-def select_parent(rng: random.Random, grid: dict[Cell, ProgramRecord], front: list[ProgramRecord],
-                  exclude: int | None = None) -> tuple[ProgramRecord, str]:
+def select_parent(
+    rng: random.Random, grid: dict[Cell, ProgramRecord], front: list[ProgramRecord], exclude: int | None = None
+) -> tuple[ProgramRecord, str]:
     """A parent and how it was chosen ("elite", "front" or "cell")."""
     cells = sorted(grid)
     elites = [grid[c] for c in cells if grid[c].id != exclude] or [grid[c] for c in cells]
@@ -25,7 +27,9 @@ def select_parent(rng: random.Random, grid: dict[Cell, ProgramRecord], front: li
     return elites[rng.randrange(len(elites))], "cell"
 
 
-def examples_for(parent: ProgramRecord, grid: dict[Cell, ProgramRecord], rng: random.Random, n: int = 3) -> list[ProgramRecord]:
+def examples_for(
+    parent: ProgramRecord, grid: dict[Cell, ProgramRecord], rng: random.Random, n: int = 3
+) -> list[ProgramRecord]:
     """The best programs plus one from another cell, excluding the parent (for LLM prompts)."""
     others = sorted((p for p in grid.values() if p.id != parent.id), key=lambda p: (p.val_loss, p.id))
     picked = others[: max(0, n - 1)]

@@ -6,15 +6,16 @@ resumed run may change (`NOT_IDENTITY`), the LLM model and the custom seeds (by 
 setting added after runs were first stored has a legacy value (`LEGACY_SETTINGS`): the value an
 archive stored without it ran with.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from stepml_evolve.archive.records import RunRecord
 from stepml_evolve.archive.store import Archive
@@ -24,7 +25,12 @@ from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitting import METHODS
 from stepml_evolve.evaluator.objectives import Objective
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE, LEGACY_POLICY as LEGACY_PROMPT_REUSE
+from stepml_evolve.evaluator.prompt_reuse import (
+    DEFAULT_POLICY as DEFAULT_PROMPT_REUSE,
+)
+from stepml_evolve.evaluator.prompt_reuse import (
+    LEGACY_POLICY as LEGACY_PROMPT_REUSE,
+)
 from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
@@ -45,7 +51,9 @@ class SearchConfig:
     max_promotions: int = 2  # full fits per generation at most (they dominate a generation's time)
     promote_margin: float = 0.05  # promote when the quick loss is within 5% of the reference it must beat
     sanity_factor: float = 3.0  # never promote a quick loss above 3x the best screening loss
-    quick_evals: int | None = None  # screening fit budget per child (closed-loop evaluations; None: the method's default)
+    quick_evals: int | None = (
+        None  # screening fit budget per child (closed-loop evaluations; None: the method's default)
+    )
     full_fit_evals: int | None = 12  # closed-loop evaluations of a promoted child's fit (None: the method's default)
     full_fit_sigma: float = 0.2
     seed_fit_evals: int | None = None  # None: the standard fit budget
@@ -72,8 +80,14 @@ class SearchConfig:
 
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
 # settings added after runs were first stored: an archive without them ran with these values
-LEGACY_SETTINGS = {"fit_method": "cmaes", "objective": "rms", "weights": [], "units": "off", "cv": "none",
-                   "prompt_reuse": LEGACY_PROMPT_REUSE}
+LEGACY_SETTINGS = {
+    "fit_method": "cmaes",
+    "objective": "rms",
+    "weights": [],
+    "units": "off",
+    "cv": "none",
+    "prompt_reuse": LEGACY_PROMPT_REUSE,
+}
 
 
 @dataclass(frozen=True)
@@ -85,10 +99,14 @@ class RunSettings:
     seeds: dict[str, str] | None = None  # custom seeds, name -> content hash (None: the shipped seeds)
 
     @classmethod
-    def of(cls, config: SearchConfig, llm: str | None = None, seeds: list[tuple[str, str]] | None = None) -> RunSettings:
+    def of(
+        cls, config: SearchConfig, llm: str | None = None, seeds: list[tuple[str, str]] | None = None
+    ) -> RunSettings:
         """The settings of a run of `config` with this LLM and these seeds (name, source)."""
         search = {k: v for k, v in dataclasses.asdict(config).items() if k not in NOT_IDENTITY}
-        seed_ids = None if seeds is None else {name: hashlib.sha256(src.encode()).hexdigest()[:16] for name, src in seeds}
+        seed_ids = (
+            None if seeds is None else {name: hashlib.sha256(src.encode()).hexdigest()[:16] for name, src in seeds}
+        )
         return cls(json.loads(json.dumps(search)), llm, seed_ids)
 
     @classmethod
@@ -103,24 +121,35 @@ class RunSettings:
 
     def differences(self, saved: RunSettings) -> str:
         """'children: run 5, now 7; seeds: ...' for the settings that differ from `saved`."""
+
         def flat(s: RunSettings) -> dict:  # the search settings side by side with the others
             return {"llm": s.llm, "seeds": s.seeds, **s.search}
+
         a, b = flat(saved), flat(self)
-        return "; ".join(f"{k.replace('_', '-')}: run {a.get(k)}, now {b.get(k)}"
-                         for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+        return "; ".join(
+            f"{k.replace('_', '-')}: run {a.get(k)}, now {b.get(k)}"
+            for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)
+        )
 
     def check_resume(self, archive: Archive, run: RunRecord, data: LoadedData, resume: bool) -> None:
         """Whether `run`, the run in `archive`, may go on with these settings on `data`: a one-line
         SearchError saying why not."""
         if not resume:
-            raise SearchError(f"{archive.dir} already holds a run ({archive.last_generation(run.id) + 1} generations "
-                              "completed): pass --resume to continue it, or choose another --archive")
+            raise SearchError(
+                f"{archive.dir} already holds a run ({archive.last_generation(run.id) + 1} generations "
+                "completed): pass --resume to continue it, or choose another --archive"
+            )
         if run.data_fingerprint != data.fingerprint():
-            raise SearchError(f"{archive.dir}: the run used other data ({run.data_label}); cannot resume on {data.label}")
+            raise SearchError(
+                f"{archive.dir}: the run used other data ({run.data_label}); cannot resume on {data.label}"
+            )
         saved = RunSettings.stored(run.config)
         if saved != self:
-            raise SearchError(f"{archive.dir}: the run used other search settings ({self.differences(saved)}); "
-                              "resume with the settings it started with")
+            raise SearchError(
+                f"{archive.dir}: the run used other search settings ({self.differences(saved)}); "
+                "resume with the settings it started with"
+            )
 
 
 def check_engine_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
@@ -139,8 +168,10 @@ def check_engine_resumable(engine: str, archive_dir: Path, resume: bool) -> None
     if existing is None:
         return
     if (existing.config or {}).get("engine") == "openevolve":
-        raise SearchError(f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
-                          "random state are not in the archive, so a continued run would diverge); start a new --archive")
+        raise SearchError(
+            f"{archive_dir}: an --engine openevolve run cannot be resumed (OpenEvolve's population and "
+            "random state are not in the archive, so a continued run would diverge); start a new --archive"
+        )
     if engine == "openevolve":
         raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
 

@@ -9,6 +9,7 @@ crossover the second parent's for constants taken from it), and their values are
 Randomness comes from the `random` module, which the caller seeds per child.
 The primitives are the operator table's rows that name one (`evaluator/dsl/operators.py`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -67,7 +68,7 @@ def _primitives() -> list[tuple[str, int]]:
     depend on it: the binary ones, then the unary ones, then the if-primitives, each in table order."""
     arities: dict[str, int] = {}
     for op in DSL_OPERATORS:
-        for name in (POWERS.values() if op.exponent else [op.gp] if op.gp else []):
+        for name in POWERS.values() if op.exponent else [op.gp] if op.gp else []:
             arities.setdefault(name, _gp_arity(op))
     return sorted(arities.items(), key=lambda item: (2, 1, 4).index(item[1]))
 
@@ -181,7 +182,9 @@ def render_tree(tree: gp.PrimitiveTree, existing: set[str]) -> tuple[str, dict[s
                 name = next_name()
                 new[name] = float(node.value)
                 return f"c.{name}"
-            if isinstance(node.value, str):  # DEAP keeps a named terminal's name: f_<component>, r_<field>, c_<constant>
+            if isinstance(
+                node.value, str
+            ):  # DEAP keeps a named terminal's name: f_<component>, r_<field>, c_<constant>
                 return f"{node.value[0]}.{node.value[2:]}"
             v = float(node.value)
             return repr(v) if v >= 0 else f"({v!r})"
@@ -212,7 +215,12 @@ def _flatten_minmax(text: str) -> str:
             if isinstance(node.func, ast.Name) and node.func.id in ("max", "min"):
                 args = []
                 for a in node.args:
-                    if isinstance(a, ast.Call) and isinstance(a.func, ast.Name) and a.func.id == node.func.id and len(args) + len(a.args) < 8:
+                    if (
+                        isinstance(a, ast.Call)
+                        and isinstance(a.func, ast.Name)
+                        and a.func.id == node.func.id
+                        and len(args) + len(a.args) < 8
+                    ):
                         args.extend(a.args)
                     else:
                         args.append(a)
@@ -225,8 +233,14 @@ def _flatten_minmax(text: str) -> str:
 SIGNATURES = {"step_time": "step_time(f, c)", "queueing_time": "queueing_time(r, c)"}
 
 
-def assemble(parent: Program, function: str, expr: str, constants: dict[str, float], doc: str,
-             bounds: dict[str, tuple[float, float]] | None = None) -> str:
+def assemble(
+    parent: Program,
+    function: str,
+    expr: str,
+    constants: dict[str, float],
+    doc: str,
+    bounds: dict[str, tuple[float, float]] | None = None,
+) -> str:
     """Program text: `function` replaced by `return expr`, the parent's other functions kept,
     unused constants dropped; kept constants keep their `bounds` (default: the parent's), values
     moved into them."""
@@ -235,19 +249,31 @@ def assemble(parent: Program, function: str, expr: str, constants: dict[str, flo
     for name, fn in parent.functions.items():
         parts.append(f"def {SIGNATURES[name]}:\n    return {expr}" if name == function else ast.unparse(fn))
     body = "\n\n\n".join(parts)
-    used = {n.attr for n in ast.walk(ast.parse(body)) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "c"}
+    used = {
+        n.attr
+        for n in ast.walk(ast.parse(body))
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "c"
+    }
     kept = {k: clip_to(v, bounds.get(k)) for k, v in constants.items() if k in used}
     return f'"""{doc}"""\n{render_constants(kept, bounds)}\n\n\n{body}\n'
 
 
-def mutate(operator: str, parent: Program, parent_constants: dict[str, float], rng: random.Random,
-           other: Program | None = None, other_constants: dict[str, float] | None = None) -> tuple[str, str]:
+def mutate(
+    operator: str,
+    parent: Program,
+    parent_constants: dict[str, float],
+    rng: random.Random,
+    other: Program | None = None,
+    other_constants: dict[str, float] | None = None,
+) -> tuple[str, str]:
     """Apply one symbolic operator; returns (child source, detail). Raises NotRepresentable."""
     random.seed(rng.getrandbits(64))  # DEAP draws from the module-level generator
     names = list(parent.constants)
     if operator == "constants":
-        scaled = {k: (v * math.exp(rng.gauss(0.0, 0.3)) if v > 0 else v + rng.gauss(0.0, max(abs(v), 1.0) * 0.3))
-                  for k, v in parent_constants.items()}
+        scaled = {
+            k: (v * math.exp(rng.gauss(0.0, 0.3)) if v > 0 else v + rng.gauss(0.0, max(abs(v), 1.0) * 0.3))
+            for k, v in parent_constants.items()
+        }
         text = parent.with_constants(parent.clip(scaled)).source  # bounded ones stay inside their bounds
         return text, "perturbed constants (log-normal, sigma 0.3)"
     crossing = operator == "crossover" and other is not None
@@ -269,8 +295,13 @@ def mutate(operator: str, parent: Program, parent_constants: dict[str, float], r
         (tree,) = gp.mutShrink(tree)
     elif operator == "add_term":
         # parent + c.k * x: with the refit, a closed-loop forward-stepwise regression step
-        term = rng.choice([t for t in pset.terminals[object] if isinstance(t, gp.Terminal) and isinstance(t.value, str)
-                           and t.value[0] in "fr"])
+        term = rng.choice(
+            [
+                t
+                for t in pset.terminals[object]
+                if isinstance(t, gp.Terminal) and isinstance(t.value, str) and t.value[0] in "fr"
+            ]
+        )
         scale = 1.0 if term.value[2:] in TIME_COMPONENTS else 10.0
         tree = gp.PrimitiveTree([pset.mapping["add"], *tree, pset.mapping["mul"], _NamedNew(scale), term])
         detail = f"add_term on {function}: + k * {term.value[0]}.{term.value[2:]}"

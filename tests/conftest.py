@@ -94,6 +94,35 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+# The README runs the suite with pytest-xdist, a file per worker, in collection order
+# (--no-loadscope-reorder: xdist's own order is by number of tests, not by time): the longest files
+# (measured with --durations) are collected first, so none of them starts last and runs alone while
+# the other workers idle. test_api reads the archive test_archive_browse's worker makes: far apart.
+LONGEST_FIRST = (
+    "test_cluster.py",
+    "test_search.py",
+    "test_archive_browse.py",
+    "test_llm.py",
+    "test_openevolve.py",
+    "test_blis_install.py",
+    "test_emit_go.py",
+    "test_units.py",
+    "test_fitting.py",
+    "test_search_cv.py",
+    "test_surrogate.py",
+    "test_cv.py",
+    "test_blis_fidelity.py",
+    "test_replay.py",
+    "test_data_import.py",
+    "test_api.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
 BLIS_SNAPSHOT = Path(os.environ.get("STEPML_BLIS", ROOT.parent / "shared" / "blis"))
 
 

@@ -306,6 +306,7 @@ def test_diff_shows_changed_lines_and_loss_deltas(archive_dir, records):
 def test_report_is_one_self_contained_page(archive_dir, records, tmp_path):
     programs, evaluations = records
     out = tmp_path / "site" / "report.html"
+    out.parent.mkdir()  # an output's directory must exist, as for every command
     invoke("report", "--archive", archive_dir, "--out", out)
     assert list(out.parent.iterdir()) == [out]
     html = out.read_text()

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
 
+GENERATIONS = 4  # the reference run: stops after 0 and 2, a SIGKILL inside 4, and children promoted
 SMALL = [
     "--seed-fit-evals",
     "16",
@@ -41,7 +42,7 @@ def run(archive, generations, *extra, seed=3):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     d = tmp_path_factory.mktemp("ref")
-    run(d, 5)
+    run(d, GENERATIONS)
     return d, snapshot(d)
 
 
@@ -57,7 +58,7 @@ def interrupted(reference, tmp_path_factory):
         run(d, stop, "--workers", "1", *(["--resume"] if stop else []))
         stops[stop] = snapshot(d)
     killed_after, killed = sigkill_inside_a_generation(d, after=3)
-    run(d, 5, "--workers", "1", "--resume")
+    run(d, GENERATIONS, "--workers", "1", "--resume")
     return {"stops": stops, "killed_after": killed_after, "killed": killed, "end": snapshot(d)}
 
 
@@ -71,7 +72,7 @@ def sigkill_inside_a_generation(archive_dir, after: int):
             "stepml_evolve",
             "run",
             "--generations",
-            "5",
+            str(GENERATIONS),
             "--seed",
             "3",
             "--archive",
@@ -125,9 +126,9 @@ def test_archive_records_programs_evaluations_and_rejections(reference):
     evs = a.evaluations(full.id)
     assert {e.split for e in evs} == {"train", "validate", "test"}
     assert len(evs) == 3 * 4
-    assert ref["rejections"], "a 5-generation run rejects some children"
+    assert ref["rejections"], "a 4-generation run rejects some children"
     assert all(r[4] and r[5] for r in ref["rejections"])  # every rejection has a rule and a reason
-    assert [g[0] for g in ref["generations"]] == [0, 1, 2, 3, 4, 5]
+    assert [g[0] for g in ref["generations"]] == list(range(GENERATIONS + 1))
     summary = run_row.summary
     assert summary["best"]["id"] == min((p for p in progs if p.full), key=lambda p: (p.val_loss, p.id)).id
     assert len(summary["best"]["test"]) == 4 and all("ape" in t for t in summary["best"]["test"])
@@ -138,7 +139,7 @@ def test_sigkill_then_resume_continues_from_last_completed_generation(reference,
     assert interrupted["killed_after"] is not None, "the run finished or never reached generation 3"
     partial = interrupted["killed"]
     last = partial["generations"][-1][0]
-    assert last < 5
+    assert last < GENERATIONS
     # nothing of an unfinished generation is visible
     assert all(p[1] <= last for p in partial["programs"])
     assert partial["programs"] == ref["programs"][: len(partial["programs"])]
@@ -147,7 +148,7 @@ def test_sigkill_then_resume_continues_from_last_completed_generation(reference,
 
 def test_a_second_run_into_the_same_archive_needs_resume(reference):
     d, _ = reference
-    res = CliRunner().invoke(app, ["run", "--generations", "5", "--seed", "3", "--archive", str(d), *SMALL])
+    res = CliRunner().invoke(app, ["run", "--generations", str(GENERATIONS), "--seed", "3", "--archive", str(d), *SMALL])
     assert res.exit_code == 2 and "--resume" in res.stderr
 
 

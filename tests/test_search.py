@@ -148,7 +148,9 @@ def test_sigkill_then_resume_continues_from_last_completed_generation(reference,
 
 def test_a_second_run_into_the_same_archive_needs_resume(reference):
     d, _ = reference
-    res = CliRunner().invoke(app, ["run", "--generations", str(GENERATIONS), "--seed", "3", "--archive", str(d), *SMALL])
+    res = CliRunner().invoke(
+        app, ["run", "--generations", str(GENERATIONS), "--seed", "3", "--archive", str(d), *SMALL]
+    )
     assert res.exit_code == 2 and "--resume" in res.stderr
 
 

@@ -38,3 +38,17 @@ def test_the_wheel_installs_one_top_level_name():
         if not f.startswith("..") and ".dist-info" not in f.split("/")[0] and "__pycache__" not in f
     }
     assert tops == {"stepml_evolve"}, tops
+
+
+def test_the_installed_package_is_what_a_command_run_from_the_checkout_imports():
+    """No folder of the checkout shadows the installed package when the working directory is the
+    checkout (python -m puts it first on sys.path): the commands work from there."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepml_evolve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "Usage" in proc.stdout, proc.stderr[-2000:]

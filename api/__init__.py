@@ -1,6 +1,6 @@
 """stepml-evolve: discovers step-time prediction programs for LLM-inference simulators.
 
-The Python API (for notebooks; stepml_evolve/api.py): `open_archive(DIR)` gives an archive's
+The Python API (for notebooks; api/api.py in the repository): `open_archive(DIR)` gives an archive's
 programs (the Pareto front marked), evaluations, CV scores and generations as pandas DataFrames
 and a program's text; `score`, `fit` and `emit_go` do what `evolve eval`, `fit` and `emit-go` do
 to a program file or text. Bad input raises `UserError` (one line), as the command line reports it.

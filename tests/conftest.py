@@ -167,23 +167,9 @@ def blis_checkout(blis_build, tmp_path) -> Path:
     return dest
 
 
-SEARCHED = [
-    "run",
-    "--generations",
-    "3",
-    "--seed",
-    "3",
-    "--seed-fit-evals",
-    "16",
-    "--full-fit-evals",
-    "12",
-    "--quick-evals",
-    "8",
-    "--children",
-    "5",
-    "--front-cv",
-    "lomo",
-]
+# the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
+SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
+SEARCHED = ["run", "--generations", "3", "--seed", "3", *SEARCH_BUDGETS, "--front-cv", "lomo"]
 
 
 @pytest.fixture(scope="session")

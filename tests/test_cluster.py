@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, only_error_line, snapshot
+from conftest import ROOT, SEARCH_BUDGETS, only_error_line, snapshot
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
@@ -34,18 +34,7 @@ except ImportError:
 
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install '.[ray]')")
 
-SMALL = [
-    "--seed-fit-evals",
-    "16",
-    "--full-fit-evals",
-    "12",
-    "--quick-evals",
-    "8",
-    "--children",
-    "5",
-    "--front-cv",
-    "none",
-]
+SMALL = [*SEARCH_BUDGETS, "--front-cv", "none"]
 GENERATIONS = "2"
 SEED = "3"
 ROOFLINE = str(ROOT / "seeds" / "roofline.py")

@@ -249,6 +249,9 @@ def _number_or_none(x) -> float | None:
     return None if x is None or x != x else float(x)
 
 
+WARM_SUFFIX = "-warm"  # a CV score's method when its folds were warm-started (the search's --cv-fit-evals)
+
+
 @dataclass
 class CVScoreRecord:
     """A program's cross-validation under one protocol (one row per program and protocol; a new
@@ -333,7 +336,7 @@ class CVScoreRecord:
             **stats,
             seed=config.seed,
             max_evals=config.max_evals,
-            method=config.method,
+            method=config.method + (WARM_SUFFIX if cv.warm_started else ""),
             objective=config.objective.name,
             weights=[list(w) for w in config.objective.weights],
             semantics=semantics,

@@ -35,6 +35,7 @@ per experiment ("experiment"). Quick mode (screening in the search): a subset of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -51,9 +52,12 @@ from .dsl import Program, compile_program
 from .engine import Engine, windowed
 from .errors import UserError
 from .experiments import Experiment
+from .metrics import MetricRow
 from .objectives import DEFAULT, Objective
 from .seeding import cma_seed
-from .surrogate import SurrogateSet, VectorProgram, learn_gain, shift_us
+from .surrogate import SurrogateSet, TrajectoryModel, VectorProgram, learn_gain, shift_us
+
+Recording = tuple[MetricRow, "TrajectoryModel | None"]  # one experiment's closed loop at some constants
 
 FAILED_LOSS = 1e5  # loss given to constants whose replay fails (NaN or non-positive step time)
 FAILED_REASON = "step_time was non-finite or non-positive for every constant vector tried"
@@ -131,6 +135,9 @@ class FitResult:
     iterations: int
     seconds: float
     history: list[tuple[int, float]] = field(default_factory=list)  # (evaluations, best loss)
+    # a global trust-region fit's closed loop at its result, per experiment: its metric row and
+    # trajectory model (what a warm-started fit on a subset needs to skip its start's replays)
+    recorded: dict[str, Recording] | None = field(default=None, repr=False)
 
     def vector_for(self, program: Program, exp: Experiment) -> np.ndarray:
         """Constants for `exp`: its group's fit, or the starting values if its group was not fitted."""
@@ -199,9 +206,13 @@ def fit(
     config: FitConfig = FitConfig(),
     start: dict[str, float] | None = None,
     progress: ProgressFn | None = None,
+    recorded_start: dict[str, Recording] | None = None,
 ) -> FitResult:
     """Fit `program`'s constants; `start` warm-starts from other values (e.g. a parent's), moved
-    into the program's bounds first. Every fitted value lies inside its constant's bounds."""
+    into the program's bounds first. Every fitted value lies inside its constant's bounds.
+    `recorded_start`: the closed loop already replayed at `start` (another fit's `recorded`, same
+    split); a trust-region fit then starts from it instead of replaying, and counts no evaluation
+    for its start."""
     t0 = time.perf_counter()
     exps = fit_experiments(experiments, config)
     compiled = compile_program(program)
@@ -230,7 +241,9 @@ def fit(
     group_fit = _GroupFit(program, compiled, engine, config, _Transform(v0, lo, hi), result, t0, progress)
     all_rows_loss = []
     for gi, (group, gexps) in enumerate(groups.items()):
-        best_x, best_loss = group_fit.run(gi, group, gexps, group_fit.tf.to_cma(v0))
+        known = [recorded_start.get(e.name) for e in gexps] if recorded_start else []
+        ready = _copies(known) if known and all(r is not None for r in known) else None
+        best_x, best_loss = group_fit.run(gi, group, gexps, group_fit.tf.to_cma(v0), ready)
         result.constants[group] = {k: float(v) for k, v in zip(names, group_fit.tf.from_cma(best_x))}
         all_rows_loss.append((len(gexps), best_loss))
     if len(groups) == 1:
@@ -298,10 +311,13 @@ class _GroupFit:
             done = self.result.evaluations + evals
             self.progress(group, it, best_loss, done, done / max(time.perf_counter() - self.t0, 1e-9))
 
-    def run(self, gi: int, group: str, gexps: list[Experiment], x0: np.ndarray) -> tuple[np.ndarray, float]:
+    def run(
+        self, gi: int, group: str, gexps: list[Experiment], x0: np.ndarray, known: list[Recording] | None = None
+    ) -> tuple[np.ndarray, float]:
         evals, it = 1, 0
-        if self.cfg.method == "trust-region":
-            best_loss, models = self.judge(x0, gexps)
+        if self.cfg.method == "trust-region":  # the start's closed loop, replayed unless known
+            best_loss, models, rows = self.judged(known) if known is not None else self.judge(x0, gexps)
+            evals = 0 if known is not None else 1
         else:
             best_loss, models = self.losses([x0], gexps)[0], None
         best_x = x0
@@ -309,10 +325,13 @@ class _GroupFit:
         if models is None:  # plain CMA-ES: asked for, or no surrogate where the start fails to replay
             best_x, best_loss, evals, it = self.cmaes(gi, group, gexps, best_x, best_loss, evals, it)
         else:
+            start_cost = evals
             for restart in range(1 + self.cfg.restarts):  # each restart: a fresh region around the best point
-                best_x, best_loss, models, evals, it = self.trust_region(
-                    gi, group, gexps, best_x, best_loss, models, evals, it, restart
+                best_x, best_loss, models, rows, evals, it = self.trust_region(
+                    gi, group, gexps, best_x, best_loss, models, rows, evals, it, restart, start_cost
                 )
+            if self.cfg.scope == "global":
+                self.result.recorded = {e.name: (row, m) for e, row, m in zip(gexps, rows, models)}
         self.result.evaluations += evals
         self.result.iterations += it
         return best_x, best_loss
@@ -345,21 +364,25 @@ class _GroupFit:
 
     def judge(self, x, gexps):
         """Closed-loop loss at x and the trajectory models recorded there (None if any failed)."""
-        recorded = self.engine.record(self.compiled, self.vector, self.tf.from_cma(x), gexps, self.cfg.split)
-        value = _safe(self.cfg.objective.of_rows([row for row, _ in recorded]))
+        return self.judged(self.engine.record(self.compiled, self.vector, self.tf.from_cma(x), gexps, self.cfg.split))
+
+    def judged(self, recorded: list[Recording]):
+        """judge's answer (loss, models or None, rows) from the closed loop's recordings."""
+        rows = [row for row, _ in recorded]
         models = [m for _, m in recorded]
-        return value, (None if any(m is None for m in models) else models)
+        return _safe(self.cfg.objective.of_rows(rows)), (None if any(m is None for m in models) else models), rows
 
     def surrogate_losses(self, X, surrogate: SurrogateSet) -> list[float]:
         e2e, ttft = surrogate.apes(np.array([self.tf.from_cma(x) for x in X]))
         return [_safe(v) for v in self.cfg.objective.of_apes([m.name for m in surrogate.models], e2e, ttft)]
 
-    def trust_region(self, gi, group, gexps, x, fx, models, evals, it, restart):
-        """Surrogate optimum in a box around the incumbent, judged by the closed loop (see top);
-        at most max_evals closed-loop evaluations from `evals` on (a restart gets a fresh budget)."""
+    def trust_region(self, gi, group, gexps, x, fx, models, rows, evals, it, restart, start_cost=1):
+        """Surrogate optimum in a box around the incumbent (x, its loss fx, trajectory models and
+        metric rows), judged by the closed loop (see top); at most max_evals closed-loop evaluations
+        from `evals` on, the start's own (start_cost) included; a restart gets a fresh budget."""
         cfg = self.cfg
         x = np.array(x, dtype=float)
-        budget_end = evals + self.max_evals - (1 if restart == 0 else 0)  # the start point was evaluation 1
+        budget_end = evals + self.max_evals - (start_cost if restart == 0 else 0)
         rho = RHO_START * cfg.sigma0 / 0.5
         stalled = 0
         sur_budget = cfg.surrogate_evals or 200 + 40 * self.n
@@ -395,7 +418,7 @@ class _GroupFit:
                 if stalled >= STALL_ITERATIONS:
                     break
                 continue
-            fy, models_y = self.judge(best_y, gexps)
+            fy, models_y, rows_y = self.judge(best_y, gexps)
             evals += 1
             # other points of the surrogate's final search distribution: the closed loop is rugged
             # at small scales (a batch forms one step earlier or later), so a few neighbours of the
@@ -406,10 +429,10 @@ class _GroupFit:
             for y in extra:
                 if evals >= budget_end:
                     break
-                f2, m2 = self.judge(y, gexps)
+                f2, m2, r2 = self.judge(y, gexps)
                 evals += 1
                 if f2 < fy:
-                    best_y, fy, models_y = y, f2, m2
+                    best_y, fy, models_y, rows_y = y, f2, m2, r2
             if models_y is not None:  # what the closed loop did vs what the surrogate said, for the gains
                 for mx, my in zip(models, models_y):
                     if mx.n_ok:
@@ -419,7 +442,8 @@ class _GroupFit:
             step = float(np.max(np.abs(best_y - x)))
             if fy < fx:
                 stalled = stalled + 1 if fx - fy < cfg.tolfun else 0
-                x, fx, models = best_y, fy, models_y if models_y is not None else models
+                x, fx, rows = best_y, fy, rows_y
+                models = models_y if models_y is not None else models
             else:
                 stalled += 1
             if ratio >= 0.75 and step >= 0.5 * rho:
@@ -429,7 +453,7 @@ class _GroupFit:
             self.note(group, it, evals, fx)
             if stalled >= STALL_ITERATIONS:
                 break
-        return x, fx, models, evals, it
+        return x, fx, models, rows, evals, it
 
 
 # trust-region settings in CMA coordinates (log units for positive constants: 1.0 = a factor e)
@@ -439,6 +463,13 @@ RHO_MAX = 1.0
 GROW = 2.0
 SHRINK = 0.5
 STALL_ITERATIONS = 5  # stop after this many iterations without a gain of at least tolfun
+
+
+def _copies(known: list[Recording]) -> list[Recording]:
+    """The recordings as a replay at their constants gives them: each model's gain as recorded
+    (the fit they come from learned its own, see learn_gain), and a copy, since the trust region
+    sets the gains of its models while other fits may start from the same recordings."""
+    return [(row, None if m is None else dataclasses.replace(m, gain=np.ones(2))) for row, m in known]
 
 
 def _safe(v: float) -> float:

@@ -27,6 +27,7 @@ RUN_OPTIONS = {
     "--patience": "patience",
     "--units": "units",
     "--cv": "cv",
+    "--cv-fit-evals": "cv_fit_evals",
     "--front-cv": "front_cv",
     "--prompt-reuse": "prompt_reuse",
 }

@@ -82,6 +82,27 @@ def test_fit_never_ends_worse_than_its_start_and_reports_history(synthetic):
     assert r.evaluations <= 40 + 12  # budget, rounded up to a whole CMA generation
 
 
+def test_a_fit_started_from_a_recorded_closed_loop_is_the_fit_that_replays_its_start(synthetic):
+    """`recorded_start` (another fit's closed loop at its result, as the search's warm-started fold
+    fits use it) only saves the start's replays: its budget goes to steps, so it is the fit that
+    replays its start with one evaluation more, step for step."""
+    prog = load_program(seed_path("trained_physics"))
+    exps = synthetic.experiments
+    with Engine(exps) as engine:
+        first = fit(prog, exps, engine, FitConfig(seed=5, max_evals=8))
+        assert set(first.recorded) == {e.name for e in exps}
+        subset, cfg = exps[1:], FitConfig(seed=6, max_evals=6)
+        start = first.constants["all"]
+        replayed = fit(prog, subset, engine, FitConfig(seed=6, max_evals=7), start=start)
+        reused = fit(prog, subset, engine, cfg, start=start, recorded_start=first.recorded)
+        again = fit(prog, subset, engine, cfg, start=start, recorded_start=first.recorded)
+    assert reused.history[0][1] == replayed.history[0][1]  # the start's loss, not replayed
+    assert reused.constants == replayed.constants and reused.loss == replayed.loss
+    assert reused.history == [(n - 1, loss) for n, loss in replayed.history]  # every step the same
+    assert reused.evaluations == replayed.evaluations - 1 and reused.loss < reused.history[0][1]
+    assert again.constants == reused.constants  # the recordings it started from are not changed by it
+
+
 def test_quick_fit_uses_one_experiment_per_model_and_a_small_budget(synthetic):
     cfg = quick_config(0, synthetic.experiments)
     assert len(cfg.experiments) == len({e.model for e in synthetic.experiments})

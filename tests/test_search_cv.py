@@ -46,6 +46,35 @@ def plain_and_cv(tmp_path_factory):
     return plain, cv
 
 
+@pytest.fixture(scope="module")
+def independent_cv(tmp_path_factory):
+    cv = tmp_path_factory.mktemp("independent")
+    run(cv, "--cv", "lomo", "--cv-fit-evals", "0", "--front-cv", "none")
+    return cv
+
+
+def test_cv_folds_are_warm_started_from_the_full_fit_unless_asked_to_be_independent(plain_and_cv, independent_cv):
+    """By default a fold's fit starts from the full fit's constants and closed loop and spends
+    --cv-fit-evals (3) evaluations on steps; --cv-fit-evals 0 fits every fold from the child's own
+    start with the full-fit budget, as `evolve cv` does. Both are stored as what they are, so a
+    front CV at the end never takes a warm score for an independent one."""
+    _, warm = plain_and_cv
+    warm_progs, warm_scores, _ = programs(warm)
+    ind_progs, ind_scores, _ = programs(independent_cv)
+    assert [p.constants for p in warm_progs if p.stage == "seed"] == [
+        p.constants for p in ind_progs if p.stage == "seed"
+    ]  # the fit on every experiment is the same either way
+    for p in warm_progs:
+        for score in warm_scores[p.id]:
+            assert score.method == "trust-region-warm" and score.max_evals == 3
+            assert all(f["evaluations"] <= 3 for f in score.folds)
+    ind = [s for p in ind_progs for s in ind_scores[p.id]]
+    assert ind and all(s.method == "trust-region" and s.max_evals == 6 for s in ind)
+    seeds_warm = sum(s.evaluations for p in warm_progs if p.stage == "seed" for s in warm_scores[p.id])
+    seeds_ind = sum(s.evaluations for p in ind_progs if p.stage == "seed" for s in ind_scores[p.id])
+    assert seeds_warm < seeds_ind / 1.5
+
+
 def test_cv_run_validation_loss_is_the_stored_cv_loss(plain_and_cv):
     _, cv = plain_and_cv
     progs, scores, _ = programs(cv)
@@ -124,6 +153,18 @@ def test_resume_with_other_cv_is_refused_and_old_archives_resume_as_none(tmp_pat
     )
     res = invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--front-cv", "none")
     assert res.exit_code == 0, res.output
+    # a --cv run from before --cv-fit-evals fitted independent folds: it resumes with 0, and says so
+    db = sqlite3.connect(copy / Archive.FILE)
+    (config,) = db.execute("SELECT config FROM runs").fetchone()
+    config = json.loads(config)
+    del config["search"]["cv_fit_evals"]
+    db.execute("UPDATE runs SET config=?", (json.dumps(config),))
+    db.commit()
+    db.close()
+    only_error_line(
+        invoke("run", "--generations", 2, "--archive", copy, *TINY, "--resume", "--cv", "lomo"),
+        "cv-fit-evals: run 0, now 3",
+    )
 
 
 def test_cv_needs_data_with_two_models(tmp_path, synthetic):

@@ -485,7 +485,14 @@ def run_cmd(
         "--cv",
         help="none: a promoted child's validation loss is its loss on the validation "
         "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
-        "(workload-)out, and its validation loss is the CV loss (about 3x the time).",
+        "(workload-)out, and its validation loss is the CV loss.",
+    ),
+    cv_fit_evals: int = typer.Option(
+        SEARCH.cv_fit_evals,
+        "--cv-fit-evals",
+        min=0,
+        help="With --cv: closed-loop evaluations of each fold's fit, warm-started from the full fit "
+        "(0: independent folds with the full-fit budget each, as evolve cv fits them; about 3x the time).",
     ),
     front_cv: Literal[FRONT_CV_MODES] = typer.Option(
         SEARCH.front_cv,
@@ -543,6 +550,7 @@ def run_cmd(
         patience=patience,
         units=units,
         cv=cv,
+        cv_fit_evals=cv_fit_evals,
         front_cv=front_cv,
     )
     llm_settings = (

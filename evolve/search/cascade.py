@@ -268,13 +268,24 @@ class Cascade:
     def _full_fit(
         self, program: Program, start: dict[str, float], seed: int, max_evals: int | None, sigma: float
     ) -> FullFit:
-        """The fit on every experiment, scored on every split; with --cv also the fold fits (run
-        concurrently with it), whose CV loss becomes the validation loss."""
+        """The fit on every experiment, scored on every split; with --cv also the fold fits (by
+        default warm-started from it, see SearchConfig.cv_fit_evals), whose CV loss becomes the
+        validation loss."""
         config = FitConfig(
             seed=seed, max_evals=max_evals, sigma0=sigma, method=self.cfg.fit_method, objective=self.goal
         )
         cv: CrossValidation | None = None
-        if self.folds:
+        fold_config = config  # the folds' fit settings, as the CV score stores them
+        if self.folds and self.cfg.cv_fit_evals:  # the fit on every experiment, then folds warm-started from it
+            res = fit(program, self.exps, self.engine, config, start=start)
+            t0 = time.perf_counter()
+            fold_config = dataclasses.replace(config, max_evals=self.cfg.cv_fit_evals)
+            cv = cross_validate(
+                program, self.exps, self.engine, self.cfg.cv, self.folds, config, warm=(fold_config, res)
+            )
+            self._count(sum(f.fit.evaluations for f in cv.folds))
+            cv_seconds = time.perf_counter() - t0
+        elif self.folds:  # independent folds, as `evolve cv` fits them (runs stored before --cv-fit-evals)
             t0 = time.perf_counter()
             cv = cross_validate(
                 program, self.exps, self.engine, self.cfg.cv, self.folds, config, start=start, in_distribution=True
@@ -303,7 +314,7 @@ class Cascade:
         )
         if cv is None:
             return full
-        score = CVScoreRecord.of(0, cv, config, self.cfg.semantics, cv_seconds)
+        score = CVScoreRecord.of(0, cv, fold_config, self.cfg.semantics, cv_seconds)
         held = [CVEvaluationRecord.of(0, cv.protocol, f.fold.name, r) for f in cv.folds for r in f.rows]
         return dataclasses.replace(full, val_loss=cv.loss, cv=score, cv_rows=held)
 

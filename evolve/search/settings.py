@@ -67,6 +67,9 @@ class SearchConfig:
     patience: int | None = None  # stop after this many generations without a 0.5% gain in best validation loss
     units: str = UNITS_MODES[0]  # "check": reject a seed or child whose step time is not a time; "off"
     cv: str = CV_MODES[0]  # lomo/lowo: a full fit is the fold fits too, and its validation loss is the CV loss
+    # closed-loop evaluations of each fold's fit, warm-started from the fit on every experiment
+    # (0: independent folds from the child's screening constants, each with the full-fit budget)
+    cv_fit_evals: int = 3
     front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
 
     def __post_init__(self):
@@ -86,6 +89,7 @@ LEGACY_SETTINGS = {
     "weights": [],
     "units": "off",
     "cv": "none",
+    "cv_fit_evals": 0,
     "prompt_reuse": LEGACY_PROMPT_REUSE,
 }
 
@@ -103,7 +107,7 @@ class RunSettings:
         cls, config: SearchConfig, llm: str | None = None, seeds: list[tuple[str, str]] | None = None
     ) -> RunSettings:
         """The settings of a run of `config` with this LLM and these seeds (name, source)."""
-        search = {k: v for k, v in dataclasses.asdict(config).items() if k not in NOT_IDENTITY}
+        search = _identity({k: v for k, v in dataclasses.asdict(config).items() if k not in NOT_IDENTITY})
         seed_ids = (
             None if seeds is None else {name: hashlib.sha256(src.encode()).hexdigest()[:16] for name, src in seeds}
         )
@@ -113,7 +117,7 @@ class RunSettings:
     def stored(cls, run_config: dict | None) -> RunSettings:
         """A stored run's settings, with the legacy value of each search setting it predates."""
         c = run_config or {}
-        return cls({**LEGACY_SETTINGS, **(c.get("search") or {})}, c.get("llm"), c.get("seeds"))
+        return cls(_identity({**LEGACY_SETTINGS, **(c.get("search") or {})}), c.get("llm"), c.get("seeds"))
 
     def to_json(self) -> dict:
         """As the run's config holds them."""
@@ -150,6 +154,11 @@ class RunSettings:
                 f"{archive.dir}: the run used other search settings ({self.differences(saved)}); "
                 "resume with the settings it started with"
             )
+
+
+def _identity(search: dict) -> dict:
+    """The search settings that make a run what it is: the folds' budget only where there are folds."""
+    return {k: v for k, v in search.items() if k != "cv_fit_evals" or search.get("cv", "none") != "none"}
 
 
 def check_engine_resumable(engine: str, archive_dir: Path, resume: bool) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from .components import COMPONENT_NAMES, component_values
 from .dsl import Program
@@ -169,19 +170,32 @@ def record(
         fl = mask & (in_flight >= 0)
         return w + np.bincount(in_flight[fl], weights=left[fl], minlength=n_steps)
 
-    decoding = finished[t.request] & (t.step > first[t.request])  # finished requests' steps after the first token
-    decode_steps = np.bincount(t.step[decoding], minlength=n_steps).astype(np.float64)
+    decode_steps, n_decoding = _decode_steps(t.step, t.request, finished, first, n_steps)
     fin_timed = finished & timed
     model.components, model.weight = _classes(
         comps, np.stack([lifetime_weight(fin_timed) + decode_steps, lifetime_weight(timed)])
     )
     model.queued = (np.flatnonzero(fin_timed), np.flatnonzero(timed))
-    model.out_tok_count = np.array([fin_timed.sum() + decoding.sum(), timed.sum()], dtype=np.float64)
+    model.out_tok_count = np.array([fin_timed.sum() + n_decoding, timed.sum()], dtype=np.float64)
     model.n_finished = int(finished.sum())
     model.linear0 = linear(model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0])[
         0
     ]
     return row, model
+
+
+@njit(cache=True, nogil=True)
+def _decode_steps(step, request, finished, first, n_steps):
+    """Per step, the tokens it decoded for finished requests after their first token, and their
+    total: one pass over the trajectory's rows (a mask over them costs several of its size)."""
+    out = np.zeros(n_steps)
+    total = 0
+    for i in range(len(step)):
+        r = request[i]
+        if finished[r] and step[i] > first[r]:
+            out[step[i]] += 1.0
+            total += 1
+    return out, total
 
 
 CLASS_WIDTH = 1.05  # steps whose component values agree within 5% share one class

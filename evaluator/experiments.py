@@ -143,6 +143,11 @@ class Experiment:
     def n_failed(self) -> int:
         return int(self.failed.sum())
 
+    @property
+    def replay_cost(self) -> int:
+        """What its replay's time grows with, to start the longest first: the tokens it decodes."""
+        return int(self.output_tokens.sum())
+
     @classmethod
     def from_arrays(
         cls,

@@ -201,27 +201,50 @@ def _decode_steps(step, request, finished, first, n_steps):
 CLASS_WIDTH = 1.05  # steps whose component values agree within 5% share one class
 
 
+@njit(cache=True, nogil=True)
+def _class_hash(comps, mix, log_width):
+    """Per step (column), sum over components of round(log1p|c| / log_width) * sign(c) * mix, in
+    int64 arithmetic (wrapping): the same numbers numpy's array expressions give, in one pass."""
+    n_c, n = comps.shape
+    h = np.zeros(n, np.int64)
+    for i in range(n_c):
+        for j in range(n):
+            c = comps[i, j]
+            h[j] += np.int64(np.round(np.log1p(np.abs(c)) / log_width)) * np.int64(np.sign(c)) * mix[i]
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _class_sums(cls, n_cls, w, comps):
+    """Per class: its steps' summed weight and weighted component sums, added in step order as
+    np.bincount adds them."""
+    total = np.zeros(n_cls)
+    sums = np.zeros((comps.shape[0], n_cls))
+    for j in range(len(cls)):
+        total[cls[j]] += w[j]
+    for i in range(comps.shape[0]):
+        for j in range(len(cls)):
+            sums[i, cls[j]] += w[j] * comps[i, j]
+    return total, sums
+
+
 def _classes(comps: np.ndarray, weight: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Steps grouped into classes of near-equal components, for each weight row separately:
     each class is its steps' weighted mean components with their summed weight. Exact for any
     program affine in the components (sum of w * f(comp) = W * f(weighted mean)); for others
     (max, if-else) an approximation within the class width. About 24x fewer rows on the real
     data (trained_physics: 56,530 classes for the two weights against 686,000 steps)."""
-    key = np.round(np.log1p(np.abs(comps)) / np.log(CLASS_WIDTH)).astype(np.int64) * np.sign(comps).astype(np.int64)
-    # one 64-bit hash per step instead of a unique over columns (10x faster; a collision merely
-    # merges two classes)
-    mix = np.random.default_rng(0).integers(1, 2**62, size=len(key), dtype=np.int64) | 1
-    with np.errstate(over="ignore"):
-        h = (key * mix[:, None]).sum(axis=0)
-    _, cls = np.unique(h, return_inverse=True)
+    # one 64-bit hash per step of its components' log-width bins, instead of a unique over columns
+    # (10x faster; a collision merely merges two classes)
+    mix = np.random.default_rng(0).integers(1, 2**62, size=len(comps), dtype=np.int64) | 1
+    _, cls = np.unique(_class_hash(comps, mix, np.log(CLASS_WIDTH)), return_inverse=True)
     cls = cls.ravel()
     n_cls = int(cls.max()) + 1 if len(cls) else 0
     cols, weights = [], []
     for i, w in enumerate(weight):
-        total = np.bincount(cls, weights=w, minlength=n_cls)
+        total, sums = _class_sums(cls, n_cls, w, comps)
         keep = total > 0
-        mean = np.array([np.bincount(cls, weights=w * c, minlength=n_cls)[keep] for c in comps]) / total[keep]
-        cols.append(mean)
+        cols.append(sums[:, keep] / total[keep])
         row = np.zeros((len(weight), keep.sum()))
         row[i] = total[keep]
         weights.append(row)

@@ -32,20 +32,28 @@ def main() -> None:
     with Engine(exps) as engine:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             quick = fit(program, exps, engine, quick_config(7, exps), start=program.constants)
-            row = {"seed": name, "quick": {"seconds": round(time.perf_counter() - t0, 1), "loss": quick.loss}}
+            row = {
+                "seed": name,
+                "quick": {
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "cpu_seconds": round(time.process_time() - c0, 1),
+                    "loss": quick.loss,
+                },
+            }
             start = quick.constants["all"]
             for budget in args.budgets.split(","):
                 evals, candidates = map(int, budget.split("x"))
                 config = FitConfig(seed=7, max_evals=evals, sigma0=SearchConfig.full_fit_sigma, candidates=candidates)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 res = fit(program, exps, engine, config, start=start)
-                seconds = time.perf_counter() - t0
+                seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
                 vec = [res.constants["all"][k] for k in program.constants]
                 rows = engine.score(program, [vec] * len(exps), SPLITS)
                 row[budget] = {
                     "seconds": round(seconds, 1),
+                    "cpu_seconds": round(cpu, 1),
                     "evaluations": res.evaluations,
                     "iterations": res.iterations,
                     "train": res.loss,

@@ -133,6 +133,7 @@ def score(program: ProgramSpec, data: PathSpec | None = None, split: str = "test
     with _program_file(program) as path:
         setup, rest = _setup(data, dict(options))
         evaluation = evaluate_program(path, setup, split, **rest)
+        setup.refuse_bad(evaluation.data)
     frame = metric_frame(evaluation.rows)
     frame.attrs.update(loss=evaluation.loss, split=split, data=evaluation.data.label)
     return frame

@@ -24,8 +24,8 @@ handled here, each with a policy in `LoadOptions`:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,12 +46,25 @@ from .prompt_reuse import (
     prefix_groups,
     trace_sharing,
 )
+from .readers import CONFIG_BYTES, DATA_BYTES, FileProblem, file_text, parse_json
 
 SPLITS = ("train", "validate", "test")
 ALL = "all"  # every request of an experiment (held-out experiments in cross-validation are scored on it)
 SCORED_SPLITS = SPLITS + (ALL,)  # what a split argument may name
 MEASUREMENTS = ("client", "server")
 DEFAULT_CLIENT_TIMEOUT_S = 300.0  # inference-perf's request timeout in the real data
+
+# Bounds on what the replay allocates or counts (README "Bad input"), each far above any real
+# deployment: a typo or a hostile file is refused by file and field, never a MemoryError mid-replay.
+MAX_TOKENS = 10_000_000  # tokens of one request (input, output, a shared prefix) or of one step
+MAX_REQUESTS = 10_000_000  # requests of one experiment (and prompt groups)
+MAX_TP = 64
+MAX_SEQS = 1_000_000  # max_num_seqs
+MAX_KV_BLOCKS = 10_000_000  # kv_blocks_total_gpu: 300 times the largest real cache
+MAX_BLOCK_SIZE = 65_536
+MAX_BLOCK_SLOTS = 100_000_000  # the replay's block lists: sum over requests of (input + output) / block_size
+MAX_TIME_US = 10**15  # an arrival (us) or a latency (1e9 s); the replay caps a duration here too
+MAX_TIME_S = MAX_TIME_US // 10**6
 
 
 class ExperimentError(UserError):
@@ -264,24 +277,51 @@ def _prompts_consistent(prompt: np.ndarray, inputs: np.ndarray, groups: np.ndarr
     return bool(((i[1:] == i[:-1]) & (g[1:] == g[:-1]))[same].all())
 
 
-def _read_json(exp: str, path: Path):
-    if not path.is_file():
+def _read_json(exp: str, path: Path, limit: int):
+    if not path.exists() and not path.is_symlink():
         raise ExperimentError(exp, f"missing file {path.name}")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        return parse_json(file_text(path, limit))
+    except FileProblem as e:
+        raise ExperimentError(exp, f"{path.name}: {e}") from None
+
+
+def shown(value) -> str:
+    """A field's value in a message: its repr, bounded in length and depth."""
+    return reprlib.repr(value)
+
+
+def _int_field(exp: str, where: str, value, lo: int, hi: int) -> int:
+    """`value` if it is an integer (not a bool, a float or a string) in lo..hi; else an error
+    naming `where` (file: field)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ExperimentError(exp, f"{where} must be an integer in {lo:,}..{hi:,}, not {shown(value)}")
+    return value
+
+
+def _optional_int(exp: str, where: str, value, lo: int, hi: int) -> int | None:
+    return None if value is None else _int_field(exp, where, value, lo, hi)
+
+
+def _seconds_field(exp: str, where: str, value, positive: bool) -> float:
+    """`value` if it is a number of seconds (an int or a float, never a string or a bool), finite,
+    positive (or non-negative) and at most MAX_TIME_S; else an error naming `where`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not (value > 0 if positive else value >= 0)
+        or value > MAX_TIME_S
+    ):
+        low = "0 <" if positive else "0 <="
         raise ExperimentError(
-            exp, f"{path.name}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ExperimentError(exp, f"{path.name}: unreadable ({e})") from None
+            exp, f"{where} must be a number of seconds, {low} s <= {MAX_TIME_S:.0e}, not {shown(value)}"
+        )
+    return float(value)
 
 
-def _positive_int(exp: str, cfg: dict, key: str) -> int:
-    v = cfg.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ExperimentError(exp, f"requests.json: config.{key} must be a positive integer, got {v!r}")
-    return v
+def _config_int(exp: str, cfg: dict, key: str, hi: int) -> int:
+    return _int_field(exp, f"requests.json: config.{key}", cfg.get(key), 1, hi)
 
 
 def _temporal_split(n: int, fractions: tuple[float, float]) -> np.ndarray:
@@ -298,12 +338,12 @@ def _summary_means(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        lat = json.loads(path.read_text())["successes"]["latency"]
+        lat = parse_json(file_text(path, CONFIG_BYTES))["successes"]["latency"]
         return {
             "e2e_mean_s": float(lat["request_latency"]["mean"]),
             "ttft_mean_s": float(lat["time_to_first_token"]["mean"]),
         }
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, OSError):
+    except (FileProblem, KeyError, TypeError, ValueError):
         return None
 
 
@@ -313,10 +353,10 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     exp = path.name
     if not path.is_dir():
         raise ExperimentError(exp, "not a directory")
-    meta = _read_json(exp, path / "requests.json")
-    truth = _read_json(exp, path / "ground_truth.json")
+    meta = _read_json(exp, path / "requests.json", DATA_BYTES)
+    truth = _read_json(exp, path / "ground_truth.json", DATA_BYTES)
     if (path / "profile.json").exists():
-        profile = _read_json(exp, path / "profile.json")
+        profile = _read_json(exp, path / "profile.json", CONFIG_BYTES)
     elif options.output_len == "profile":
         # it holds the output length the server generated (EOS ignored) and the shared system
         # prompt behind the prefix-cache hits: without it the replay would be quietly wrong
@@ -338,12 +378,12 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         arch = ModelArch.from_model_config(meta.get("model_config") or {})
     except ValueError as e:
         raise ExperimentError(exp, f"requests.json: {e}") from None
-    tp = _positive_int(exp, cfg, "tensor_parallelism")
+    tp = _config_int(exp, cfg, "tensor_parallelism", MAX_TP)
     server = ServerConfig(
-        max_num_seqs=_positive_int(exp, cfg, "max_num_seqs"),
-        max_num_batched_tokens=_positive_int(exp, cfg, "max_num_batched_tokens"),
-        kv_blocks=_positive_int(exp, cfg, "kv_blocks_total_gpu"),
-        block_size=_positive_int(exp, cfg, "block_size"),
+        max_num_seqs=_config_int(exp, cfg, "max_num_seqs", MAX_SEQS),
+        max_num_batched_tokens=_config_int(exp, cfg, "max_num_batched_tokens", MAX_TOKENS),
+        kv_blocks=_config_int(exp, cfg, "kv_blocks_total_gpu", MAX_KV_BLOCKS),
+        block_size=_config_int(exp, cfg, "block_size", MAX_BLOCK_SIZE),
     )
     hw_name = options.hardware or cfg.get("hardware") or meta.get("hardware") or DEFAULT_HARDWARE
     try:
@@ -355,10 +395,12 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     n = len(reqs)
     if n == 0:
         raise ExperimentError(exp, "requests.json: no requests")
+    if n > MAX_REQUESTS:
+        raise ExperimentError(exp, f"requests.json: {n:,} requests, over the limit of {MAX_REQUESTS:,}")
     if len(truth) != n:
         raise ExperimentError(exp, f"ground_truth.json has {len(truth)} records but requests.json has {n} requests")
     try:
-        _check_types(exp, "requests.json", reqs, ints=("index", "arrival_time_us", "input_tokens", "output_tokens"))
+        _check_records(exp, "requests.json", reqs, REQUEST_INTS)
         index = np.array([r["index"] for r in reqs], dtype=np.int64)
         arrival = np.array([r["arrival_time_us"] for r in reqs], dtype=np.float64)
         inputs = np.array([r["input_tokens"] for r in reqs], dtype=np.int64)
@@ -367,7 +409,7 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ExperimentError(exp, f"requests.json: bad request record ({type(e).__name__}: {e})") from None
     try:
-        _check_types(exp, "ground_truth.json", truth, ints=("index",))
+        _check_records(exp, "ground_truth.json", truth, TRUTH_INTS, TRUTH_SECONDS)
         truth_index = np.array([t["index"] for t in truth], dtype=np.int64)
         truth_failed = np.array([bool(t.get("has_error", False)) for t in truth])
         e2e = np.array([t.get("e2e_s", math.nan) for t in truth], dtype=np.float64)
@@ -380,8 +422,6 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     if (arrival < 0).any():
         i = int(np.argmax(arrival < 0))
         raise ExperimentError(exp, f"requests.json: negative arrival_time_us at request {int(index[i])}")
-    if (inputs < 0).any() or (reported_out < 0).any():
-        raise ExperimentError(exp, "requests.json: negative token count")
     # ground truth is matched to requests by index, not by position
     order_truth = np.argsort(truth_index, kind="stable")
     order_req = np.argsort(index, kind="stable")
@@ -414,18 +454,31 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     notes = []
     if (inputs[ok] <= 0).any():
         raise ExperimentError(exp, "requests.json: a successful request has input_tokens 0")
-    shared = ((profile.get("data") or {}).get("shared_prefix") or {}) if isinstance(profile, dict) else {}
+    shared = _shared_prefix(exp, profile)
+    profile_out_len = _optional_int(
+        exp, "profile.json: data.shared_prefix.output_len", shared.get("output_len"), 1, MAX_TOKENS
+    )
     out_len_used = None
-    if options.output_len == "profile" and isinstance(shared.get("output_len"), int) and shared["output_len"] > 0:
-        out_len_used = int(shared["output_len"])
+    if options.output_len == "profile" and profile_out_len is not None:
+        out_len_used = profile_out_len
         output = np.full(n, out_len_used, dtype=np.int64)
     else:
         output = np.maximum(reported_out, 1)
         if options.output_len == "profile":
             notes.append("profile.json has no output_len: reported output_tokens used")
 
-    sys_len = int(shared.get("system_prompt_len") or cfg.get("system_prompt_len") or 0)
-    n_system = int(shared.get("num_unique_system_prompts") or cfg.get("numprefix_groups") or 0)
+    sys_len = _first_count(
+        exp,
+        MAX_TOKENS,
+        ("profile.json: data.shared_prefix.system_prompt_len", shared.get("system_prompt_len")),
+        ("requests.json: config.system_prompt_len", cfg.get("system_prompt_len")),
+    )
+    n_system = _first_count(
+        exp,
+        MAX_REQUESTS,
+        ("profile.json: data.shared_prefix.num_unique_system_prompts", shared.get("num_unique_system_prompts")),
+        ("requests.json: config.numprefix_groups", cfg.get("numprefix_groups")),
+    )
     recorded = _recorded_groups(exp, reqs, order, sys_len)
     inputs, sharing, reuse, imputed = _prompt_sharing(
         exp,
@@ -440,6 +493,7 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         order,
         notes,
     )
+    _check_block_slots(exp, inputs, output, server.block_size)
 
     measurement = meta.get("measurement", "client")
     if measurement not in MEASUREMENTS:
@@ -447,15 +501,8 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
             exp, f"requests.json: measurement must be one of {', '.join(MEASUREMENTS)}, not {measurement!r}"[:200]
         )
     cfg_timeout = cfg.get("client_timeout_s")
-    if cfg_timeout is not None and (
-        isinstance(cfg_timeout, bool)
-        or not isinstance(cfg_timeout, (int, float))
-        or not math.isfinite(cfg_timeout)
-        or cfg_timeout <= 0
-    ):
-        raise ExperimentError(
-            exp, f"requests.json: config.client_timeout_s must be a positive number, got {cfg_timeout!r}"
-        )
+    if cfg_timeout is not None:
+        _seconds_field(exp, "requests.json: config.client_timeout_s", cfg_timeout, positive=True)
 
     if options.client_timeout_s is not None:
         timeout_s = options.client_timeout_s
@@ -597,7 +644,7 @@ def _recorded_groups(
             raise ExperimentError(exp, f"requests.json: prefix_group must be a string, not {g!r}"[:200])
         rec = reqs[int(order[pos])]
         length = rec.get("prefix_length", default_len)
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 < length < 2**31:
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 < length <= MAX_TOKENS:
             raise ExperimentError(
                 exp,
                 f"requests.json: request {rec.get('index')} has prefix group {g!r} but no "
@@ -626,20 +673,68 @@ def experiment_dirs(data_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _check_types(exp: str, file: str, records: list, ints: tuple[str, ...]) -> None:
-    """Integers where the format has integers (not strings, booleans or fractions, which numpy
-    would quietly convert) and booleans for has_error: a mistyped field is named, not misread."""
+# the fields of a record that are integers, with their bounds; and those that are seconds
+REQUEST_INTS = {
+    "index": (-(2**62), 2**62),
+    "arrival_time_us": (-(2**62), MAX_TIME_US),  # a negative one gets its own message below
+    "input_tokens": (0, MAX_TOKENS),
+    "output_tokens": (0, MAX_TOKENS),
+}
+TRUTH_INTS = {"index": REQUEST_INTS["index"]}
+TRUTH_SECONDS = {"e2e_s": True, "ttft_s": False}  # field -> must be positive (else non-negative); ttft_s may be null
+
+
+def _check_records(exp: str, file: str, records: list, ints: dict, seconds: dict | None = None) -> None:
+    """Integers where the format has integers and numbers where it has seconds (never strings,
+    booleans or, for integers, fractions, which numpy would quietly convert), each within its
+    bounds, and booleans for has_error: a mistyped field is named, not misread."""
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
             raise ExperimentError(exp, f"{file}: record {i} is not an object")
-        for key in ints:
+        for key, (lo, hi) in ints.items():
+            _int_field(exp, f"{file}: {key} of record {i}", rec.get(key), lo, hi)
+        for key, positive in (seconds or {}).items():
             v = rec.get(key)
-            if isinstance(v, bool) or not isinstance(v, int) or not -(2**62) < v < 2**62:
-                raise ExperimentError(exp, f"{file}: {key} of record {i} must be an integer, not {v!r}"[:200])
+            if v is not None or key == "e2e_s":
+                _seconds_field(exp, f"{file}: {key} of record {i}", v, positive)
         if not isinstance(rec.get("has_error", False), bool):
             raise ExperimentError(
-                exp, f"{file}: has_error of record {i} must be true or false, not {rec['has_error']!r}"[:200]
+                exp, f"{file}: has_error of record {i} must be true or false, not {shown(rec['has_error'])}"
             )
+
+
+def _shared_prefix(exp: str, profile) -> dict:
+    """profile.json's data.shared_prefix (empty when absent); an error naming the file and field
+    when the profile is not shaped as the format says."""
+    if not isinstance(profile, dict):
+        raise ExperimentError(exp, f"profile.json: expected an object, not {shown(profile)}")
+    data = profile.get("data")
+    if data is not None and not isinstance(data, dict):
+        raise ExperimentError(exp, f"profile.json: data must be an object, not {shown(data)}")
+    shared = (data or {}).get("shared_prefix")
+    if shared is not None and not isinstance(shared, dict):
+        raise ExperimentError(exp, f"profile.json: data.shared_prefix must be an object, not {shown(shared)}")
+    return shared or {}
+
+
+def _first_count(exp: str, hi: int, *candidates: tuple[str, object]) -> int:
+    """The first of (where, value) that is given and not 0, checked as an integer in 0..hi; else 0."""
+    for where, value in candidates:
+        if _optional_int(exp, where, value, 0, hi):
+            return value
+    return 0
+
+
+def _check_block_slots(exp: str, inputs: np.ndarray, outputs: np.ndarray, block: int) -> None:
+    """The replay keeps a list of KV blocks per request, room for its whole sequence: refused over
+    MAX_BLOCK_SLOTS in all (each request is already bounded; their number times their length is not)."""
+    slots = int(((inputs + outputs) // block + 2).sum())
+    if slots > MAX_BLOCK_SLOTS:
+        raise ExperimentError(
+            exp,
+            f"requests.json: the requests need {slots:,} KV blocks of {block} tokens in all "
+            f"(input + output tokens), over the replay's limit of {MAX_BLOCK_SLOTS:,}",
+        )
 
 
 def load_experiments(

@@ -59,8 +59,8 @@ from .surrogate import SurrogateSet, TrajectoryModel, VectorProgram, learn_gain,
 
 Recording = tuple[MetricRow, "TrajectoryModel | None"]  # one experiment's closed loop at some constants
 
-FAILED_LOSS = 1e5  # loss given to constants whose replay fails (NaN or non-positive step time)
-FAILED_REASON = "step_time was non-finite or non-positive for every constant vector tried"
+FAILED_LOSS = 1e5  # loss given to constants whose replay fails (a duration NaN, non-positive or over replay.MAX_US)
+FAILED_REASON = "step_time was non-finite, non-positive or over 1e15 us for every constant vector tried"
 SCOPES = ("global", "model", "experiment")
 METHODS = ("trust-region", "cmaes")  # the first is the default (fitted_header.DEFAULT_METHOD)
 

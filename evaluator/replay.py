@@ -51,7 +51,16 @@ NO_DEADLINE = np.iinfo(np.int64).max
 #     which evicts that block's cached content) before freeing its blocks.
 SEMANTICS = ("blis", "vllm")
 DEFAULT_SEMANTICS = "blis"
-MAX_US = 1e15  # durations are capped here before rounding to int64 microseconds (as the emitted Go does)
+MAX_US = 1e15  # the longest duration a program may return (31 years): over it is an overflow, as non-finite
+
+
+@njit(cache=True, nogil=True)
+def _valid_duration(x: float) -> bool:
+    """The one rule for a duration a program returns (us): finite and at most MAX_US. Over MAX_US is
+    an overflow (e.g. exp(exp(exp(x))): exp is clamped, so it stays finite) and fails the replay as
+    NaN does, so eval and fit judge it alike. (The emitted Go still caps at MAX_US.)"""
+    return np.isfinite(x) and x <= MAX_US
+
 
 _component_values = njit(cache=True, nogil=True)(component_values)
 
@@ -305,7 +314,7 @@ def _simulate(
     out_tok = 0
     if entries[2] >= 0:
         x = run_code(code, lits, entries[2], none, consts, none, stack, local)
-        if not np.isfinite(x):
+        if not _valid_duration(x):
             diag[0] = x
             diag[1] = 2.0
             return (
@@ -322,7 +331,7 @@ def _simulate(
     post_decode = 0
     if entries[3] >= 0:
         x = run_code(code, lits, entries[3], none, consts, none, stack, local)
-        if not np.isfinite(x):
+        if not _valid_duration(x):
             diag[0] = x
             diag[1] = 3.0
             return (
@@ -390,7 +399,7 @@ def _simulate(
                 req[1] = outputs[r]
                 req[2] = last_dt
                 x = run_code(code, lits, entries[1], none, consts, req, stack, local)
-                if not np.isfinite(x):
+                if not _valid_duration(x):
                     diag[0] = x
                     diag[1] = 1.0
                     return BAD_QUEUE_TIME, steps, clock, r, ttft, e2e, state, preempts
@@ -604,7 +613,7 @@ def _simulate(
         for j in range(N_COMPONENTS):
             comps[j] = v[j]
         x = run_code(code, lits, entries[0], comps, consts, none, stack, local)
-        if not np.isfinite(x) or x <= 0.0:
+        if not _valid_duration(x) or x <= 0.0:
             diag[0] = x
             return BAD_STEP_TIME, steps, clock, -1, ttft, e2e, state, preempts
         dt = max(np.int64(1), np.int64(np.round(min(x, MAX_US))))
@@ -744,9 +753,9 @@ class ReplayResult:
         """One line saying what went wrong (empty when the replay succeeded)."""
         return {
             OK: "",
-            BAD_STEP_TIME: f"step_time returned {self.bad_value:g} (must be finite and positive) at step {self.n_steps}",
+            BAD_STEP_TIME: f"step_time returned {self.bad_value:g} (must be finite, positive and at most {MAX_US:g} us) at step {self.n_steps}",
             STEP_LIMIT: f"simulation exceeded the step limit ({self.n_steps} steps)",
-            BAD_QUEUE_TIME: f"{self.bad_function} returned {self.bad_value:g} (must be finite)",
+            BAD_QUEUE_TIME: f"{self.bad_function} returned {self.bad_value:g} (must be finite and at most {MAX_US:g} us)",
             TRAJECTORY_FULL: "trajectory buffer full",
         }[self.status]
 

@@ -346,14 +346,15 @@ def step_us(
     components: dict[str, np.ndarray], vector: VectorProgram, population: np.ndarray, judged: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(P, G) step durations of each class of `components` (not rounded: a class stands for many
-    steps), and (P,) whether every one (of the first `judged`, if given) is valid (finite and
-    positive, as the replay requires)."""
+    steps), and (P,) whether every one (of the first `judged`, if given) is valid (finite,
+    positive and at most MAX_US, as the replay requires)."""
     width = len(next(iter(components.values())))
     x = np.broadcast_to(
         evaluate_vector(vector.step_time, {**components, **vector.constant_inputs(population)}),
         (len(population), width),
     )
-    valid = np.all(np.isfinite(x[:, :judged]) & (x[:, :judged] > 0), axis=1)
+    judged_x = x[:, :judged]
+    valid = np.all(np.isfinite(judged_x) & (judged_x > 0) & (judged_x <= MAX_US), axis=1)
     return np.maximum(1.0, np.minimum(np.where(np.isfinite(x), x, 1.0), MAX_US)), valid
 
 
@@ -368,8 +369,8 @@ def shift_us(model: TrajectoryModel, vector: VectorProgram, population: np.ndarr
 
 def retime(model: TrajectoryModel, vector: VectorProgram, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Predicted APE of mean E2E and mean TTFT, each (P,), for a population (P, K) of constant
-    vectors on the recorded schedule; inf where the replay would fail (non-finite or non-positive
-    step time or delay); NaN for both when the split measures no request."""
+    vectors on the recorded schedule; inf where the replay would fail (a non-finite, non-positive
+    or overflowing step time, or a non-finite delay); NaN for both when the split measures no request."""
     e2e, ttft = SurrogateSet([model], vector).apes(population)
     return e2e[:, 0], ttft[:, 0]
 

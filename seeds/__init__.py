@@ -28,7 +28,7 @@ def seed_path(name: str) -> Path:
 def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:
     """(name, source) of every seed program under `paths` (files, or directories of *.py files
     not starting with "_"), each parsed and validated; names are the file stems and must be unique."""
-    from stepml_evolve.evaluator.dsl import ProgramError, parse_program
+    from stepml_evolve.evaluator.dsl import ProgramError, parse_program, read_program_text
 
     files = []
     for path in paths:
@@ -37,7 +37,7 @@ def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:
             if not found:
                 raise SeedError(f"{path}: no seed programs (*.py) in this directory")
             files += found
-        elif path.is_file():
+        elif path.exists():  # a file; anything else (a device, a FIFO) is refused when read
             files.append(path)
         else:
             raise SeedError(f"{path}: no such seed program file or directory")
@@ -47,10 +47,8 @@ def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:
             raise SeedError(f"{f}: a second seed named {f.stem!r}; seed names (file stems) must be unique")
         seen.add(f.stem)
         try:
-            source = f.read_text()
+            source = read_program_text(f)
             parse_program(source)
-        except (OSError, UnicodeDecodeError) as e:
-            raise SeedError(f"{f}: cannot read ({e})") from None
         except ProgramError as e:
             raise SeedError(f"{f}: {e}") from None
         seeds.append((f.stem, source))

@@ -171,7 +171,7 @@ def _bad_cases(src, root):
     d = root / "j-profile-wrong-type"
     _copy_experiment(src, d)
     _edit(d / "profile.json", lambda p: p.update(data=[1]))
-    cases[d.name] = "unexpected content"
+    cases[d.name] = "profile.json: data must be an object"
     d = root / "k-huge-input"
     _copy_experiment(src, d)
     _edit(d / "requests.json", lambda r: r["requests"][0].update(input_tokens=10**20))

@@ -10,7 +10,7 @@ from stepml_evolve.evaluator.components import COMPONENT_NAMES, coefficients, fr
 from stepml_evolve.evaluator.dsl import compile_program, parse_program, step_times
 from stepml_evolve.evaluator.experiments import Experiment
 from stepml_evolve.evaluator.model_arch import ModelArch
-from stepml_evolve.evaluator.replay import FINISHED, TIMED_OUT, replay
+from stepml_evolve.evaluator.replay import BAD_STEP_TIME, FINISHED, OK, TIMED_OUT, replay
 
 TINY = ModelArch(layers=2, hidden=256, heads=4, kv_heads=4, ffn=512, vocab=1000)
 LLAMA7 = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
@@ -207,7 +207,9 @@ def test_client_timeout_aborts_wherever_the_request_is_and_frees_blocks():
 def test_nan_or_non_positive_step_time_is_a_reported_failure():
     _, cp, c = _program("f.n_pf - 1.0")  # 0 for the first prefill step
     res = replay(_exp([0], [10], [3]), cp, c)
-    assert not res.ok and "step_time returned 0 (must be finite and positive) at step 0" == res.failure()
+    assert (
+        not res.ok and "step_time returned 0 (must be finite, positive and at most 1e+15 us) at step 0" == res.failure()
+    )
     _, cp, c = _program("1000.0", queue="-(exp(100.0) ** 4) * (exp(100.0) ** 4) * (exp(100.0) ** 4)")
     res = replay(_exp([0], [10], [3]), cp, c)
     assert not res.ok and res.failure().startswith("queueing_time returned -inf")
@@ -329,9 +331,13 @@ def test_in_memory_experiments_reject_what_the_replay_cannot_schedule(groups, pr
         Experiment.from_arrays("t", [0], [16], [0], arch=TINY)
 
 
-def test_huge_step_times_are_capped_not_wrapped_around():
-    """1e30 us does not fit an int64: it must count as the cap (1e15 us, as in Go), never as 1 us."""
-    prog = parse_program("def step_time(f, c):\n    return 1e30\n")
+def test_huge_step_times_are_an_overflow_not_wrapped_around():
+    """1e30 us does not fit an int64: it fails the replay as an overflow (over MAX_US, 1e15 us),
+    as NaN does, and never counts as 1 us; 1e15 us itself is still a step."""
     exp = _exp([0, 10], [32, 32], [2, 2], timeout_s=1e12)
-    res = replay(exp, compile_program(prog), np.zeros(0))
-    assert res.status == 0 and (res.e2e_us >= 1e15).all() and (res.ttft_us >= 1e15).all()
+    results = {}
+    for value in ("1e30", "1e15"):
+        prog = parse_program(f"def step_time(f, c):\n    return {value}\n")
+        results[value] = replay(exp, compile_program(prog), np.zeros(0))
+    assert results["1e30"].status == BAD_STEP_TIME and "at most 1e+15 us" in results["1e30"].failure()
+    assert results["1e15"].status == OK and (results["1e15"].e2e_us >= 1e15).all()

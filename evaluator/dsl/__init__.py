@@ -2,7 +2,15 @@
 (units.py), scalar VM (vm.py), numexpr (numexpr_compile.py)."""
 
 from .numexpr_compile import compile_vector, evaluate_vector, step_times
-from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError, load_program, parse_program
+from .program import (
+    FUNCTIONS,
+    REQUEST_FIELDS,
+    Program,
+    ProgramError,
+    load_program,
+    parse_program,
+    read_program_text,
+)
 from .units import Unit, UnitReport, check_units, infer_units
 from .vm import CompiledProgram, ScalarProgram, compile_program
 
@@ -12,6 +20,7 @@ __all__ = [
     "Program",
     "ProgramError",
     "load_program",
+    "read_program_text",
     "parse_program",
     "CompiledProgram",
     "ScalarProgram",

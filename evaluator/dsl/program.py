@@ -25,8 +25,10 @@ Rules (each rejection names the line and the rule broken):
 from __future__ import annotations
 
 import ast
+import io
 import math
 import re
+import tokenize
 import warnings
 from dataclasses import dataclass, field
 
@@ -52,6 +54,7 @@ MAX_LOCALS = 32
 MAX_DEPTH = 24
 MAX_NODES = 400
 MAX_ABS_EXPONENT = 4.0
+MAX_LITERAL_CHARS = 64  # a numeric literal's characters: a float's 17 digits and exponent fit many times over
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
@@ -408,6 +411,22 @@ def _parse_constants(node: ast.Assign) -> tuple[dict[str, float], dict[str, tupl
     return out, bounds
 
 
+def _check_literal_lengths(source: str) -> None:
+    """Over-long numeric literals are refused by the DSL's own rule before Python's parser sees
+    them (whose message for a 5000-digit integer is advice about sys.set_int_max_str_digits)."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.NUMBER and len(tok.string) > MAX_LITERAL_CHARS:
+                raise ProgramError(
+                    tok.start[0],
+                    "literal",
+                    f"a numeric literal of {len(tok.string):,} characters (at most {MAX_LITERAL_CHARS}; "
+                    "write a large number with an exponent, e.g. 1.5e30)",
+                )
+    except (tokenize.TokenError, SyntaxError):
+        pass  # malformed text: the parser below names the syntax error
+
+
 def parse_program(source: str) -> Program:
     """Parse and validate program text; raises ProgramError naming the line and rule."""
     if not isinstance(source, str):
@@ -416,6 +435,7 @@ def parse_program(source: str) -> Program:
         raise ProgramError(None, "size", f"program text exceeds {MAX_SOURCE_BYTES} bytes")
     if "\x00" in source:
         raise ProgramError(None, "syntax", "program text contains a NUL byte")
+    _check_literal_lengths(source)
     try:
         with warnings.catch_warnings():  # odd literals in hostile text must not print warnings
             warnings.simplefilter("ignore", SyntaxWarning)
@@ -477,16 +497,24 @@ def parse_program(source: str) -> Program:
     return Program(source=source, doc=doc, constants=constants, functions=functions, constants_span=span, bounds=bounds)
 
 
+def read_program_text(path) -> str:
+    """A program file's text, read only if it is a regular file within the DSL's MAX_SOURCE_BYTES
+    (a device such as /dev/zero, a FIFO or a huge file is refused before reading); ProgramError
+    (rule "file", the caller names the file) otherwise. The one way a program file is read."""
+    from ..readers import FileProblem, file_text
+
+    try:
+        return file_text(path, MAX_SOURCE_BYTES)
+    except FileProblem as e:
+        raise ProgramError(None, "file", f"cannot read program: {e}") from None
+
+
 def load_program(path) -> Program:
     """Read and parse a program file; ProgramError messages are prefixed with the path."""
     from pathlib import Path
 
     p = Path(path)
     try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProgramError(None, "file", f"cannot read program ({e})", origin=str(p)) from None
-    try:
-        return parse_program(text)
+        return parse_program(read_program_text(p))
     except ProgramError as e:
         raise ProgramError(e.line, e.rule, e.message, origin=str(p)) from None

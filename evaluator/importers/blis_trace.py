@@ -28,7 +28,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import yaml
+from stepml_evolve.evaluator.readers import DATA_BYTES, FileProblem, open_text, read_yaml
 
 from .common import DataImportError, Measured
 
@@ -48,12 +48,7 @@ STATUSES = ("ok", "timeout", "error")
 
 
 def read_header(src: Path) -> dict:
-    try:
-        header = yaml.safe_load(src.read_text())
-    except FileNotFoundError:
-        raise DataImportError(f"{src}: no such trace header") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise DataImportError(f"{src}: not a readable YAML trace header ({str(e).splitlines()[0][:160]})") from None
+    header = read_yaml(src, DataImportError, "trace header")
     if not isinstance(header, dict) or "trace_version" not in header:
         raise DataImportError(f"{src}: not a BLIS trace header (no trace_version)")
     v = header["trace_version"]
@@ -89,12 +84,12 @@ def read_blis_trace(src: str | Path, trace_data: str | Path | None = None) -> Me
     header = read_header(src)
     data = Path(trace_data) if trace_data else src.with_suffix(".csv")
     m = Measured(source="blis-trace", path=data, measurement="client", recorded=recorded_deployment(header))
+    if not data.exists():
+        raise DataImportError(f"{data}: no such trace data (the CSV beside {src.name}, or --trace-data)")
     try:
-        fh = data.open(newline="", encoding="utf-8")
-    except FileNotFoundError:
-        raise DataImportError(f"{data}: no such trace data (the CSV beside {src.name}, or --trace-data)") from None
-    except OSError as e:
-        raise DataImportError(f"{data}: unreadable ({e})") from None
+        fh = open_text(data, DATA_BYTES)
+    except FileProblem as e:
+        raise DataImportError(f"{data}: {e}") from None
     limits = []
     with fh:
         reader = csv.reader(fh)

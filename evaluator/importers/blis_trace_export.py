@@ -53,7 +53,7 @@ from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.experiments import Experiment, ExperimentError, LoadOptions, load_experiment
 from stepml_evolve.evaluator.outputs import OutputError, check_outputs, write_atomic
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
-from stepml_evolve.evaluator.readers import read_json
+from stepml_evolve.evaluator.readers import CONFIG_BYTES, FileProblem, file_text, parse_yaml, read_json
 
 DEFAULT_LATENCY_MODEL = "stepml-evolved"
 DEFAULT_SEED = 42
@@ -185,8 +185,8 @@ def server_extras(exp_dir: str | Path) -> dict:
     arguments), where present and well-formed; {} otherwise."""
     p = Path(exp_dir) / "exp-config.yaml"
     try:
-        cfg = yaml.safe_load(p.read_text()) if p.is_file() else None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        cfg = parse_yaml(file_text(p, CONFIG_BYTES)) if p.exists() else None
+    except FileProblem:
         return {}
     if not isinstance(cfg, dict):
         return {}

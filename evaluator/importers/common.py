@@ -31,7 +31,7 @@ from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.experiments import ExperimentError, LoadOptions, load_experiment
 from stepml_evolve.evaluator.hardware import get_hardware
 from stepml_evolve.evaluator.model_arch import ModelArch
-from stepml_evolve.evaluator.readers import read_json
+from stepml_evolve.evaluator.readers import CONFIG_BYTES, read_json, read_yaml
 
 
 class DataImportError(UserError):
@@ -91,10 +91,7 @@ def deployment_file(src: Path) -> Path | None:
 
 
 def _read_deployment(path: Path) -> dict:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise DataImportError(f"{path}: not a readable YAML file ({str(e).splitlines()[0][:160]})") from None
+    raw = read_yaml(path, DataImportError, "deployment file")
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -125,7 +122,7 @@ def _check_values(values: dict, where: dict) -> None:
 
 def hf_to_model_config(path: Path) -> dict:
     """A Hugging Face config.json as the replay format's model_config."""
-    cfg = read_json(path, DataImportError, "model config (a Hugging Face config.json)")
+    cfg = read_json(path, DataImportError, "model config (a Hugging Face config.json)", limit=CONFIG_BYTES)
     if not isinstance(cfg, dict):
         raise DataImportError(f"{path}: expected a JSON object (a Hugging Face config.json)")
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
@@ -140,9 +137,9 @@ def hf_to_model_config(path: Path) -> dict:
         raise DataImportError(f"{path}: a Hugging Face config.json needs {', '.join(missing)}")
     mc = {k: cfg[hf] for k, hf in keys.items()}
     mc["num_kv_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    mc["num_local_experts"] = int(cfg.get("num_local_experts") or 0)
-    mc["num_experts_per_tok"] = int(cfg.get("num_experts_per_tok") or 0) if mc["num_local_experts"] else 0
-    mc["vocab_size"] = int(cfg.get("vocab_size") or 32000)
+    mc["num_local_experts"] = cfg.get("num_local_experts") or 0
+    mc["num_experts_per_tok"] = (cfg.get("num_experts_per_tok") or 0) if mc["num_local_experts"] else 0
+    mc["vocab_size"] = cfg.get("vocab_size") or 32000
     try:
         ModelArch.from_model_config(mc)
     except ValueError as e:

@@ -14,9 +14,10 @@ the span's duration). vLLM records no prefix groups and no client limit.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from stepml_evolve.evaluator.readers import DATA_BYTES, FileProblem, parse_json, read_text
 
 from .common import DataImportError, Measured
 
@@ -53,21 +54,16 @@ def _spans(doc):
 
 def read_otel(src: str | Path) -> Measured:
     src = Path(src)
-    try:
-        lines = src.read_text().splitlines()
-    except FileNotFoundError:
-        raise DataImportError(f"{src}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataImportError(f"{src}: unreadable ({e})") from None
+    lines = read_text(src, DataImportError, limit=DATA_BYTES).splitlines()
     m = Measured(source="otel", path=src, measurement="server")
     seen = set()
     for ln, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataImportError(f"{src}: line {ln}: malformed JSON ({e.msg} at column {e.colno})") from None
+            doc = parse_json(line)
+        except FileProblem as e:
+            raise DataImportError(f"{src}: line {ln}: {e}") from None
         if not isinstance(doc, dict) or "resourceSpans" not in doc:
             raise DataImportError(f"{src}: line {ln}: not an OTLP JSON export (no resourceSpans)")
         try:

@@ -52,8 +52,10 @@ from .options import (
     PromptReuseOption,
     RemoteWorkersOption,
     SemanticsOption,
+    SkipBadOption,
     WeightsOption,
     WorkersOption,
+    require_with,
 )
 from .progress import fit_progress, run_progress
 from .tables import (
@@ -214,6 +216,7 @@ def eval_cmd(
     semantics: SemanticsOption = SETUP.semantics,
     objective: ObjectiveOption = SETUP.objective,
     weights: WeightsOption = None,
+    skip_bad: SkipBadOption = SETUP.skip_bad,
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
     setup = EvaluationSetup(
@@ -224,15 +227,20 @@ def eval_cmd(
         objective=objective,
         weights=weights,
         workers=workers,
+        skip_bad=skip_bad,
     )
     result = evaluate_program(program, setup, split, say=say)
+    everywhere = result.failed_everywhere(skip_bad)  # one line, not a table of failures and loss inf
     if as_json:
         print(dumps(result.to_json()))
-    else:
+    elif everywhere is None:
         out.print(metrics_table(result.rows, f"{program} on {result.data.label}, {split} split"))
         out.print(f"loss ({split}): {loss_text(result.loss)}  ({result.objective.describe()})")
+    if everywhere is not None:
+        raise everywhere
     for r in result.failed:
         error(f"{program} on {r.name}: {r.error}")
+    setup.refuse_bad(result.data)  # after the good ones' scores, as data check reports its rows
     if result.failed:
         raise typer.Exit(2)
 
@@ -275,6 +283,7 @@ def fit_cmd(
     weights: WeightsOption = None,
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
+    skip_bad: SkipBadOption = SETUP.skip_bad,
 ):
     """Fit PROGRAM's constants on the train split, then score validate and test."""
     setup = EvaluationSetup(
@@ -286,6 +295,7 @@ def fit_cmd(
         weights=weights,
         workers=workers,
         cluster=Cluster.of(cluster, remote_workers),
+        skip_bad=skip_bad,
     )
     fitted = fit_program(
         program,
@@ -343,6 +353,7 @@ def cv_cmd(
     weights: WeightsOption = None,
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
+    skip_bad: SkipBadOption = SETUP.skip_bad,
 ):
     """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
     setup = EvaluationSetup(
@@ -354,6 +365,7 @@ def cv_cmd(
         weights=weights,
         workers=workers,
         cluster=Cluster.of(cluster, remote_workers),
+        skip_bad=skip_bad,
     )
     done = cross_validate_program(
         program,
@@ -390,8 +402,13 @@ def cv_cmd(
     out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}  ({done.config.objective.describe()})")
 
 
+# the run options that only an LLM reads: refused without --llm rather than silently ignored
+LLM_ONLY = ("llm_base_url", "llm_ratio", "llm_timeout", "llm_offline", "budget_usd", "max_llm_calls", "max_llm_tokens")
+
+
 @app.command("run")
 def run_cmd(
+    ctx: typer.Context,
     generations: int = typer.Option(
         SEARCH.generations, "--generations", min=0, help="Generations to complete (generation 0 fits the seeds)."
     ),
@@ -520,9 +537,11 @@ def run_cmd(
     ),
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
+    skip_bad: SkipBadOption = SETUP.skip_bad,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
+    require_with(ctx, "--llm MODEL", llm is not None, *LLM_ONLY)
     setup = EvaluationSetup(
         data=data,
         prompt_reuse=prompt_reuse,
@@ -531,6 +550,7 @@ def run_cmd(
         weights=weights,
         workers=workers,
         cluster=Cluster.of(cluster, remote_workers),
+        skip_bad=skip_bad,
     )
     config = SearchConfig(
         generations=generations,

@@ -18,17 +18,39 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
+def printable(text: str, newlines: bool = False) -> str:
+    """Text that may quote the user's names (a directory, a file, a model id) as it goes to a
+    terminal: every non-printable character (the ESC of an escape sequence, a carriage return, a
+    bell, a bidi override) shown as its Python escape, so a name can never recolour, move the
+    cursor or hide itself; with `newlines`, line breaks are kept (a message listing items one a
+    line). The one rule for user-supplied text on the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or (newlines and c == "\n") else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
+def plain(text: str, newlines: bool = False) -> str:
+    """User-supplied text for a rich cell, title or line: printable, and never read as markup."""
+    return escape(printable(str(text), newlines))
+
+
 def error(message: str) -> None:
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/red] {plain(message, newlines=True)}", highlight=False, soft_wrap=True)
 
 
 def say(message: str) -> None:
     """A line a command's backend tells the user while it works (stderr); one about an input left
     out (`skipped: ...`) shows that word in yellow."""
     if message.startswith(SKIPPED):
-        err.print(f"[yellow]skipped:[/yellow] {escape(message.removeprefix(SKIPPED))}", highlight=False, soft_wrap=True)
+        err.print(
+            f"[yellow]skipped:[/yellow] {plain(message.removeprefix(SKIPPED), newlines=True)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     else:
-        err.print(message, highlight=False)
+        err.print(printable(message, newlines=True), highlight=False)
 
 
 class CommandGroup(typer.core.TyperGroup):
@@ -38,5 +60,7 @@ class CommandGroup(typer.core.TyperGroup):
         try:
             return super().invoke(ctx)
         except UserError as e:
+            for line in e.details:
+                error(line)
             error(str(e))
             raise typer.Exit(e.exit_code) from None

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import typer
 
 from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitting import METHODS
 from stepml_evolve.evaluator.objectives import OBJECTIVES
 from stepml_evolve.evaluator.prompt_reuse import POLICIES as PROMPT_REUSE_POLICIES
@@ -88,3 +89,34 @@ MethodOption = Annotated[
         "or cmaes (CMA-ES on the closed loop).",
     ),
 ]
+SkipBadOption = Annotated[
+    bool,
+    typer.Option(
+        "--skip-bad",
+        help="Leave out the experiments that do not load (each said in a 'skipped:' line) instead of "
+        "exiting 2: eval scores the good ones first, fit, cv and run stop before any work.",
+    ),
+]
+
+
+class OptionError(UserError):
+    """Options that do not go together: one line naming the flag."""
+
+
+def given(ctx: typer.Context, *names: str) -> list[str]:
+    """The flags of the parameters `names` that the user gave (on the command line or through an
+    environment variable), not left at their defaults; as typed, e.g. --llm-base-url."""
+    params = {p.name: p for p in ctx.command.params}
+    return [
+        params[n].opts[0]
+        for n in names
+        # by name: typer 0.2x vendors its own click, whose ParameterSource is not click's
+        if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+    ]
+
+
+def require_with(ctx: typer.Context, flag: str, present: bool, *names: str) -> None:
+    """OptionError naming the first of `names` given by the user when `flag` (which they need) is not."""
+    stray = [] if present else given(ctx, *names)
+    if stray:
+        raise OptionError(f"{', '.join(stray)}: needs {flag} (without it the option would be ignored)")

@@ -13,6 +13,8 @@ from stepml_evolve.evaluator.datasets import ExperimentSummary
 from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.numbers import fmt
 
+from .console import plain
+
 
 def clean(obj):
     """JSON-safe copy: NaN and infinities become null; metric rows in their documented shape."""
@@ -34,7 +36,7 @@ def dumps(obj) -> str:
 
 
 def metrics_table(rows: list[MetricRow], title: str) -> Table:
-    t = Table(title=title)
+    t = Table(title=plain(title))
     for col in (
         "experiment",
         "n",
@@ -53,7 +55,7 @@ def metrics_table(rows: list[MetricRow], title: str) -> Table:
     for r in rows:
         o, p, a = r.observed, r.predicted, r.ape
         t.add_row(
-            r.name,
+            plain(r.name),
             str(r.n_requests),
             fmt(o.e2e_mean_s, ".3f"),
             fmt(p.e2e_mean_s, ".3f"),
@@ -97,7 +99,7 @@ def prompts_cell(reuse: dict | None) -> str:
 
 def experiments_table(rows: list[ExperimentSummary], title: str) -> Table:
     t = Table(
-        title=title,
+        title=plain(title),
         caption="measured at: client = TTFT/E2E from the client's send time, server = from the "
         "server's arrival (span start); the replay's arrival is that moment. prompts: how "
         "requests share prompt blocks (cycle P (share): a list of P prompts sent in turn, "
@@ -124,8 +126,8 @@ def experiments_table(rows: list[ExperimentSummary], title: str) -> Table:
         s = r.split
         cached = fmt(r.prompt_reuse["cached_share"] * 100, ".1f") if r.prompt_reuse else ""
         t.add_row(
-            r.name,
-            r.model.split("/")[-1],
+            plain(r.name),
+            plain(r.model.split("/")[-1]),
             str(r.tp),
             "MoE" if r.moe else "dense",
             str(r.n_requests),

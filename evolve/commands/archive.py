@@ -96,7 +96,8 @@ def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: S
             f"{run.data_label}); pass --data DIR with its experiments"
         )
     search = RunSettings.stored(run.config).search
-    loaded = EvaluationSetup(directory, prompt_reuse=search["prompt_reuse"]).load(say)
+    # the run's own experiments (the fingerprint below says so), bad ones left out as the run did
+    loaded = EvaluationSetup(directory, prompt_reuse=search["prompt_reuse"], skip_bad=True).load(say)
     if loaded.fingerprint() != run.data_fingerprint:
         raise ArchiveCVError(
             f"{loaded.directory}: not the data the run in {archive_dir} searched on ({run.data_label}): "

@@ -9,11 +9,16 @@ import numpy as np
 
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.objectives import DEFAULT, Objective
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
 
 from .setup import EvaluationSetup, Say, quiet
+
+
+class EvaluationError(UserError):
+    """A program that replays on none of the experiments: one line, not one per experiment."""
 
 
 @dataclass
@@ -33,6 +38,18 @@ class Evaluation:
     def failed(self) -> list[MetricRow]:
         return [r for r in self.rows if r.error]
 
+    def failed_everywhere(self, skip_bad: bool = False) -> EvaluationError | None:
+        """One error for a program that fails to replay on every experiment (the reason on the
+        first; the experiments that did not load as its details, unless skip_bad), else None."""
+        if not self.rows or len(self.failed) < len(self.rows):
+            return None
+        first = self.rows[0]
+        error = EvaluationError(
+            f"{self.program}: fails to replay on every experiment ({len(self.rows)}); on {first.name}: {first.error}"
+        )
+        error.details = () if skip_bad else tuple(str(e) for e in self.data.errors)
+        return error
+
     def to_json(self) -> dict:
         return {
             "program": str(self.program),
@@ -43,15 +60,18 @@ class Evaluation:
             "loss": self.loss,
             **self.objective.settings(),
             "experiments": self.rows,
+            "errors": [{"name": e.experiment, "error": e.problem} for e in self.data.errors],
         }
 
 
 def evaluate_program(
     path: Path, setup: EvaluationSetup = EvaluationSetup(), split: str = "test", say: Say = quiet
 ) -> Evaluation:
-    """The program's per-experiment metrics on `split`, with the constants it holds."""
+    """The program's per-experiment metrics on `split`, with the constants it holds. Experiments
+    that do not load are in `data.errors` (the caller reports the good ones, then
+    `setup.refuse_bad`)."""
     program = load_program(path)
-    loaded = setup.load(say)
+    loaded = setup.load(say, keep_bad=True)
     goal = setup.goal(loaded)
     vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
     with setup.engine(loaded) as engine:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES, LoadedData, load_data
 from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.executor import Cluster
 from stepml_evolve.evaluator.fitting import ProgressFn
 from stepml_evolve.evaluator.objectives import DEFAULT, Objective, load_objective
@@ -21,6 +22,18 @@ from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 Say = Callable[[str], None]  # one line to the user
 FitProgress = Callable[[], AbstractContextManager[ProgressFn]]  # opens a fit's display; yields what the fit reports to
 SKIPPED = "skipped: "  # how a line about an input left out begins (the command line shows the word in yellow)
+
+
+class BadExperiments(UserError):
+    """Experiments that do not load, without --skip-bad: one line each (its details), then this."""
+
+    def __init__(self, loaded: LoadedData):
+        self.details = tuple(str(e) for e in loaded.errors)
+        n_bad, n_all = len(loaded.errors), len(loaded.errors) + len(loaded.experiments)
+        super().__init__(
+            f"{loaded.label}: {n_bad} of {n_all} experiments do not load (above); fix them, or pass "
+            "--skip-bad to leave them out"
+        )
 
 
 def quiet(message: str) -> None:
@@ -36,7 +49,8 @@ def no_progress(*_) -> AbstractContextManager[Callable[..., None]]:
 class EvaluationSetup:
     """The options every replaying command shares: the data (None: the built-in synthetic sample)
     and how it is read (output length, prompt reuse), the replay's semantics, the objective (with
-    an optional weights file), and where replays run (threads, or a Ray cluster)."""
+    an optional weights file), where replays run (threads, or a Ray cluster), and whether bad
+    experiments are left out (skip_bad) or refused."""
 
     data: Path | None = None
     output_len: str = OUTPUT_LEN_POLICIES[0]
@@ -46,17 +60,28 @@ class EvaluationSetup:
     weights: Path | None = None
     workers: int | None = None
     cluster: Cluster | None = None
+    skip_bad: bool = False  # leave out the experiments that do not load (else they stop the command, exit 2)
 
-    def load(self, say: Say = quiet) -> LoadedData:
-        """The good experiments of the data, each one skipped said, and a note when it is the
-        synthetic sample; a DataError if none is good."""
+    def load(self, say: Say = quiet, keep_bad: bool = False) -> LoadedData:
+        """The experiments of the data, and a note when it is the synthetic sample; a DataError if
+        none is good. Bad experiments: with skip_bad each is said as skipped; else BadExperiments,
+        before any work, unless `keep_bad` (the caller reports the good ones first, then calls
+        `refuse_bad`)."""
         loaded = load_data(self.data, output_len=self.output_len, prompt_reuse=self.prompt_reuse)
-        for e in loaded.errors:
-            say(f"{SKIPPED}{e}")
+        if self.skip_bad:
+            for e in loaded.errors:
+                say(f"{SKIPPED}{e}")
+        elif not keep_bad or not loaded.experiments:
+            self.refuse_bad(loaded)
         loaded.require_experiments()
         if loaded.synthetic:
             say(f"using the built-in synthetic sample: {loaded.label} (pass --data DIR for real experiments)")
         return loaded
+
+    def refuse_bad(self, loaded: LoadedData) -> None:
+        """BadExperiments if some experiment of `loaded` did not load and skip_bad is not set."""
+        if loaded.errors and not self.skip_bad:
+            raise BadExperiments(loaded)
 
     def goal(self, loaded: LoadedData) -> Objective:
         """The objective, its weights read (a pattern matching none of `loaded`'s experiments is refused)."""

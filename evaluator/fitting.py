@@ -255,16 +255,43 @@ def fit(
     return result
 
 
-def _quiet_cma(x0, sigma0, opts) -> cma.CMAEvolutionStrategy:
+def _quiet_cma(x0, sigma0, opts) -> cma.CMAEvolutionStrategy | _OneDimension:
     """A CMA-ES with its own random stream: with its default sampler pycma seeds and draws from
     numpy's global generator, so fits running at the same time (cross-validation folds) would
-    take each other's numbers and no longer be a function of their seed."""
+    take each other's numbers and no longer be a function of their seed. A program with one
+    constant gets a second, ignored coordinate (pycma does not run in one dimension)."""
     opts = dict(opts)
     rng = np.random.default_rng(opts.pop("seed"))
     opts["randn"] = lambda *shape: rng.standard_normal(shape)
+    one = len(x0) == 1
+    if one:
+        x0 = np.append(x0, 0.0)
+        if "bounds" in opts:
+            opts["bounds"] = [list(opts["bounds"][0]) + [-1.0], list(opts["bounds"][1]) + [1.0]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return cma.CMAEvolutionStrategy(x0, sigma0, opts)
+        es = cma.CMAEvolutionStrategy(x0, sigma0, opts)
+    return _OneDimension(es) if one else es
+
+
+class _OneDimension:
+    """A two-dimensional CMA-ES seen through its first coordinate: what it asks for is cut to it,
+    and what is told back is the full points it asked for last."""
+
+    def __init__(self, es: cma.CMAEvolutionStrategy):
+        self.es, self.asked = es, []
+
+    def stop(self):
+        return self.es.stop()
+
+    def ask(self, number=None):
+        asked = self.es.ask() if number is None else self.es.ask(number)
+        if number is None:
+            self.asked = asked
+        return [np.asarray(x)[:1] for x in asked]
+
+    def tell(self, X, values):
+        self.es.tell(self.asked, values)
 
 
 def _tell(es, X, losses) -> None:

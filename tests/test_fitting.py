@@ -193,3 +193,15 @@ def test_eval_json_on_real_data_has_the_documented_shape(real_data):
     with_requests = [r for r in rows if r["n_requests"] > 0]
     assert len(with_requests) == 13  # three overloaded runs have no successful request in the test window
     assert all(r["ape"]["e2e"] is not None for r in with_requests)
+
+
+@pytest.mark.parametrize("method", ["trust-region", "cmaes"])
+def test_a_program_with_one_constant_is_fitted_by_either_method(synthetic, method):
+    """pycma does not run in one dimension: the fit gives it an ignored second coordinate."""
+    prog = parse_program(
+        'CONSTANTS = {"k": {"start": 1.5, "min": 0.1, "max": 50.0}}\n\n\n'
+        "def step_time(f, c):\n    return c.k * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc + f.weights) + 500.0\n"
+    )
+    with Engine(synthetic.experiments) as engine:
+        r = fit(prog, synthetic.experiments, engine, FitConfig(seed=2, max_evals=8, method=method))
+    assert r.loss < r.history[0][1] and 0.1 <= r.constants["all"]["k"] <= 50.0

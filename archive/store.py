@@ -229,13 +229,16 @@ class WriterLock:
 
     def __init__(self, directory: Path):
         path = directory / self.FILE
-        self.fh = open(path, "a+")
+        try:
+            self.fh = open(path, "a+")
+        except OSError as e:
+            raise ArchiveError(f"{path}: cannot take the archive's writer lock ({e.strerror})") from None
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 self.fh.close()
-                raise
+                raise ArchiveError(f"{path}: cannot take the archive's writer lock ({e.strerror})") from None
             self.fh.seek(0)
             pid = self.fh.read().strip()
             self.fh.close()

@@ -6,11 +6,21 @@ Everything a generation produces is written in one transaction together with its
 last completed generation: resuming redoes the interrupted generation from scratch, and
 because a generation is a deterministic function of (seed, generation, archive state), the
 redone generation is the one that would have been written.
+
+Guards, all here: every query goes through `_Connection`, so a database error of any kind (a
+damaged page, a file that is not a database, a read-only file) is one `ArchiveError` naming the
+file; one writer at a time (an flock on `archive.lock` that the kernel drops when its holder
+dies, however it dies); a write stops if the file was deleted or replaced under the writer; an
+archive in a directory SQLite cannot write its -shm file into (read-only media) is browsed
+`immutable`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -71,6 +81,15 @@ def _add_cv_tables(db: sqlite3.Connection) -> None:
     )
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at `path` (device, inode), None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 # MIGRATIONS[v] upgrades an archive from schema v to v + 1 in place (inside one transaction).
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_cv_tables}
 SCHEMA = "\n".join(
@@ -82,6 +101,158 @@ SCHEMA = "\n".join(
 
 class ArchiveError(UserError):
     """An archive file that cannot be used; the message is one line naming the file."""
+
+
+def _problem(e: sqlite3.Error) -> str:
+    """What a database error means for the user (SQLite's words in parentheses)."""
+    text = str(e)
+    if "readonly" in text or "read-only" in text:
+        return f"the archive cannot be written ({text}); browsing works, a run or `archive cv` needs a writable copy"
+    if "locked" in text or "busy" in text:
+        return f"the archive is held by another process ({text})"
+    if "full" in text:
+        return f"the archive cannot be written ({text})"
+    return f"not a readable archive ({text})"
+
+
+def _translated(path: Path, e: sqlite3.Error) -> BaseException:
+    """A database error as the user sees it; misuse of the API (ProgrammingError) is a bug and stays as it is."""
+    if isinstance(e, sqlite3.ProgrammingError) or not isinstance(e, sqlite3.DatabaseError):
+        return e
+    return ArchiveError(f"{path}: {_problem(e)}")
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose database errors, when a statement runs or when rows are fetched, are ArchiveErrors."""
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except sqlite3.Error as e:
+            raise _translated(self.connection.archive_path, e) from None
+
+    def execute(self, *args):
+        return self._call(super().execute, *args)
+
+    def executemany(self, *args):
+        return self._call(super().executemany, *args)
+
+    def executescript(self, *args):
+        return self._call(super().executescript, *args)
+
+    def fetchone(self):
+        return self._call(super().fetchone)
+
+    def fetchmany(self, *args):
+        return self._call(super().fetchmany, *args)
+
+    def fetchall(self):
+        return self._call(super().fetchall)
+
+    def __next__(self):
+        return self._call(super().__next__)
+
+
+class _Connection(sqlite3.Connection):
+    """The archive's connection: every statement runs on a `_Cursor`."""
+
+    archive_path: Path
+
+    def cursor(self, factory=_Cursor):
+        return super().cursor(factory)
+
+    def execute(self, *args):
+        return self.cursor().execute(*args)
+
+    def executemany(self, *args):
+        return self.cursor().executemany(*args)
+
+    def executescript(self, *args):
+        return self.cursor().executescript(*args)
+
+
+def _connect(path: Path, target: str | Path, **kwargs) -> _Connection:
+    """A connection to the archive file `path` (opened as `target`: the path, or a URI)."""
+    try:
+        db = sqlite3.connect(target, factory=_Connection, timeout=30, **kwargs)
+    except sqlite3.Error as e:
+        raise _translated(path, e) from None
+    db.archive_path = path
+    return db
+
+
+def _connect_read_only(path: Path) -> _Connection:
+    """Read without writing anything. SQLite reads a WAL database through its -shm file, which it
+    must create when it is not there: in a directory it cannot write (read-only media, an
+    immutable copy) the archive is opened `immutable` instead, which is exact when nothing writes
+    it, as nothing can there, and when no -wal file holds changes not yet in the database."""
+    uri = path.resolve().as_uri()
+    shm, wal = path.with_name(path.name + "-shm"), path.with_name(path.name + "-wal")
+    if os.access(path.parent, os.W_OK | os.X_OK) or shm.exists():
+        return _connect(path, f"{uri}?mode=ro", uri=True)
+    if wal.exists() and wal.stat().st_size > 0:
+        raise ArchiveError(
+            f"{path}: its directory is read-only and {wal.name} holds changes not yet in the database; "
+            "copy the archive (with its -wal file) to a writable directory to browse it"
+        )
+    return _connect(path, f"{uri}?immutable=1", uri=True)
+
+
+def _check_not_empty(path: Path) -> None:
+    if path.is_file() and path.stat().st_size == 0:
+        raise ArchiveError(
+            f"{path}: an empty file (0 bytes), not an archive; restore the archive, or remove the file to start anew"
+        )
+
+
+def _check_writable(path: Path) -> None:
+    """The real reason a writer cannot write the archive, before SQLite says "readonly database"."""
+    directory = path.parent
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ArchiveError(
+            f"{path}: the archive is read-only (the file cannot be written); browsing works, "
+            "a run or `archive cv` needs a writable copy"
+        )
+    if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
+        raise ArchiveError(
+            f"{path}: the archive's directory {directory} is read-only (SQLite writes its -wal and -shm "
+            "files there); browsing works, a run or `archive cv` needs a writable copy"
+        )
+
+
+class WriterLock:
+    """One writer per archive: an exclusive flock on <archive>/archive.lock, held while the
+    archive is open for writing. The kernel drops it when the holder's file is closed or the
+    holder dies (SIGKILL included), so it is never left stuck; the file holds the holder's pid."""
+
+    FILE = "archive.lock"
+
+    def __init__(self, directory: Path):
+        path = directory / self.FILE
+        try:
+            self.fh = open(path, "a+")
+        except OSError as e:
+            raise ArchiveError(f"{path}: cannot take the archive's writer lock ({e.strerror})") from None
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                self.fh.close()
+                raise ArchiveError(f"{path}: cannot take the archive's writer lock ({e.strerror})") from None
+            self.fh.seek(0)
+            pid = self.fh.read().strip()
+            self.fh.close()
+            holder = f"process {pid}" if pid.isdigit() else "another process"
+            raise ArchiveError(
+                f"{directory}: {holder} is writing this archive (one writer at a time); wait for it to end, "
+                "or write to another --archive (browsing works meanwhile)"
+            ) from None
+        self.fh.truncate(0)
+        self.fh.write(f"{os.getpid()}\n")
+        self.fh.flush()
+
+    def release(self) -> None:
+        self.fh.close()  # closing the file drops the lock
 
 
 class Archive:
@@ -96,31 +267,47 @@ class Archive:
         path = directory / cls.FILE
         if not path.is_file():
             raise ArchiveError(f"{directory}: no archive here ({cls.FILE} not found)")
-        try:
-            return cls(directory, read_only=not writable)
-        except sqlite3.Error as e:
-            raise ArchiveError(f"{path}: not a readable archive ({e})") from None
+        return cls(directory, read_only=not writable)
 
     def __init__(self, directory: str | Path, create: bool = False, read_only: bool = False):
         """Open (or with create=True, make) the archive in `directory`. read_only opens the
         database without writing anything, so browsing never waits on a running search.
+        Writing takes the archive's writer lock (one writer at a time) and checks the file with
+        `PRAGMA quick_check` first (a damaged archive is refused before anything is added to it).
         An archive of another schema version is migrated (read-write) or refused (one line)."""
         self.dir = Path(directory)
         self.migrated_from: int | None = None  # the schema version this open migrated the archive from, if it did
-        path = self.dir / self.FILE
+        self.lock: WriterLock | None = None
+        self.identity: tuple[int, int] | None = None  # the file a writer opened (device, inode)
+        path = self.path = self.dir / self.FILE
         if not path.exists() and not create:
             raise FileNotFoundError(f"{path}: no archive here")
+        if read_only or not create:
+            _check_not_empty(path)
         if read_only:
-            self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+            self.db = _connect_read_only(path)
             try:
                 self.db.execute("SELECT 1 FROM programs LIMIT 1")  # fails early on a file that is not an archive
                 self._check_version(path, migrate=False)
-            except (sqlite3.Error, ArchiveError):
+            except ArchiveError:
                 self.db.close()
                 raise
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ArchiveError(f"{self.dir}: cannot make the archive's directory ({e.strerror})") from None
+        _check_writable(path)
+        self.lock = WriterLock(self.dir)
+        try:
+            self._open_for_writing(path)
+        except BaseException:
+            self.lock.release()
+            raise
+        self.identity = _identity(path)  # what `transaction` checks is still there
+
+    def _open_for_writing(self, path: Path) -> None:
+        self.db = _connect(path, path, isolation_level=None)
         try:
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if tables and "meta" not in tables:  # never take over someone else's database
@@ -128,18 +315,27 @@ class Archive:
                     f"{path}: a SQLite database that is not a stepml-evolve archive "
                     f"(tables: {', '.join(sorted(tables))}); choose another --archive"
                 )
+            if tables:
+                self._quick_check(path)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             if tables:
                 self._check_version(path, migrate=True)
             self.db.executescript(SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        except sqlite3.DatabaseError as e:
-            self.db.close()
-            raise ArchiveError(f"{path}: not a readable archive ({e})") from None
         except ArchiveError:
             self.db.close()
             raise
+
+    def _quick_check(self, path: Path) -> None:
+        """SQLite's structural check of every page (seconds for a large archive, once per writer)."""
+        problems = [r[0] for r in self.db.execute("PRAGMA quick_check(1)")]
+        if problems != ["ok"]:
+            lines = [ln.strip() for ln in problems[0].splitlines() if ln.strip() and not ln.startswith("***")]
+            raise ArchiveError(
+                f"{path}: not a readable archive (damaged: {lines[0] if lines else 'quick_check failed'}); "
+                "restore it from a copy"
+            )
 
     def _check_version(self, path: Path, migrate: bool) -> None:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -180,9 +376,24 @@ class Archive:
 
     def close(self) -> None:
         self.db.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def check_still_there(self) -> None:
+        """A writer stops when its archive was deleted or replaced: writing on would go to a file
+        that no longer has a name, and the work would be lost without a word."""
+        now = _identity(self.path)
+        if self.identity is not None and now != self.identity:
+            what = "deleted" if now is None else "replaced by another file"
+            raise ArchiveError(
+                f"{self.path}: the archive was {what} while this command was writing it; "
+                "stopped (nothing more is written)"
+            )
 
     @contextmanager
     def transaction(self):
+        self.check_still_there()
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db

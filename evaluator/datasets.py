@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .experiments import Experiment, ExperimentError, LoadOptions, experiment_dirs, load_experiments
+from .outputs import OutputError, check_output_dir
 from .prompt_reuse import DEFAULT_POLICY
 
 SYNTHETIC_SEED = 0
@@ -185,8 +186,8 @@ def write_synthetic_sample(out_dir: Path, seed: int = SYNTHETIC_SEED, size: str 
     is the built-in sample's (STEPML_SAMPLE_SIZE) unless given."""
     from .synthetic import write_sample
 
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise DataError(
-            f"{out_dir}: exists and is not an empty directory; the sample goes into a new one (nothing written)"
-        )
-    return write_sample(out_dir, seed=seed, size=size or sample_size())
+    check_output_dir(out_dir)
+    try:
+        return write_sample(out_dir, seed=seed, size=size or sample_size())
+    except OSError as e:
+        raise OutputError(f"{e.filename or out_dir}: cannot write the sample ({e.strerror or e})") from None

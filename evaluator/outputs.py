@@ -53,12 +53,29 @@ def check_outputs(outputs: list[Path], inputs: list[Path] = ()) -> None:
             raise OutputError(f"{out}: is a directory; give a file name")
         if out.exists() and not out.is_file():
             raise OutputError(f"{out}: is not a regular file (a device, pipe or socket); give a file name")
-        if not out.parent.is_dir():
-            raise OutputError(f"{out}: directory {out.parent} does not exist")
-        if not os.access(out.parent, os.W_OK | os.X_OK):
-            raise OutputError(f"{out}: directory {out.parent} is not writable")
+        _check_writable_dir(out, out.parent)
         if _is_database(resolved):
             raise OutputError(f"{out}: is a SQLite database (an archive's?); choose another output file")
+
+
+def check_output_dir(out: Path) -> None:
+    """The same rule for a command that writes a directory of files: a new name in an existing
+    writable directory, or an existing empty directory it can write into."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OutputError(f"{out}: exists and is not an empty directory; give a new directory (nothing written)")
+    _check_writable_dir(out, out if out.is_dir() else out.parent)
+
+
+def _check_writable_dir(out: Path, directory: Path) -> None:
+    """`directory`, where `out` is written, exists and can be written (os.access: for root too, it
+    says no on a read-only file system or an immutable directory)."""
+    if directory.exists() and not directory.is_dir():
+        raise OutputError(f"{out}: {directory} is not a directory")
+    if not directory.is_dir():
+        raise OutputError(f"{out}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise OutputError(f"{out}: directory {directory} is not writable")
 
 
 def _is_database(path: Path) -> bool:
@@ -77,6 +94,13 @@ def write_atomic(path: Path, text: str, fsync: bool = False) -> None:
     """Write through a temporary file and rename: a crash never leaves half a file. fsync makes
     the content durable before the rename (for caches that a killed run must find intact)."""
     path = Path(path)
+    try:
+        _write_through_temporary(path, text, fsync)
+    except OSError as e:  # the disk filled, or the directory changed since it was checked: one line
+        raise OutputError(f"{path}: cannot write ({e.strerror or e}); nothing written") from None
+
+
+def _write_through_temporary(path: Path, text: str, fsync: bool) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

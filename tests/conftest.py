@@ -232,6 +232,9 @@ class FixedEmitter:
     def resume(self, archive, run_id) -> None:
         pass
 
+    def begin(self, generation) -> None:
+        pass
+
     def ask(self, ctx):
         from stepml_evolve.evolve.search.emitters import Proposal
 

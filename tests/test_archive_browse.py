@@ -31,7 +31,7 @@ def archive_dir(searched_archive):
 
 @pytest.fixture(scope="module")
 def records(archive_dir):
-    a = Archive(archive_dir)
+    a = Archive.open(archive_dir)  # read-only: other test files read the same archive at the same time
     programs = a.programs(a.run().id)
     evaluations = {p.id: a.evaluations(p.id) for p in programs}
     a.close()

@@ -80,7 +80,9 @@ def run_progress(total: int, start: int, console: Console = err):
             task = bar.add_task("run", total=total, completed=max(start - 1, 0), line="fitting seeds...")
 
             def update(info):
-                if "message" in info:
+                if info.get("notice"):  # a line to keep, above the bar
+                    bar.console.print(info["message"], highlight=False, soft_wrap=True)
+                elif "message" in info:
                     bar.update(task, line=info["message"])
                 else:
                     bar.update(task, completed=info["generation"], line=_run_line(info).split("  ", 1)[1])

@@ -197,7 +197,10 @@ def run_search(
         say(f"{archive_dir}: no archive yet, starting a new run")
     if llm is None:
         config = dataclasses.replace(config, llm_ratio=0.0)
-    archive = Archive(archive_dir, create=True)
+    if resume and (archive_dir / Archive.FILE).exists():
+        archive = Archive.open(archive_dir, writable=True)  # an empty or damaged file is refused, never started anew
+    else:
+        archive = Archive(archive_dir, create=True)
     try:
         outside = engine == "openevolve"
         operator = _llm_operator(llm, archive_dir, loaded, config) if llm and not outside else None

@@ -1,6 +1,7 @@
 """Emitters propose children; the search loop evaluates them (pyribs' ask/tell, for programs).
 
-An emitter owns its state (an LLM's budget, its calls) and answers two questions:
+An emitter owns its state (an LLM's budget, its calls, its circuit breaker), is told when a
+generation begins (`begin`), and answers two questions:
   * `ask(ctx)`: a child of the parent the loop chose, as program text, or why there is none
     (a rejection record); with the LLM calls it made, if any;
   * `tell(proposal, outcome, program_index)`: what became of it (invalid, duplicate, failed
@@ -62,6 +63,7 @@ class Proposal:
     rejection: RejectionRecord | None = None
     llm_calls: list[LLMCallRecord] = field(default_factory=list)
     reuses_structure: bool = False  # a new constant set for an archived structure (exempt from the duplicate filter)
+    notice: str = ""  # a line for the user (e.g. the LLM's circuit breaker opened)
 
 
 class Emitter(Protocol):
@@ -70,6 +72,8 @@ class Emitter(Protocol):
     def available(self) -> bool: ...
 
     def resume(self, archive: Archive, run_id: int) -> None: ...
+
+    def begin(self, generation: int) -> None: ...  # a generation starts: per-generation state is reset
 
     def ask(self, ctx: AskContext) -> Proposal: ...
 
@@ -87,6 +91,9 @@ class SymbolicEmitter:
         return True
 
     def resume(self, archive: Archive, run_id: int) -> None:
+        pass
+
+    def begin(self, generation: int) -> None:
         pass
 
     def ask(self, ctx: AskContext) -> Proposal:
@@ -121,7 +128,8 @@ class SymbolicEmitter:
 
 class LLMEmitter:
     """Asks an LLM (through LLMOperator: prompt, fenced-code parsing, retries) for a child; owns
-    the budget, rebuilt from the archive's call records on resume."""
+    the budget, rebuilt from the archive's call records on resume, and the circuit breaker: once
+    it opens, the LLM is not asked again in that generation (its other children are symbolic)."""
 
     def __init__(self, operator: LLMOperator, share: float):
         self.operator, self.share = operator, share
@@ -131,7 +139,10 @@ class LLMEmitter:
         return f"llm:{self.operator.client.model}"
 
     def available(self) -> bool:
-        return self.operator.budget.exhausted() is None
+        return self.operator.budget.exhausted() is None and not self.operator.breaker.is_open()
+
+    def begin(self, generation: int) -> None:
+        self.operator.breaker.reset()
 
     def resume(self, archive: Archive, run_id: int) -> None:
         budget = self.operator.budget
@@ -150,11 +161,18 @@ class LLMEmitter:
         )
         calls = [LLMCallRecord(**a.record()) for a in result.attempts]
         if result.source is None:
+            notice = ""
+            if result.rule == "llm-breaker":  # recorded in the archive as this rejection's rule
+                notice = (
+                    f"generation {ctx.generation}: {self.operator.breaker.why()}; the LLM is not asked again "
+                    "in this generation (its other children are symbolic)"
+                )
             return Proposal(
                 self.name,
                 parents,
                 rejection=RejectionRecord(operator=self.name, parents=parents, rule=result.rule, reason=result.reason),
                 llm_calls=calls,
+                notice=notice,
             )
         return Proposal(
             self.name, parents, result.source, f"{len(result.attempts)} call(s), parent via {ctx.how}", llm_calls=calls

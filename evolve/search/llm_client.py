@@ -7,6 +7,8 @@ replays offline and deterministically: the same archive state gives the same pro
 the cache and yield the same attempts, the same budget spent and the same outcome.
 Transient failures (timeouts, 429 rate limits, 5xx, connection errors) are retried a bounded
 number of times with backoff; every attempt is reported to the caller for the archive.
+A reply is kept up to MAX_REPLY_CHARS (the rest is cut off, with a marker saying so), so what is
+cached, archived and fed back into a retry prompt is bounded whatever a server sends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetc
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
 DEFAULT_TIMEOUT_S = 60.0  # seconds before a call is abandoned (then retried)
+# The longest reply kept: as many characters as the longest program the DSL takes has bytes, so a
+# reply with a program of any admissible size fits, and a runaway reply costs at most this much.
+MAX_REPLY_CHARS = 64_000
+
+
+def cap_reply(content: str) -> tuple[str, int | None]:
+    """The reply as it is kept (at most MAX_REPLY_CHARS, a marker included: capping it again
+    changes nothing), and its length as received when it was cut (None when it was not)."""
+    if len(content) <= MAX_REPLY_CHARS:
+        return content, None
+    marker = f"\n[... cut: the reply had {len(content)} characters; only its beginning is kept]"
+    return content[: MAX_REPLY_CHARS - len(marker)] + marker, len(content)
 
 
 @dataclass
@@ -49,6 +63,7 @@ class Attempt:
 class Reply:
     content: str
     attempts: list[Attempt] = field(default_factory=list)
+    received_chars: int | None = None  # the reply's length as the server sent it, when it was cut (cap_reply)
 
 
 class LLMUnavailable(Exception):
@@ -122,19 +137,27 @@ class LLMClient:
             ]
         if hit.get("content") is None:
             raise LLMUnavailable(hit.get("error") or "failed (cached)", attempts)
-        return Reply(hit["content"], attempts)
+        content, cut_from = cap_reply(hit["content"])  # an entry cached before replies were capped
+        return Reply(content, attempts, hit.get("received_chars") or cut_from)
 
-    def _store_history(self, key: str, attempts: list[Attempt], content: str | None, error: str | None = None) -> None:
-        self._store(
-            key,
-            {
-                "content": content,
-                "error": error,
-                "model": self.model,
-                "created": time.time(),
-                "attempts": [{**a.record(), "cached": False} for a in attempts],
-            },
-        )
+    def _store_history(
+        self,
+        key: str,
+        attempts: list[Attempt],
+        content: str | None,
+        error: str | None = None,
+        received_chars: int | None = None,
+    ) -> None:
+        entry = {
+            "content": content,
+            "error": error,
+            "model": self.model,
+            "created": time.time(),
+            "attempts": [{**a.record(), "cached": False} for a in attempts],
+        }
+        if received_chars is not None:
+            entry["received_chars"] = received_chars
+        self._store(key, entry)
 
     def complete(
         self, messages: list[dict], may_retry: Callable[[list[Attempt]], bool] | None = None, tag: str = ""
@@ -174,10 +197,10 @@ class LLMClient:
                     a.cost_usd = float(litellm.completion_cost(completion_response=resp, model=self.model) or 0.0)
                 except Exception:  # a model litellm has no price for (e.g. a local server): free
                     a.cost_usd = 0.0
-                content = resp.choices[0].message.content or ""
+                content, received_chars = cap_reply(resp.choices[0].message.content or "")
                 attempts.append(a)
-                self._store_history(key, attempts, content)
-                return Reply(content, attempts)
+                self._store_history(key, attempts, content, received_chars=received_chars)
+                return Reply(content, attempts, received_chars)
             except Exception as e:  # classify, record, maybe retry
                 a.latency_s = time.perf_counter() - t0
                 a.outcome, retry = _classify(e)

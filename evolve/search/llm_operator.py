@@ -1,5 +1,7 @@
 """The LLM mutation operator: prompt with the parent, its errors and other programs; parse the
-fenced code block; validate; retry a bounded number of times with the rejection fed back."""
+fenced code block; validate; retry a bounded number of times with the rejection fed back.
+Two things stop it asking: the budget (`Budget`), and the circuit breaker (`Breaker`), which
+opens after a few timeouts or connection failures in a row until the search closes it again."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import jinja2
 from stepml_evolve.evaluator.components import COMPONENTS
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, compile_program, parse_program
 
-from .llm_client import Attempt, LLMClient, LLMUnavailable
+from .llm_client import MAX_REPLY_CHARS, Attempt, LLMClient, LLMUnavailable
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -68,6 +70,40 @@ class Budget:
         return None
 
 
+UNREACHABLE = ("timeout", "connection_error")  # attempt outcomes that say the server is not answering
+BREAKER_LIMIT = 3  # attempts in a row that may time out or fail to connect before the breaker opens
+
+
+@dataclass
+class Breaker:
+    """A circuit breaker: open after `limit` attempts in a row that timed out or could not
+    connect, retries included, so a hanging server costs `limit` timeouts, not every attempt of
+    every LLM child; the search closes it at each generation (`reset`). It counts replayed
+    attempts as live ones, so a resumed or replayed run opens it where the original did."""
+
+    limit: int = BREAKER_LIMIT
+    failures: int = 0  # attempts in a row that found no server
+
+    def count(self, attempts: list[Attempt]) -> None:
+        self.failures = self._after(attempts)
+
+    def is_open(self, pending: list[Attempt] = ()) -> bool:
+        """Whether no further attempt may be made, counting `pending` attempts not yet counted."""
+        return self._after(pending) >= self.limit
+
+    def _after(self, attempts) -> int:
+        n = self.failures
+        for a in attempts:
+            n = n + 1 if a.outcome in UNREACHABLE else 0
+        return n
+
+    def reset(self) -> None:
+        self.failures = 0
+
+    def why(self) -> str:
+        return f"{self.limit} LLM attempts in a row timed out or could not connect"
+
+
 @dataclass
 class LLMProposal:
     source: str | None
@@ -83,6 +119,7 @@ class LLMOperator:
         """units: a reply whose functions do not return times is a rejection fed back for a retry
         (as the search would reject it; `evolve run --units check`)."""
         self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
+        self.breaker = Breaker()
         env = prompt_templates()
         self.system = env.get_template("system.j2").render(
             components=COMPONENTS,
@@ -109,20 +146,32 @@ class LLMOperator:
             if why := self.budget.exhausted():
                 proposal.reason, proposal.rule = why, "llm-budget"
                 return proposal
+            if self.breaker.is_open():
+                proposal.reason, proposal.rule = self.breaker.why(), "llm-breaker"
+                return proposal
             try:
-                reply = self.client.complete(messages, may_retry=lambda pending: self.budget.exhausted(pending) is None)
+                reply = self.client.complete(messages, may_retry=self._may_retry)
             except LLMUnavailable as e:
-                for a in e.attempts:
-                    self.budget.spend(a)
+                self._count(e.attempts)
                 proposal.attempts.extend(e.attempts)
                 proposal.reason, proposal.rule = f"LLM call failed: {e}", "llm-" + e.attempts[-1].outcome
+                if self.breaker.is_open():
+                    proposal.reason, proposal.rule = f"{proposal.reason}; {self.breaker.why()}", "llm-breaker"
                 return proposal
-            for a in reply.attempts:
-                self.budget.spend(a)
+            self._count(reply.attempts)
             proposal.attempts.extend(reply.attempts)
             last = reply.attempts[-1]
-            code = extract_code(reply.content)
-            if code is None:
+            if reply.received_chars:
+                last.outcome, reason = (
+                    "too_large",
+                    (
+                        f"the reply has {reply.received_chars} characters, more than the {MAX_REPLY_CHARS} a reply "
+                        "may have; only its beginning is kept"
+                    ),
+                )
+                last.error = reason
+                proposal.rule = "llm-size"
+            elif (code := extract_code(reply.content)) is None:
                 last.outcome, reason = "no_code", "the reply has no fenced ```python code block"
                 proposal.rule = "llm-no-code"
             else:
@@ -139,8 +188,16 @@ class LLMOperator:
                     last.error = reason
                     proposal.rule = f"llm-{e.rule}"
             proposal.reason = reason
-            messages = messages + [
+            messages = messages + [  # the reply as kept: capped, so a retry prompt stays bounded
                 {"role": "assistant", "content": reply.content},
                 {"role": "user", "content": self.retry_t.render(reason=reason)},
             ]
         return proposal
+
+    def _may_retry(self, pending: list[Attempt]) -> bool:
+        return self.budget.exhausted(pending) is None and not self.breaker.is_open(pending)
+
+    def _count(self, attempts: list[Attempt]) -> None:
+        for a in attempts:
+            self.budget.spend(a)
+        self.breaker.count(attempts)

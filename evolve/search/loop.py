@@ -143,6 +143,8 @@ class Search:
         elites = Elites.of([p for p in self.programs if p.island == island])
         rejections: list[RejectionRecord] = []
         llm_calls: list[LLMCallRecord] = []
+        for e in self.emitters:
+            e.begin(g)
         cands = [c for i in range(self.cfg.children) if (c := self._propose(g, i, elites, rejections, llm_calls))]
         self.cascade.screen([(c, (g, i)) for i, c in enumerate(cands)])
         failed = [c for c in cands if not c.quick_loss < FAILED_LOSS]
@@ -194,6 +196,8 @@ class Search:
         emitter = self._choose_emitter(rng)
         proposal = emitter.ask(AskContext(g, i, rng, parent, parse_program(parent.source), how, elites, self.archive))
         llm_calls.extend(proposal.llm_calls)
+        if proposal.notice:
+            self.progress({"generation": g, "message": proposal.notice, "notice": True})
         if proposal.source is None:
             rejections.append(proposal.rejection)
             return None
@@ -308,6 +312,7 @@ class Search:
         for g in range(self.last_generation() + 1, (self.cfg.generations if until is None else until) + 1):
             if self.out_of_patience():
                 break
+            self.archive.check_still_there()  # not a generation's work for an archive deleted under the run
             t0 = time.perf_counter()
             done = self._generation_zero() if g == 0 else self._generation(g)
             info = self.status(g)

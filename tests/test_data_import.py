@@ -362,7 +362,9 @@ def test_truncated_row_and_bad_out_dir(tmp_path):
     write_blis(tmp_path)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep").write_text("x")
-    one_line_error(cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "full"), "not empty")
+    one_line_error(
+        cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "full"), "not an empty directory"
+    )
     one_line_error(
         cli("data", "import", "--from", "blis-trace", src, "--out", tmp_path / "no" / "exp"), "does not exist"
     )

@@ -183,7 +183,7 @@ def make_legacy(archive_dir):
     run_id, config = db.execute("SELECT id, config FROM runs").fetchone()
     config = json.loads(config)
     for k in LEGACY_SETTINGS:
-        del config["search"][k]
+        config["search"].pop(k, None)  # (cv_fit_evals is stored only with --cv)
     db.execute("UPDATE runs SET config=? WHERE id=?", (json.dumps(config), run_id))
     db.commit()
     db.close()

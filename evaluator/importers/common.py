@@ -31,6 +31,7 @@ from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.experiments import ExperimentError, LoadOptions, load_experiment
 from stepml_evolve.evaluator.hardware import get_hardware
 from stepml_evolve.evaluator.model_arch import ModelArch
+from stepml_evolve.evaluator.outputs import OutputError, check_output_dir
 from stepml_evolve.evaluator.readers import CONFIG_BYTES, read_json, read_yaml
 
 
@@ -208,12 +209,11 @@ def resolve_deployment(src: Path, flags: dict, recorded: dict) -> tuple[dict, di
 
 
 def check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise DataImportError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise DataImportError(f"--out {out}: exists and is not empty; give a new directory")
-    if not out.parent.is_dir():
-        raise DataImportError(f"--out {out}: directory {out.parent} does not exist")
+    """The output rule for a directory (evaluator/outputs.py), as this command's error."""
+    try:
+        check_output_dir(out)
+    except OutputError as e:
+        raise DataImportError(f"--out {e}") from None
 
 
 def _uniform_output_len(m: Measured) -> int | None:

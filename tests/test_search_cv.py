@@ -49,7 +49,7 @@ def plain_and_cv(tmp_path_factory):
 @pytest.fixture(scope="module")
 def independent_cv(tmp_path_factory):
     cv = tmp_path_factory.mktemp("independent")
-    run(cv, "--cv", "lomo", "--cv-fit-evals", "0", "--front-cv", "none")
+    run(cv, "--cv", "lomo", "--cv-fit-evals", "0", "--front-cv", "none", generations=0)  # the seeds' folds
     return cv
 
 

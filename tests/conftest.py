@@ -14,6 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("NUMEXPR_NUM_THREADS", "1")
 
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.seeds import seed_path
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(os.environ.get("STEPML_REAL_DATA", ROOT.parent / "shared" / "data" / "replay"))
@@ -216,6 +217,17 @@ def snapshot(archive_dir) -> dict:
     out = {k: db.execute(v).fetchall() for k, v in q.items()}
     db.close()
     return out
+
+
+class RooflineParent:
+    """An archived program as the LLM operator sees a parent: the roofline seed at its constants."""
+
+    id = 1
+    val_loss = 12.5
+    complexity = 25
+    constants = {}
+    components = ["weights"]
+    source = seed_path("roofline").read_text()
 
 
 class FixedEmitter:

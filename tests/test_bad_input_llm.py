@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 from collections import Counter
 
+from conftest import RooflineParent
 from llm_server import ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
@@ -21,15 +22,6 @@ from stepml_evolve.seeds import seed_path
 HUGE = 300_000  # characters: the 10 MB reply, smaller to stay fast; still far over the cap
 
 
-class _Parent:
-    id = 1
-    val_loss = 12.5
-    complexity = 25
-    constants = {}
-    components = ["weights"]
-    source = seed_path("roofline").read_text()
-
-
 def huge_reply() -> str:
     return "```python\n" + "x = 1\n" * (HUGE // 6) + "```\n"
 
@@ -38,7 +30,7 @@ def test_a_huge_reply_is_cut_before_it_is_cached_or_fed_back(tmp_path):
     cache = tmp_path / "cache"
     with ScriptedLLM([("reply", huge_reply()), ("reply", program_reply())]) as server:
         client = LLMClient("openai/test-model", cache, base_url=server.base_url, timeout_s=5.0, backoff_s=0.01)
-        p = LLMOperator(client, Budget()).propose(_Parent, [], [])
+        p = LLMOperator(client, Budget()).propose(RooflineParent, [], [])
         assert [a.outcome for a in p.attempts] == ["too_large", "valid"] and p.source is not None
         assert f"more than the {MAX_REPLY_CHARS} a reply may have" in p.attempts[0].error
         first, retry = (sum(len(m["content"]) for m in r["messages"]) for r in server.requests)
@@ -49,7 +41,7 @@ def test_a_huge_reply_is_cut_before_it_is_cached_or_fed_back(tmp_path):
     cached = sum(f.stat().st_size for f in cache.rglob("*.json"))
     assert cached < 3 * MAX_REPLY_CHARS  # the cut reply once (in the first request's entry), not 1 MB
     # replayed offline from the cache: the same outcomes, the same cut reply fed back
-    offline = LLMOperator(LLMClient("openai/test-model", cache, offline=True), Budget()).propose(_Parent, [], [])
+    offline = LLMOperator(LLMClient("openai/test-model", cache, offline=True), Budget()).propose(RooflineParent, [], [])
     assert [a.outcome for a in offline.attempts] == ["too_large", "valid"] and offline.source == p.source
 
 

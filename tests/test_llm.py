@@ -8,6 +8,7 @@ import sqlite3
 from collections import Counter
 
 import pytest
+from conftest import RooflineParent
 from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
@@ -17,16 +18,6 @@ from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, LLMOperator, extract_code
 from stepml_evolve.seeds import seed_path
-
-
-class _Parent:
-    id = 1
-    val_loss = 12.5
-    complexity = 25
-    constants = {}
-    components = ["weights"]
-    source = open(seed_path("roofline")).read()
-
 
 ROWS = [{"experiment": "exp-a", "split": "train", "e2e_obs": 2.0, "e2e_err": 12.0, "ttft_obs": 0.03, "ttft_err": -40.0}]
 
@@ -46,7 +37,7 @@ def _operator(server, tmp_path, budget=None, attempts=3, timeout=2.0):
 def test_valid_reply_is_parsed_validated_and_cached(tmp_path):
     with ScriptedLLM([("reply", program_reply())]) as server:
         op = _operator(server, tmp_path)
-        p = op.propose(_Parent, ROWS, [])
+        p = op.propose(RooflineParent, ROWS, [])
         assert p.source is not None and "c.k_extra * f.n_req" in p.source
         assert [a.outcome for a in p.attempts] == ["valid"]
         assert p.attempts[0].prompt_tokens == 100 and p.attempts[0].completion_tokens == 50
@@ -58,7 +49,7 @@ def test_valid_reply_is_parsed_validated_and_cached(tmp_path):
             and "def step_time" in sent[1]["content"]
         )
         # the same request again is served from the cache: no HTTP
-        again = op.propose(_Parent, ROWS, [])
+        again = op.propose(RooflineParent, ROWS, [])
         assert again.source == p.source and again.attempts[0].cached
         assert len(server.requests) == 1
 
@@ -68,19 +59,19 @@ UNITS_REPLY = '```python\nCONSTANTS = {"k": 1.0}\n\ndef step_time(f, c):\n    re
 
 def test_a_reply_whose_step_time_is_not_a_time_is_retried_with_the_units_rule(tmp_path):
     with ScriptedLLM([("reply", UNITS_REPLY), ("reply", program_reply())]) as server:
-        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])
         assert p.source is not None and [a.outcome for a in p.attempts] == ["invalid_program", "valid"]
         retry_msg = server.requests[1]["messages"][-1]["content"]
         assert "[units]" in retry_msg and "line 4: step_time returns a count, which is not a time" in retry_msg
     with ScriptedLLM([("reply", UNITS_REPLY)]) as server:  # --units off: the same reply is a child
         client = LLMClient("openai/test-model", tmp_path / "cache2", base_url=server.base_url, timeout_s=2.0)
-        p = LLMOperator(client, Budget(), units=False).propose(_Parent, ROWS, [])
+        p = LLMOperator(client, Budget(), units=False).propose(RooflineParent, ROWS, [])
         assert p.source is not None and [a.outcome for a in p.attempts] == ["valid"]
 
 
 def test_invalid_program_is_retried_with_the_rejection_fed_back(tmp_path):
     with ScriptedLLM([("reply", INVALID_REPLY), ("reply", program_reply())]) as server:
-        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])
         assert p.source is not None
         assert [a.outcome for a in p.attempts] == ["invalid_program", "valid"]
         retry_msg = server.requests[1]["messages"][-1]["content"]
@@ -89,35 +80,35 @@ def test_invalid_program_is_retried_with_the_rejection_fed_back(tmp_path):
 
 def test_prose_without_code_ends_as_a_recorded_failure(tmp_path):
     with ScriptedLLM([("reply", PROSE_REPLY)] * 3) as server:
-        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])
         assert p.source is None and p.rule == "llm-no-code"
         assert [a.outcome for a in p.attempts] == ["no_code"] * 3
 
 
 def test_rate_limit_then_success(tmp_path):
     with ScriptedLLM([("status", 429), ("reply", program_reply())]) as server:
-        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])
         assert p.source is not None
         assert [a.outcome for a in p.attempts] == ["rate_limited", "valid"]
 
 
 def test_hang_past_the_timeout_is_retried(tmp_path):
     with ScriptedLLM([("hang", 5.0), ("reply", program_reply())]) as server:
-        p = _operator(server, tmp_path, timeout=1.0).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path, timeout=1.0).propose(RooflineParent, ROWS, [])
         assert [a.outcome for a in p.attempts] == ["timeout", "valid"]
         assert p.attempts[0].latency_s >= 0.9
 
 
 def test_server_errors_exhaust_retries_without_raising(tmp_path):
     with ScriptedLLM([("status", 500)] * 3) as server:
-        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])
         assert p.source is None and p.rule == "llm-server_error"
         assert [a.outcome for a in p.attempts] == ["server_error"] * 3
 
 
 def test_garbage_body_is_a_recorded_failure(tmp_path):
     with ScriptedLLM([("garbage", "<html>not json</html>")] * 3) as server:
-        p = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])
         assert p.source is None and p.rule.startswith("llm-")
         assert p.attempts and p.attempts[-1].error
 
@@ -125,7 +116,7 @@ def test_garbage_body_is_a_recorded_failure(tmp_path):
 def test_budget_stops_the_llm_side(tmp_path):
     with ScriptedLLM([], default=lambda n: PROSE_REPLY) as server:
         op = _operator(server, tmp_path, budget=Budget(max_calls=2))
-        p = op.propose(_Parent, ROWS, [])
+        p = op.propose(RooflineParent, ROWS, [])
         assert len(p.attempts) == 2 and p.rule == "llm-budget"
         assert op.budget.exhausted() and len(server.requests) == 2
 
@@ -133,14 +124,14 @@ def test_budget_stops_the_llm_side(tmp_path):
 def test_failed_attempts_are_cached_and_replayed_with_the_reply(tmp_path):
     """A replay must spend the same budget and record the same attempts as the original run."""
     with ScriptedLLM([("status", 429), ("status", 500), ("reply", program_reply())]) as server:
-        first = _operator(server, tmp_path).propose(_Parent, ROWS, [])
+        first = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])
     with ScriptedLLM([("status", 500)] * 3) as server:
         failed = _operator(server, tmp_path).client
         with pytest.raises(LLMUnavailable):
             failed.complete([{"role": "user", "content": "always failing"}])
     offline = LLMClient("openai/test-model", tmp_path / "cache", offline=True)
     op = LLMOperator(offline, Budget())
-    again = op.propose(_Parent, ROWS, [])
+    again = op.propose(RooflineParent, ROWS, [])
     assert (
         [a.outcome for a in again.attempts]
         == [a.outcome for a in first.attempts]
@@ -155,7 +146,7 @@ def test_failed_attempts_are_cached_and_replayed_with_the_reply(tmp_path):
 
 def test_the_call_cap_also_stops_retries(tmp_path):
     with ScriptedLLM([("status", 500)] * 4) as server:
-        p = _operator(server, tmp_path, budget=Budget(max_calls=1)).propose(_Parent, ROWS, [])
+        p = _operator(server, tmp_path, budget=Budget(max_calls=1)).propose(RooflineParent, ROWS, [])
         assert len(server.requests) == 1 and len(p.attempts) == 1 and p.source is None
 
 
@@ -166,7 +157,7 @@ def test_cost_is_priced_by_the_model_asked_for_and_the_usd_cap_stops_calls(tmp_p
             "openai/gpt-4o-mini", tmp_path / "cache", base_url=server.base_url, max_retries=0, backoff_s=0.01
         )
         op = LLMOperator(client, Budget(max_usd=0.0001), max_attempts=5)
-        p = op.propose(_Parent, ROWS, [])
+        p = op.propose(RooflineParent, ROWS, [])
         assert all(a.cost_usd > 0 for a in p.attempts)
         assert len(server.requests) == 3 and p.rule == "llm-budget"  # 2 calls < $0.0001 <= 3 calls
         assert op.budget.usd == pytest.approx(sum(a.cost_usd for a in p.attempts))

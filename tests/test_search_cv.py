@@ -133,6 +133,17 @@ def test_every_run_ends_with_its_front_cross_validated(tmp_path):
     db.close()
 
 
+def forget_setting(archive_dir, name: str) -> None:
+    """The run's stored settings without `name`, as an archive from before that setting has them."""
+    db = sqlite3.connect(archive_dir / Archive.FILE)
+    (config,) = db.execute("SELECT config FROM runs").fetchone()
+    config = json.loads(config)
+    del config["search"][name]
+    db.execute("UPDATE runs SET config=?", (json.dumps(config),))
+    db.commit()
+    db.close()
+
+
 def test_resume_with_other_cv_is_refused_and_old_archives_resume_as_none(tmp_path, plain_and_cv):
     _, cv = plain_and_cv
     copy = tmp_path / "copy"
@@ -140,13 +151,7 @@ def test_resume_with_other_cv_is_refused_and_old_archives_resume_as_none(tmp_pat
     only_error_line(invoke("run", "--generations", 2, "--archive", copy, *TINY, "--resume"), "cv: run lomo, now none")
     legacy = tmp_path / "legacy"
     shutil.copytree(plain_and_cv[0], legacy)
-    db = sqlite3.connect(legacy / Archive.FILE)
-    (config,) = db.execute("SELECT config FROM runs").fetchone()
-    config = json.loads(config)
-    del config["search"]["cv"]
-    db.execute("UPDATE runs SET config=?", (json.dumps(config),))
-    db.commit()
-    db.close()
+    forget_setting(legacy, "cv")
     only_error_line(
         invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--cv", "lowo", "--front-cv", "none"),
         "cv: run none, now lowo",
@@ -154,13 +159,7 @@ def test_resume_with_other_cv_is_refused_and_old_archives_resume_as_none(tmp_pat
     res = invoke("run", "--generations", 1, "--archive", legacy, *TINY, "--resume", "--front-cv", "none")
     assert res.exit_code == 0, res.output
     # a --cv run from before --cv-fit-evals fitted independent folds: it resumes with 0, and says so
-    db = sqlite3.connect(copy / Archive.FILE)
-    (config,) = db.execute("SELECT config FROM runs").fetchone()
-    config = json.loads(config)
-    del config["search"]["cv_fit_evals"]
-    db.execute("UPDATE runs SET config=?", (json.dumps(config),))
-    db.commit()
-    db.close()
+    forget_setting(copy, "cv_fit_evals")
     only_error_line(
         invoke("run", "--generations", 2, "--archive", copy, *TINY, "--resume", "--cv", "lomo"),
         "cv-fit-evals: run 0, now 3",

@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("data")
     ap.add_argument("--seeds", default=",".join(p.stem for p in seed_paths()))
     ap.add_argument("--budgets", default="12x3,12x1,6x1,4x1")
+    ap.add_argument("--surrogate-evals", type=int, default=None, help="per trust-region iteration (default 200 + 40 n)")
     args = ap.parse_args()
     data = load_data(args.data)
     exps = data.experiments
@@ -45,7 +46,13 @@ def main() -> None:
             start = quick.constants["all"]
             for budget in args.budgets.split(","):
                 evals, candidates = map(int, budget.split("x"))
-                config = FitConfig(seed=7, max_evals=evals, sigma0=SearchConfig.full_fit_sigma, candidates=candidates)
+                config = FitConfig(
+                    seed=7,
+                    max_evals=evals,
+                    sigma0=SearchConfig.full_fit_sigma,
+                    candidates=candidates,
+                    surrogate_evals=args.surrogate_evals,
+                )
                 t0, c0 = time.perf_counter(), time.process_time()
                 res = fit(program, exps, engine, config, start=start)
                 seconds, cpu = time.perf_counter() - t0, time.process_time() - c0

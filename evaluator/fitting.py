@@ -493,9 +493,9 @@ STALL_ITERATIONS = 5  # stop after this many iterations without a gain of at lea
 
 
 def _copies(known: list[Recording]) -> list[Recording]:
-    """The recordings as a replay at their constants gives them: each model's gain as recorded
-    (the fit they come from learned its own, see learn_gain), and a copy, since the trust region
-    sets the gains of its models while other fits may start from the same recordings."""
+    """The recordings as a fresh replay at their constants gives them: each model a copy whose gain
+    is a new recording's (ones, not what the fit they come from learned, see learn_gain), since
+    the trust region sets its models' gains while other fits may start from the same recordings."""
     return [(row, None if m is None else dataclasses.replace(m, gain=np.ones(2))) for row, m in known]
 
 

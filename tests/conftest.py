@@ -169,6 +169,19 @@ def blis_checkout(blis_build, tmp_path) -> Path:
 
 
 # the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
+# a run of one seed (roofline) with screening fits only: its generations are seconds (the bad-input tests)
+ONE_SEED_SCREENED = [
+    "--seeds",
+    str(seed_path("roofline")),
+    "--seed-fit-evals",
+    "8",
+    "--quick-evals",
+    "4",
+    "--max-promotions",
+    "0",
+    "--front-cv",
+    "none",
+]
 SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
 SEARCHED = ["run", "--generations", "3", "--seed", "3", *SEARCH_BUDGETS, "--front-cv", "lomo"]
 

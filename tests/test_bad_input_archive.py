@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import only_error_line
+from conftest import ONE_SEED_SCREENED, only_error_line
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive, ArchiveError
@@ -27,22 +27,7 @@ from stepml_evolve.seeds import seed_path
 cli_app = importlib.import_module("stepml_evolve.evolve.cli.app")  # the module (the package exports `app`)
 PAGE = 4096
 # a tiny run: one seed fitted, two children a generation, screened only; --resume repeats these settings
-TINY = [
-    "--seed",
-    "3",
-    "--seeds",
-    str(seed_path("roofline")),
-    "--seed-fit-evals",
-    "8",
-    "--quick-evals",
-    "4",
-    "--children",
-    "2",
-    "--max-promotions",
-    "0",
-    "--front-cv",
-    "none",
-]
+TINY = ["--seed", "3", "--children", "2", *ONE_SEED_SCREENED]
 
 
 def invoke(*args):

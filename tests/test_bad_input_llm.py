@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 from collections import Counter
 
-from conftest import RooflineParent
+from conftest import ONE_SEED_SCREENED, RooflineParent
 from llm_server import ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
@@ -17,7 +17,6 @@ from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.llm_client import MAX_REPLY_CHARS, LLMClient
 from stepml_evolve.evolve.search.llm_operator import BREAKER_LIMIT, Budget, LLMOperator
-from stepml_evolve.seeds import seed_path
 
 HUGE = 300_000  # characters: the 10 MB reply, smaller to stay fast; still far over the cap
 
@@ -51,18 +50,9 @@ RUN = [
     "2",
     "--seed",
     "5",
-    "--seeds",
-    str(seed_path("roofline")),
-    "--seed-fit-evals",
-    "8",
-    "--quick-evals",
-    "4",
     "--children",
     "3",
-    "--max-promotions",
-    "0",
-    "--front-cv",
-    "none",
+    *ONE_SEED_SCREENED,
     "--llm",
     "openai/test-model",
     "--llm-ratio",

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepml_evolve.evaluator.dsl.program import MAX_SOURCE_BYTES
 from stepml_evolve.evaluator.outputs import write_atomic
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price table at import
@@ -29,7 +30,7 @@ os.environ.setdefault("LITELLM_TELEMETRY", "False")
 DEFAULT_TIMEOUT_S = 60.0  # seconds before a call is abandoned (then retried)
 # The longest reply kept: as many characters as the longest program the DSL takes has bytes, so a
 # reply with a program of any admissible size fits, and a runaway reply costs at most this much.
-MAX_REPLY_CHARS = 64_000
+MAX_REPLY_CHARS = MAX_SOURCE_BYTES
 
 
 def cap_reply(content: str) -> tuple[str, int | None]:

@@ -85,6 +85,9 @@ class FitConfig:
     objective: Objective = DEFAULT
     surrogate_evals: int | None = None  # surrogate evaluations per trust-region iteration (default by size)
     candidates: int = 3  # closed-loop judged points per trust-region iteration (the surrogate's optimum and neighbours)
+    # the trust region stops after this many judged points without a gain of at least tolfun (a
+    # surrogate that sees no gain counts as an iteration's candidates): five iterations of three
+    stall_points: int = 15
 
     def __post_init__(self):
         if self.scope not in SCOPES:
@@ -117,6 +120,7 @@ def quick_config(seed: int = 0, experiments: list[Experiment] | None = None, met
         experiments=names,
         method=method,
         candidates=1,
+        stall_points=5,  # five iterations: a screening fit stops early
     )
 
 
@@ -411,7 +415,7 @@ class _GroupFit:
         x = np.array(x, dtype=float)
         budget_end = evals + self.max_evals - (start_cost if restart == 0 else 0)
         rho = RHO_START * cfg.sigma0 / 0.5
-        stalled = 0
+        stalled = 0  # judged points (an iteration's candidates) since the last gain of at least tolfun
         sur_budget = cfg.surrogate_evals or 200 + 40 * self.n
         while evals < budget_end and rho > RHO_MIN:
             it += 1
@@ -441,8 +445,8 @@ class _GroupFit:
             predicted = m_x - best_m
             if predicted <= cfg.tolfun * 0.1:  # the surrogate sees nothing to gain here: look closer
                 rho *= SHRINK
-                stalled += 1
-                if stalled >= STALL_ITERATIONS:
+                stalled += cfg.candidates
+                if stalled >= cfg.stall_points:
                     break
                 continue
             fy, models_y, rows_y = self.judge(best_y, gexps)
@@ -468,17 +472,17 @@ class _GroupFit:
             ratio = (fx - fy) / predicted
             step = float(np.max(np.abs(best_y - x)))
             if fy < fx:
-                stalled = stalled + 1 if fx - fy < cfg.tolfun else 0
+                stalled = stalled + cfg.candidates if fx - fy < cfg.tolfun else 0
                 x, fx, rows = best_y, fy, rows_y
                 models = models_y if models_y is not None else models
             else:
-                stalled += 1
+                stalled += cfg.candidates
             if ratio >= 0.75 and step >= 0.5 * rho:
                 rho = min(rho * GROW, RHO_MAX)
             elif ratio < 0.25:
                 rho = max(min(rho, step), RHO_MIN) * SHRINK
             self.note(group, it, evals, fx)
-            if stalled >= STALL_ITERATIONS:
+            if stalled >= cfg.stall_points:
                 break
         return x, fx, models, rows, evals, it
 
@@ -489,7 +493,6 @@ RHO_MIN = 0.01
 RHO_MAX = 1.0
 GROW = 2.0
 SHRINK = 0.5
-STALL_ITERATIONS = 5  # stop after this many iterations without a gain of at least tolfun
 
 
 def _copies(known: list[Recording]) -> list[Recording]:

@@ -10,13 +10,27 @@ from stepml_evolve.evolve.cli.app import app
 
 
 def test_bench_json_has_the_documented_keys(synthetic):
-    res = CliRunner().invoke(
-        app, ["bench", "--data", str(synthetic.directory), "--skip-fit", "--search-generations", "1", "--json"]
-    )
+    args = ["bench", "--data", str(synthetic.directory), "--skip-fit", "--search-generations", "1"]
+    res = CliRunner().invoke(app, [*args, "--search-cv", "lomo", "--baseline", "--json"])
     assert res.exit_code == 0, res.output
     figures = json.loads(res.stdout)
-    for key in ("replay_s_largest", "full_eval_s", "quick_fit_s", "generations_per_hour"):
+    for key in (
+        "replay_s_largest",
+        "full_eval_s",
+        "quick_fit_s",
+        "generations_per_hour",
+        "generation_0_s",
+        "generation_s_mean",
+        "cv_generation_s_mean",
+        "baseline_generation_0_s",
+        "baseline_generation_s_mean",
+    ):
         assert isinstance(figures[key], (int, float)) and figures[key] > 0, key
+    # the ratios are of the figures reported beside them
+    assert figures["cv"] == "lomo"
+    assert abs(figures["cv_generation_ratio"] - figures["cv_generation_s_mean"] / figures["generation_s_mean"]) < 0.01
+    speedup = figures["baseline_generation_0_s"] / figures["generation_0_s"]
+    assert abs(figures["generation_0_speedup"] - speedup) < 0.01 * max(1.0, speedup)
     assert figures["replay_requests_largest"] == max(e.n_requests for e in synthetic.experiments)
     assert figures["generations_timed"] == 1 and figures["workers"] >= 1
     assert figures["fit_s"] is None  # skipped, but still listed

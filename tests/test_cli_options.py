@@ -16,6 +16,7 @@ RUN_OPTIONS = {
     "--seed": "seed",
     "--children": "children",
     "--quick-evals": "quick_evals",
+    "--quick-surrogate": "quick_surrogate",
     "--full-fit-evals": "full_fit_evals",
     "--max-promotions": "max_promotions",
     "--islands": "islands",
@@ -30,6 +31,8 @@ RUN_OPTIONS = {
     "--cv-fit-evals": "cv_fit_evals",
     "--front-cv": "front_cv",
     "--prompt-reuse": "prompt_reuse",
+    "--full-fit-candidates": "full_fit_candidates",
+    "--full-fit-surrogate": "full_fit_surrogate",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 

@@ -1,9 +1,16 @@
 """What a promoted child's full fit buys per closed-loop evaluation (issue 25): for each seed,
 the screening fit the search gives a child (from the seed's constants), then full fits from its
-constants with several (evaluations, candidates per iteration) budgets, timed, with their train
-and validation losses.
+constants with several budgets, timed, with their train and validation losses. With --from seed,
+the fits of generation 0 instead: from the seed's own constants at the standard sigma, no
+screening fit.
 
-    python tools/full_fit_budgets.py ../shared/data/replay [--seeds a,b] [--budgets 12x3,6x1,4x1] > out.jsonl
+A budget is EVALSxCANDIDATES[@SURROGATE][rRESTARTS]: closed-loop evaluations ("std": the
+method's default for the program's size), closed-loop judged candidates per trust-region
+iteration, surrogate evaluations per iteration (default 200 + 40 n), and restarts of the trust
+region from the best point (default 0).
+
+    python tools/full_fit_budgets.py ../shared/data/replay [--seeds a,b] [--budgets 12x3,6x1@150] > out.jsonl
+    python tools/full_fit_budgets.py ../shared/data/replay --from seed --budgets stdx3,16x1@150 > out.jsonl
 """
 
 from __future__ import annotations
@@ -26,32 +33,36 @@ def main() -> None:
     ap.add_argument("data")
     ap.add_argument("--seeds", default=",".join(p.stem for p in seed_paths()))
     ap.add_argument("--budgets", default="12x3,12x1,6x1,4x1")
-    ap.add_argument("--surrogate-evals", type=int, default=None, help="per trust-region iteration (default 200 + 40 n)")
+    ap.add_argument("--surrogate-evals", type=int, default=None, help="default for budgets without @SURROGATE")
+    ap.add_argument("--from", dest="start", choices=("screen", "seed"), default="screen")
     args = ap.parse_args()
     data = load_data(args.data)
     exps = data.experiments
     with Engine(exps) as engine:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
-            t0, c0 = time.perf_counter(), time.process_time()
-            quick = fit(program, exps, engine, quick_config(7, exps), start=program.constants)
-            row = {
-                "seed": name,
-                "quick": {
+            row: dict = {"seed": name, "from": args.start}
+            start, sigma = program.constants, FitConfig.sigma0
+            if args.start == "screen":
+                t0, c0 = time.perf_counter(), time.process_time()
+                quick = fit(program, exps, engine, quick_config(7, exps), start=program.constants)
+                row["quick"] = {
                     "seconds": round(time.perf_counter() - t0, 1),
                     "cpu_seconds": round(time.process_time() - c0, 1),
                     "loss": quick.loss,
-                },
-            }
-            start = quick.constants["all"]
+                }
+                start, sigma = quick.constants["all"], SearchConfig.full_fit_sigma
             for budget in args.budgets.split(","):
-                evals, candidates = map(int, budget.split("x"))
+                evals, rest = budget.split("x")
+                rest, _, restarts = rest.partition("r")
+                candidates, _, surrogate = rest.partition("@")
                 config = FitConfig(
                     seed=7,
-                    max_evals=evals,
-                    sigma0=SearchConfig.full_fit_sigma,
-                    candidates=candidates,
-                    surrogate_evals=args.surrogate_evals,
+                    max_evals=None if evals == "std" else int(evals),
+                    sigma0=sigma,
+                    candidates=int(candidates),
+                    surrogate_evals=int(surrogate) if surrogate else args.surrogate_evals,
+                    restarts=int(restarts or 0),
                 )
                 t0, c0 = time.perf_counter(), time.process_time()
                 res = fit(program, exps, engine, config, start=start)

@@ -456,6 +456,12 @@ def run_cmd(
         help="Screening-fit budget per child (closed-loop evaluations; default by "
         "--fit-method: " + ", ".join(f"{n} {m}" for m, n in QUICK_EVALS.items()) + ").",
     ),
+    quick_surrogate: int | None = typer.Option(
+        SEARCH.quick_surrogate,
+        "--quick-surrogate",
+        min=0,
+        help="A screening fit (trust region): surrogate evaluations per iteration (0: 200 + 40 per constant).",
+    ),
     full_fit_evals: int | None = typer.Option(
         SEARCH.full_fit_evals,
         "--full-fit-evals",
@@ -475,6 +481,19 @@ def run_cmd(
     ),
     seed_fit_evals: int | None = typer.Option(
         SEARCH.seed_fit_evals, "--seed-fit-evals", min=1, help="Fit budget for the seeds (default: the standard fit)."
+    ),
+    full_fit_candidates: int = typer.Option(
+        SEARCH.full_fit_candidates,
+        "--full-fit-candidates",
+        min=1,
+        help="A promoted child's fit (trust region): closed-loop judged points per iteration.",
+    ),
+    full_fit_surrogate: int | None = typer.Option(
+        SEARCH.full_fit_surrogate,
+        "--full-fit-surrogate",
+        min=0,
+        help="A promoted child's fit (trust region): surrogate evaluations per iteration "
+        "(0: the standard fit's, 200 + 40 per constant).",
     ),
     max_promotions: int = typer.Option(
         SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."
@@ -559,8 +578,11 @@ def run_cmd(
         islands=islands,
         llm_ratio=llm_ratio,
         quick_evals=quick_evals,
+        quick_surrogate=quick_surrogate or None,
         full_fit_evals=full_fit_evals,
         seed_fit_evals=seed_fit_evals,
+        full_fit_candidates=full_fit_candidates,
+        full_fit_surrogate=full_fit_surrogate or None,
         max_promotions=max_promotions,
         migration_interval=migration_interval,
         semantics=semantics,
@@ -718,7 +740,20 @@ def bench_cmd(
         None, "--fit-method", help=f"Fitting methods to time (repeatable: {', '.join(METHODS)}; default all)."
     ),
     search_generations: int = typer.Option(
-        4, "--search-generations", min=0, help="Generations timed for generations_per_hour (0 skips)."
+        4,
+        "--search-generations",
+        min=0,
+        help="Search generations timed after generation 0 (the seed fits, timed too); 0 skips the search.",
+    ),
+    search_cv: Literal[CV_MODES] = typer.Option(
+        "none",
+        "--search-cv",
+        help="Also time the search under this --cv protocol, and its ratio to the plain search.",
+    ),
+    baseline: bool = typer.Option(
+        False,
+        "--baseline",
+        help="Also time the search with the fit budgets of before the speed work, and the speedup.",
     ),
     workers: WorkersOption = None,
     blis: Path | None = typer.Option(
@@ -759,6 +794,8 @@ def bench_cmd(
         blis=blis,
         fit_seeds=fit_seed,
         fit_methods=fit_method,
+        search_cv=None if search_cv == "none" else search_cv,
+        baseline=baseline,
     )
     if as_json:
         print(dumps(figures))

@@ -42,34 +42,88 @@ def _median_time(fn, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def generations_per_hour(loaded, engine: Engine, generations: int, say: Say) -> dict:
-    """Offline search throughput: default settings, timed over generations 1..N (generation 0,
-    the seed fits, runs with a small budget here and is not part of the figure)."""
+def timed_search(loaded, engine: Engine, generations: int, say: Say, **settings) -> dict:
+    """A search with the default settings but `settings`, seed 0, timed: generation 0 (the seed
+    fits) and the mean of generations 1..N (the front's CV at the end is not run)."""
     import tempfile
 
     from stepml_evolve.archive.store import Archive
     from stepml_evolve.evolve.search import Search, SearchConfig
 
+    config = SearchConfig(generations=generations, seed=0, front_cv="none", **settings)
+    label = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in settings.items()) or "default settings"
     with tempfile.TemporaryDirectory(prefix="stepml-bench-") as tmp:
         archive = Archive(tmp, create=True)
-        search = Search(
-            archive,
-            loaded,
-            engine,
-            SearchConfig(generations=generations, seed=0, seed_fit_evals=10),
-            progress=lambda info: (
-                say(f"  bench search: generation {info['generation']} done") if "message" not in info else None
-            ),
-        )
-        search.run()
-        gens = [g for g in archive.generations(search.run_id) if g.generation >= 1]
-        archive.close()
-    seconds = sum(g.seconds for g in gens)
+        try:
+            search = Search(
+                archive,
+                loaded,
+                engine,
+                config,
+                progress=lambda info: (
+                    say(f"  bench search ({label}): generation {info['generation']} done")
+                    if "message" not in info
+                    else None
+                ),
+            )
+            search.run()
+            gens = archive.generations(search.run_id)
+        finally:
+            archive.close()
+    later = [g for g in gens if g.generation >= 1]
+    seconds = sum(g.seconds for g in later)
     return {
-        "generations_per_hour": round(len(gens) / seconds * 3600, 1),
-        "generation_s_mean": round(seconds / len(gens), 1),
-        "generations_timed": len(gens),
+        "generation_0_s": round(gens[0].seconds, 2),
+        "generation_s_mean": round(seconds / len(later), 2),
+        "generations_per_hour": round(len(later) / seconds * 3600, 1),
+        "generations_timed": len(later),
+        "full_fits": sum(g.n_promoted for g in later),
     }
+
+
+def search_figures(loaded, engine: Engine, generations: int, say: Say, cv: str | None, baseline: bool) -> dict:
+    """The search's speed with the default settings; with `cv`, also under --cv `cv` and the ratio
+    of its generations' time to the plain run's; with `baseline`, also with the fit budgets of
+    before the speed work (PREVIOUS_FIT_BUDGETS) and how much faster the defaults are."""
+    from stepml_evolve.evolve.search.settings import PREVIOUS_FIT_BUDGETS
+
+    say(f"offline search, {generations} generations with default settings...")
+    figures = timed_search(loaded, engine, generations, say)
+    say(
+        f"search: generation 0 {figures['generation_0_s']} s, then {figures['generation_s_mean']} s per "
+        f"generation ({figures['generations_per_hour']} generations/hour)"
+    )
+    if cv:
+        under = timed_search(loaded, engine, generations, say, cv=cv)
+        figures.update(
+            {
+                "cv": cv,
+                "cv_generation_s_mean": under["generation_s_mean"],
+                "cv_full_fits": under["full_fits"],
+                "cv_generation_ratio": round(under["generation_s_mean"] / figures["generation_s_mean"], 2),
+            }
+        )
+        say(
+            f"search --cv {cv}: {under['generation_s_mean']} s per generation, "
+            f"{figures['cv_generation_ratio']}x the plain run's"
+        )
+    if baseline:
+        before = timed_search(loaded, engine, generations, say, **PREVIOUS_FIT_BUDGETS)
+        figures.update(
+            {
+                "baseline_generation_0_s": before["generation_0_s"],
+                "baseline_generation_s_mean": before["generation_s_mean"],
+                "baseline_full_fits": before["full_fits"],
+                "generation_0_speedup": round(before["generation_0_s"] / figures["generation_0_s"], 2),
+                "generation_speedup": round(before["generation_s_mean"] / figures["generation_s_mean"], 2),
+            }
+        )
+        say(
+            f"search with the earlier fit budgets: generation 0 {before['generation_0_s']} s, then "
+            f"{before['generation_s_mean']} s per generation: the defaults are {figures['generation_0_speedup']}x "
+            f"and {figures['generation_speedup']}x faster"
+        )
+    return figures
 
 
 # BLIS against the tool on the same experiments: prefix caching, preemption, MoE (the first 3000 requests)
@@ -157,6 +211,8 @@ def run_bench(
     blis: Path | None = None,
     fit_seeds: list[str] | None = None,
     fit_methods: list[str] | None = None,
+    search_cv: str | None = None,
+    baseline: bool = False,
 ) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
@@ -208,11 +264,7 @@ def run_bench(
                 first["train_loss"],
             )
         if search_generations > 0:
-            say(f"offline search, {search_generations} generations with default settings...")
-            figures.update(generations_per_hour(loaded, engine, search_generations, say))
-            say(
-                f"search: {figures['generations_per_hour']} generations/hour ({figures['generation_s_mean']} s per generation)"
-            )
+            figures.update(search_figures(loaded, engine, search_generations, say, search_cv, baseline))
     if blis is not None:
         if loaded.synthetic:
             say("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")

@@ -153,7 +153,12 @@ class Cascade:
         self.goal = config.goal()
         self.folds = make_folds(config.cv, self.exps) if config.cv != "none" else None  # the data must allow them
         quick = quick_config(0, self.exps, config.fit_method)
-        self.quick = dataclasses.replace(quick, objective=self.goal, max_evals=config.quick_evals or quick.max_evals)
+        self.quick = dataclasses.replace(
+            quick,
+            objective=self.goal,
+            max_evals=config.quick_evals or quick.max_evals,
+            surrogate_evals=config.quick_surrogate,
+        )
         self.screen_exps = fit_experiments(self.exps, self.quick)
         self._evaluations = 0
         self._counting = threading.Lock()
@@ -222,7 +227,12 @@ class Cascade:
         first step (all at once)."""
         return _at_once(
             lambda i: self._full_fit(
-                programs[i], programs[i].constants, self._seed(0, i), self.cfg.seed_fit_evals, FitConfig.sigma0
+                programs[i],
+                programs[i].constants,
+                self._seed(0, i),
+                self.cfg.seed_fit_evals,
+                FitConfig.sigma0,
+                promoted=False,
             ),
             range(len(programs)),
         )
@@ -266,14 +276,28 @@ class Cascade:
             self._evaluations += evaluations
 
     def _full_fit(
-        self, program: Program, start: dict[str, float], seed: int, max_evals: int | None, sigma: float
+        self,
+        program: Program,
+        start: dict[str, float],
+        seed: int,
+        max_evals: int | None,
+        sigma: float,
+        promoted: bool = True,
     ) -> FullFit:
         """The fit on every experiment, scored on every split; with --cv also the fold fits (by
         default warm-started from it, see SearchConfig.cv_fit_evals), whose CV loss becomes the
         validation loss."""
         config = FitConfig(
-            seed=seed, max_evals=max_evals, sigma0=sigma, method=self.cfg.fit_method, objective=self.goal
+            seed=seed,
+            max_evals=max_evals,
+            sigma0=sigma,
+            method=self.cfg.fit_method,
+            objective=self.goal,
         )
+        if promoted:  # a promoted child's trust region (seed fits: the standard fit's)
+            config = dataclasses.replace(
+                config, candidates=self.cfg.full_fit_candidates, surrogate_evals=self.cfg.full_fit_surrogate
+            )
         cv: CrossValidation | None = None
         fold_config = config  # the folds' fit settings, as the CV score stores them
         if self.folds and self.cfg.cv_fit_evals:  # the fit on every experiment, then folds warm-started from it

@@ -54,9 +54,15 @@ class SearchConfig:
     quick_evals: int | None = (
         None  # screening fit budget per child (closed-loop evaluations; None: the method's default)
     )
-    full_fit_evals: int | None = 12  # closed-loop evaluations of a promoted child's fit (None: the method's default)
+    quick_surrogate: int | None = None  # the screening fit's surrogate evaluations per iteration (None: 200 + 40 n)
+    full_fit_evals: int | None = 8  # closed-loop evaluations of a promoted child's fit (None: the method's default)
     full_fit_sigma: float = 0.2
     seed_fit_evals: int | None = None  # None: the standard fit budget
+    # the trust region of a promoted child's full fit: closed-loop judged points per iteration,
+    # and surrogate evaluations per iteration (None: 200 + 40 n); seed fits keep the standard
+    # fit's. docs/results.md "Search speed" measured what these buy
+    full_fit_candidates: int = 1
+    full_fit_surrogate: int | None = 150
     islands: int = 1
     migration_interval: int = 25
     semantics: str = DEFAULT_SEMANTICS  # how the replay accounts a step: "blis" or "vllm"
@@ -81,6 +87,14 @@ class SearchConfig:
         return Objective(self.objective, self.weights)
 
 
+# the fit budgets runs had before the search-speed work: `evolve bench --baseline` times them
+PREVIOUS_FIT_BUDGETS = {
+    "full_fit_evals": 12,
+    "full_fit_candidates": 3,
+    "full_fit_surrogate": None,
+    "cv_fit_evals": 0,
+}
+
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
 # settings added after runs were first stored: an archive without them ran with these values
 LEGACY_SETTINGS = {
@@ -90,6 +104,9 @@ LEGACY_SETTINGS = {
     "units": "off",
     "cv": "none",
     "cv_fit_evals": 0,
+    "full_fit_candidates": 3,
+    "full_fit_surrogate": None,
+    "quick_surrogate": None,
     "prompt_reuse": LEGACY_PROMPT_REUSE,
 }
 

@@ -1,0 +1,48 @@
+"""The fit budgets of a search: a promoted child's full fit runs the trust region the search's
+full-fit settings say, a seed's fit the standard one; the trust region stops on judged points."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stepml_evolve.evaluator.dsl import load_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.fitting import FitConfig, fit
+from stepml_evolve.evolve.search.cascade import Candidate, Cascade
+from stepml_evolve.evolve.search.emitters import Proposal
+from stepml_evolve.evolve.search.settings import SearchConfig
+from stepml_evolve.seeds import seed_path
+
+
+def test_a_promoted_child_gets_the_full_fit_trust_region_and_a_seed_the_standard_one(synthetic):
+    exps = synthetic.experiments
+    program = load_program(seed_path("roofline"))
+    config = SearchConfig(seed=3, full_fit_evals=5, full_fit_candidates=1, full_fit_surrogate=60)
+    with Engine(exps) as engine:
+        cascade = Cascade(synthetic, engine, config)
+        cand = Candidate(program, Proposal(program.source, "seed", []), None, 0, constants=dict(program.constants))
+        (promoted,) = cascade.full_fits([(cand, (1, 2))])
+        base = FitConfig(seed=cascade._seed(1, 2, 2), max_evals=5, sigma0=config.full_fit_sigma, objective=cascade.goal)
+        asked = fit(
+            program, exps, engine, dataclasses.replace(base, candidates=1, surrogate_evals=60), start=cand.constants
+        )
+        standard = fit(program, exps, engine, base, start=cand.constants)
+        assert promoted.constants == asked.constants["all"]
+        assert asked.constants["all"] != standard.constants["all"]  # the settings change the fit: the test can fail
+
+        (seeded,) = cascade.seed_fits([program])
+        seed_base = dataclasses.replace(base, seed=cascade._seed(0, 0), max_evals=None, sigma0=FitConfig.sigma0)
+        assert seeded.constants == fit(program, exps, engine, seed_base, start=program.constants).constants["all"]
+
+
+def test_the_trust_region_stalls_on_judged_points_not_iterations(synthetic):
+    """stall_points counts an iteration as its candidates: one candidate per iteration gets three
+    iterations where three candidates get one (a tolfun no gain reaches: every iteration stalls)."""
+    exps = synthetic.experiments
+    program = load_program(seed_path("roofline"))
+    config = FitConfig(seed=1, max_evals=40, surrogate_evals=60, tolfun=1e9, stall_points=3)
+    with Engine(exps) as engine:
+        one = fit(program, exps, engine, dataclasses.replace(config, candidates=1), start=program.constants)
+        three = fit(program, exps, engine, dataclasses.replace(config, candidates=3), start=program.constants)
+    assert (one.iterations, three.iterations) == (3, 1)
+    assert one.loss == three.loss  # neither moved from its start

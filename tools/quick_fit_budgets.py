@@ -1,0 +1,48 @@
+"""What a child's screening fit costs and finds with smaller surrogate budgets (issue 25): for
+each seed, the search's quick fit (one experiment per model, the first 30 % of requests, 6
+closed-loop evaluations) from the seed's constants, with the surrogate's default budget per
+trust-region iteration (200 + 40 n) and with the budgets given, timed, with its quick loss.
+
+    python tools/quick_fit_budgets.py ../shared/data/replay [--seeds a,b] [--surrogate-evals 0,150,80] > out.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+from stepml_evolve.evaluator.datasets import load_data
+from stepml_evolve.evaluator.dsl import load_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.fitting import fit, quick_config
+from stepml_evolve.seeds import seed_path, seed_paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("--seeds", default=",".join(p.stem for p in seed_paths()))
+    ap.add_argument("--surrogate-evals", default="0,150,80", help="per iteration; 0: the default 200 + 40 n")
+    args = ap.parse_args()
+    exps = load_data(args.data).experiments
+    with Engine(exps) as engine:
+        for name in args.seeds.split(","):
+            program = load_program(seed_path(name))
+            row: dict = {"seed": name}
+            for budget in map(int, args.surrogate_evals.split(",")):
+                config = dataclasses.replace(quick_config(7, exps), surrogate_evals=budget or None)
+                t0, c0 = time.perf_counter(), time.process_time()
+                res = fit(program, exps, engine, config, start=program.constants)
+                row[str(budget)] = {
+                    "seconds": round(time.perf_counter() - t0, 2),
+                    "cpu_seconds": round(time.process_time() - c0, 2),
+                    "evaluations": res.evaluations,
+                    "loss": res.loss,
+                }
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

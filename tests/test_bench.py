@@ -10,7 +10,16 @@ from stepml_evolve.evolve.cli.app import app
 
 
 def test_bench_json_has_the_documented_keys(synthetic):
-    args = ["bench", "--data", str(synthetic.directory), "--skip-fit", "--search-generations", "1"]
+    args = [
+        "bench",
+        "--data",
+        str(synthetic.directory),
+        "--skip-fit",
+        "--search-generations",
+        "1",
+        "--seed-fit-evals",
+        "4",
+    ]
     res = CliRunner().invoke(app, [*args, "--search-cv", "lomo", "--baseline", "--json"])
     assert res.exit_code == 0, res.output
     figures = json.loads(res.stdout)

@@ -755,6 +755,13 @@ def bench_cmd(
         "--baseline",
         help="Also time the search with the fit budgets of before the speed work, and the speedup.",
     ),
+    seed_fit_evals: int | None = typer.Option(
+        None,
+        "--seed-fit-evals",
+        min=1,
+        help="Seed-fit budget of the timed searches (default: the search's, about 10 minutes of "
+        "generation 0 on the real data).",
+    ),
     workers: WorkersOption = None,
     blis: Path | None = typer.Option(
         None,
@@ -796,6 +803,7 @@ def bench_cmd(
         fit_methods=fit_method,
         search_cv=None if search_cv == "none" else search_cv,
         baseline=baseline,
+        seed_fit_evals=seed_fit_evals,
     )
     if as_json:
         print(dumps(figures))

@@ -81,20 +81,24 @@ def timed_search(loaded, engine: Engine, generations: int, say: Say, **settings)
     }
 
 
-def search_figures(loaded, engine: Engine, generations: int, say: Say, cv: str | None, baseline: bool) -> dict:
-    """The search's speed with the default settings; with `cv`, also under --cv `cv` and the ratio
-    of its generations' time to the plain run's; with `baseline`, also with the fit budgets of
-    before the speed work (PREVIOUS_FIT_BUDGETS) and how much faster the defaults are."""
+def search_figures(
+    loaded, engine: Engine, generations: int, say: Say, cv: str | None, baseline: bool, seed_fit_evals: int | None
+) -> dict:
+    """The search's speed with the default settings (but `seed_fit_evals`, if given); with `cv`,
+    also under --cv `cv` and the ratio of its generations' time to the plain run's; with
+    `baseline`, also with the fit budgets of before the speed work (PREVIOUS_FIT_BUDGETS) and how
+    much faster the defaults are."""
     from stepml_evolve.evolve.search.settings import PREVIOUS_FIT_BUDGETS
 
+    common = {} if seed_fit_evals is None else {"seed_fit_evals": seed_fit_evals}
     say(f"offline search, {generations} generations with default settings...")
-    figures = timed_search(loaded, engine, generations, say)
+    figures = timed_search(loaded, engine, generations, say, **common)
     say(
         f"search: generation 0 {figures['generation_0_s']} s, then {figures['generation_s_mean']} s per "
         f"generation ({figures['generations_per_hour']} generations/hour)"
     )
     if cv:
-        under = timed_search(loaded, engine, generations, say, cv=cv)
+        under = timed_search(loaded, engine, generations, say, cv=cv, **common)
         figures.update(
             {
                 "cv": cv,
@@ -108,7 +112,7 @@ def search_figures(loaded, engine: Engine, generations: int, say: Say, cv: str |
             f"{figures['cv_generation_ratio']}x the plain run's"
         )
     if baseline:
-        before = timed_search(loaded, engine, generations, say, **PREVIOUS_FIT_BUDGETS)
+        before = timed_search(loaded, engine, generations, say, **PREVIOUS_FIT_BUDGETS, **common)
         figures.update(
             {
                 "baseline_generation_0_s": before["generation_0_s"],
@@ -213,6 +217,7 @@ def run_bench(
     fit_methods: list[str] | None = None,
     search_cv: str | None = None,
     baseline: bool = False,
+    seed_fit_evals: int | None = None,
 ) -> dict:
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
@@ -264,7 +269,7 @@ def run_bench(
                 first["train_loss"],
             )
         if search_generations > 0:
-            figures.update(search_figures(loaded, engine, search_generations, say, search_cv, baseline))
+            figures.update(search_figures(loaded, engine, search_generations, say, search_cv, baseline, seed_fit_evals))
     if blis is not None:
         if loaded.synthetic:
             say("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")

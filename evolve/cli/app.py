@@ -80,6 +80,18 @@ app.add_typer(data_app, name="data")
 app.add_typer(archive_app, name="archive")
 
 SEARCH, FIT = SearchConfig(), FitConfig()
+
+
+def _surrogate_budget(default: int | None, flag: str, whose: str):
+    """A trust region's surrogate evaluations per iteration, as an option of `evolve run`."""
+    return typer.Option(
+        default,
+        flag,
+        min=0,
+        help=f"{whose} (trust region): surrogate evaluations per iteration (0: 200 + 40 per constant).",
+    )
+
+
 Split = Literal[SCORED_SPLITS]
 Scope = Literal[SCOPES]
 GoTarget = Literal[tuple(TARGETS)]
@@ -456,12 +468,7 @@ def run_cmd(
         help="Screening-fit budget per child (closed-loop evaluations; default by "
         "--fit-method: " + ", ".join(f"{n} {m}" for m, n in QUICK_EVALS.items()) + ").",
     ),
-    quick_surrogate: int | None = typer.Option(
-        SEARCH.quick_surrogate,
-        "--quick-surrogate",
-        min=0,
-        help="A screening fit (trust region): surrogate evaluations per iteration (0: 200 + 40 per constant).",
-    ),
+    quick_surrogate: int | None = _surrogate_budget(SEARCH.quick_surrogate, "--quick-surrogate", "A screening fit"),
     full_fit_evals: int | None = typer.Option(
         SEARCH.full_fit_evals,
         "--full-fit-evals",
@@ -488,12 +495,8 @@ def run_cmd(
         min=1,
         help="A promoted child's fit (trust region): closed-loop judged points per iteration.",
     ),
-    full_fit_surrogate: int | None = typer.Option(
-        SEARCH.full_fit_surrogate,
-        "--full-fit-surrogate",
-        min=0,
-        help="A promoted child's fit (trust region): surrogate evaluations per iteration "
-        "(0: the standard fit's, 200 + 40 per constant).",
+    full_fit_surrogate: int | None = _surrogate_budget(
+        SEARCH.full_fit_surrogate, "--full-fit-surrogate", "A promoted child's fit"
     ),
     max_promotions: int = typer.Option(
         SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."

@@ -168,7 +168,6 @@ def blis_checkout(blis_build, tmp_path) -> Path:
     return dest
 
 
-# the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
 # a run of one seed (roofline) with screening fits only: its generations are seconds (the bad-input tests)
 ONE_SEED_SCREENED = [
     "--seeds",
@@ -182,6 +181,7 @@ ONE_SEED_SCREENED = [
     "--front-cv",
     "none",
 ]
+# the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
 SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
 SEARCHED = ["run", "--generations", "3", "--seed", "3", *SEARCH_BUDGETS, "--front-cv", "lomo"]
 

@@ -87,14 +87,6 @@ class SearchConfig:
         return Objective(self.objective, self.weights)
 
 
-# the fit budgets runs had before the search-speed work: `evolve bench --baseline` times them
-PREVIOUS_FIT_BUDGETS = {
-    "full_fit_evals": 12,
-    "full_fit_candidates": 3,
-    "full_fit_surrogate": None,
-    "cv_fit_evals": 0,
-}
-
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
 # settings added after runs were first stored: an archive without them ran with these values
 LEGACY_SETTINGS = {
@@ -108,6 +100,12 @@ LEGACY_SETTINGS = {
     "full_fit_surrogate": None,
     "quick_surrogate": None,
     "prompt_reuse": LEGACY_PROMPT_REUSE,
+}
+# the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
+# the legacy values of the settings it added, and the full-fit budget it changed
+PREVIOUS_FIT_BUDGETS = {
+    "full_fit_evals": 12,
+    **{k: LEGACY_SETTINGS[k] for k in ("full_fit_candidates", "full_fit_surrogate", "cv_fit_evals")},
 }
 
 

@@ -49,9 +49,11 @@ with warnings.catch_warnings():  # pycma warns that matplotlib (plotting only) i
     import cma
 
 from .dsl import Program, compile_program
+from .dsl.linearity import linear_constants
 from .engine import Engine, windowed
 from .errors import UserError
 from .experiments import Experiment
+from .linear_solve import LinearSolve, solvable
 from .metrics import MetricRow
 from .objectives import DEFAULT, Objective
 from .seeding import cma_seed
@@ -88,6 +90,11 @@ class FitConfig:
     # the trust region stops after this many judged points without a gain of at least tolfun (a
     # surrogate that sees no gain counts as an iteration's candidates): five iterations of three
     stall_points: int = 15
+    # the trust region's surrogate step solves the constants the program is affine in by least
+    # squares and samples only the others (linear_solve.py; objective "rms" only). For fits near
+    # a good point (the search's screening and promoted fits); from a program's own constants in
+    # the standard box, the surrogate's exact optimum often overshoots (docs/results.md)
+    linear_solve: bool = False
 
     def __post_init__(self):
         if self.scope not in SCOPES:
@@ -328,6 +335,9 @@ class _GroupFit:
         # the trust region's default: a tenth of the closed-loop replays CMA-ES spends by default
         self.max_evals = config.max_evals or (cmaes_budget if config.method == "cmaes" else max(8, cmaes_budget // 10))
         self.vector = VectorProgram.of(program) if config.method == "trust-region" else None
+        linear = set(linear_constants(program)) if config.linear_solve and solvable(config.objective) else set()
+        self.linear = np.array([i for i, k in enumerate(program.constants) if k in linear], dtype=np.int64)
+        self.nonlinear = np.array([i for i, k in enumerate(program.constants) if k not in linear], dtype=np.int64)
 
     def losses(self, X, gexps) -> list[float]:
         pop = [self.tf.from_cma(x) for x in X]
@@ -427,21 +437,14 @@ class _GroupFit:
                 "tolfun": cfg.tolfun * 0.1,
                 "tolx": 1e-4 * rho,
                 "verbose": -9,
-                "bounds": [list(lo), list(hi)],
             }
             if cfg.popsize:
                 opts["popsize"] = cfg.popsize
-            es = _quiet_cma(x, rho / 2, opts)
             surrogate = SurrogateSet(models, self.vector)
-            best_y, best_m = x, self.surrogate_losses([x], surrogate)[0]  # = fx up to class rounding
-            m_x = best_m
-            while not es.stop():
-                Y = es.ask()
-                values = self.surrogate_losses(Y, surrogate)
-                _tell(es, Y, values)
-                i = int(np.argmin(values))
-                if values[i] < best_m:
-                    best_y, best_m = np.array(Y[i]), values[i]
+            if len(self.linear):
+                best_y, best_m, m_x, es = self.projected_step(x, rho, lo, hi, surrogate, opts)
+            else:
+                best_y, best_m, m_x, es = self.sampled_step(x, rho, lo, hi, surrogate, opts)
             predicted = m_x - best_m
             if predicted <= cfg.tolfun * 0.1:  # the surrogate sees nothing to gain here: look closer
                 rho *= SHRINK
@@ -454,9 +457,7 @@ class _GroupFit:
             # other points of the surrogate's final search distribution: the closed loop is rugged
             # at small scales (a batch forms one step earlier or later), so a few neighbours of the
             # surrogate's optimum are judged too and the best of them is the step taken
-            extra = (
-                [np.clip(np.array(y), lo, hi) for y in es.ask(max(0, cfg.candidates - 1))] if cfg.candidates > 1 else []
-            )
+            extra = self.neighbours(es, best_y, rho, lo, hi, cma_seed(cfg.seed + 7 * restart, 1, gi, it))
             for y in extra:
                 if evals >= budget_end:
                     break
@@ -486,6 +487,98 @@ class _GroupFit:
                 break
         return x, fx, models, rows, evals, it
 
+    def sampled_step(self, x, rho, lo, hi, surrogate, opts):
+        """The surrogate's optimum in the box [lo, hi] by CMA-ES over every constant: (its point,
+        its surrogate loss, the surrogate loss at x, the CMA-ES)."""
+        es = _quiet_cma(x, rho / 2, {**opts, "bounds": [list(lo), list(hi)]})
+        best_y, best_m = x, self.surrogate_losses([x], surrogate)[0]  # = fx up to class rounding
+        m_x = best_m
+        while not es.stop():
+            Y = es.ask()
+            values = self.surrogate_losses(Y, surrogate)
+            _tell(es, Y, values)
+            i = int(np.argmin(values))
+            if values[i] < best_m:
+                best_y, best_m = np.array(Y[i]), values[i]
+        return best_y, best_m, m_x, es
+
+    def projected_step(self, x, rho, lo, hi, surrogate, opts):
+        """sampled_step with the linear constants solved by least squares (variable projection,
+        linear_solve.py), by block: solve them at x, then CMA-ES over the others with them held,
+        solved again at each new best point and held there from then on (so two constants that
+        trade off, one linear and one not, move together along their valley). CMA-ES gets as
+        large a share of the budget as the others' share of the constants. A fully linear
+        program's step is one solve (n + 1 surrogate vectors)."""
+        solver = LinearSolve(surrogate, self.cfg.objective, self.linear)
+        vlo, vhi = self.tf.from_cma(lo), self.tf.from_cma(hi)
+
+        def project(y):
+            v = solver.solve(self.tf.from_cma(y)[None, :], vlo, vhi)[0]
+            z = np.clip(self.tf.to_cma(v), lo, hi)
+            return z, self.surrogate_losses([z], surrogate)[0]
+
+        m_x = self.surrogate_losses([x], surrogate)[0]
+        best_y, best_m = x, m_x
+        y, m = project(x)
+        if m < best_m:
+            best_y, best_m = y, m
+        es = None
+        N = self.nonlinear
+        if len(N):
+            budget = max(PROJECTED_MIN_EVALS, opts["maxfevals"] * len(N) // self.n)
+            es = _Held(
+                _quiet_cma(best_y[N], rho / 2, {**opts, "maxfevals": budget, "bounds": [list(lo[N]), list(hi[N])]}),
+                best_y,
+                N,
+            )
+            while not es.stop():
+                Y = es.ask()
+                values = self.surrogate_losses(Y, surrogate)
+                es.tell(values)
+                i = int(np.argmin(values))
+                if values[i] < best_m:
+                    best_y, best_m = np.array(Y[i]), values[i]
+                    y, m = project(best_y)
+                    if m < best_m:
+                        best_y, best_m = y, m
+                    es.held = best_y
+        return best_y, best_m, m_x, es
+
+    def neighbours(self, es, best_y, rho, lo, hi, seed):
+        """`candidates - 1` other points to judge beside the surrogate's optimum: from the step's
+        final search distribution, or (a fully linear program's solve has none) around the optimum."""
+        k = max(0, self.cfg.candidates - 1)
+        if k == 0:
+            return []
+        if es is not None:
+            return [np.clip(np.array(y), lo, hi) for y in es.ask(k)]
+        rng = np.random.default_rng(seed)
+        return [np.clip(best_y + rng.normal(0.0, rho / 4, len(best_y)), lo, hi) for _ in range(k)]
+
+
+class _Held:
+    """A CMA-ES over some constants (`index`) seen as one over all: the points it asks for are
+    `held` with its coordinates in place."""
+
+    def __init__(self, es, held, index):
+        self.es, self.held, self.index = es, held, index
+
+    def stop(self):
+        return self.es.stop()
+
+    def ask(self, number=None):
+        Z = self.es.ask() if number is None else self.es.ask(number)
+        Y = np.repeat(self.held[None, :], len(Z), axis=0)
+        Y[:, self.index] = np.array(Z)
+        if number is None:
+            self.asked = Z
+        return list(Y)
+
+    def tell(self, values):
+        _tell(self.es, self.asked, values)
+
+
+PROJECTED_MIN_EVALS = 12  # the smallest surrogate budget of a projected step's CMA-ES over the nonlinear constants
 
 # trust-region settings in CMA coordinates (log units for positive constants: 1.0 = a factor e)
 RHO_START = 1.0

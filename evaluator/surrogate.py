@@ -437,10 +437,24 @@ class SurrogateSet:
     def apes(self, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P, E) predicted APE of mean E2E and of mean TTFT for every model (NaN where a model
         measures no request; inf for vectors whose replay would fail)."""
+        means, ok = self.means(population)
+        observed = np.array([m.observed_us for m in self.models]).reshape(len(self.models), 2)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a model measuring no request is NaN
+            ape = np.abs(means - observed) / observed * 100.0
+        ape[~ok] = np.inf
+        live = np.zeros(len(self.models), bool)
+        live[self.live] = True
+        ape[:, ~live] = np.nan
+        return ape[..., 0], ape[..., 1]
+
+    def means(self, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P, E, 2) predicted mean E2E and TTFT (us) of every model (NaN where a model measures
+        no request), and (P, E) whether the replay could run (finite, positive step times;
+        finite delays)."""
         p, e = len(population), len(self.models)
-        e2e, ttft = np.full((p, e), np.nan), np.full((p, e), np.nan)
+        means, ok = np.full((p, e, 2), np.nan), np.ones((p, e), bool)
         if not self.live:
-            return e2e, ttft
+            return means, ok
         every, valid = step_us(self.components, self.vector, population, judged=self.n_classes)
         dt = every[:, : self.n_classes]
         sums = np.zeros((p, len(self.live), 2))
@@ -454,12 +468,9 @@ class SurrogateSet:
             lin = sums[:, j] + delay_part(
                 m, self.vector, population, shared, queued=queued[:, j] if queued is not None else None
             )
-            ok = valid & np.all(np.isfinite(lin), axis=1)
-            means = m.recorded_us + m.gain * (lin - m.linear0) / m.n_ok
-            ape = np.abs(means - m.observed_us) / m.observed_us * 100.0
-            ape[~ok] = np.inf
-            e2e[:, i], ttft[:, i] = ape[:, 0], ape[:, 1]
-        return e2e, ttft
+            ok[:, i] = valid & np.all(np.isfinite(lin), axis=1)
+            means[:, i] = m.recorded_us + m.gain * (lin - m.linear0) / m.n_ok
+        return means, ok
 
     def _queued_sums(self, population: np.ndarray, every: np.ndarray) -> np.ndarray:
         """(P, live models, 2) summed queueing times of the requests in each model's E2E and TTFT,

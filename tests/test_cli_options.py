@@ -33,6 +33,7 @@ RUN_OPTIONS = {
     "--prompt-reuse": "prompt_reuse",
     "--full-fit-candidates": "full_fit_candidates",
     "--full-fit-surrogate": "full_fit_surrogate",
+    "--linear": "linear",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 

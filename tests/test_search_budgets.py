@@ -24,7 +24,11 @@ def test_a_promoted_child_gets_the_full_fit_trust_region_and_a_seed_the_standard
         (promoted,) = cascade.full_fits([(cand, (1, 2))])
         base = FitConfig(seed=cascade._seed(1, 2, 2), max_evals=5, sigma0=config.full_fit_sigma, objective=cascade.goal)
         asked = fit(
-            program, exps, engine, dataclasses.replace(base, candidates=1, surrogate_evals=60), start=cand.constants
+            program,
+            exps,
+            engine,
+            dataclasses.replace(base, candidates=1, surrogate_evals=60, linear_solve=True),
+            start=cand.constants,
         )
         standard = fit(program, exps, engine, base, start=cand.constants)
         assert promoted.constants == asked.constants["all"]
@@ -46,3 +50,36 @@ def test_the_trust_region_stalls_on_judged_points_not_iterations(synthetic):
         three = fit(program, exps, engine, dataclasses.replace(config, candidates=3), start=program.constants)
     assert (one.iterations, three.iterations) == (3, 1)
     assert one.loss == three.loss  # neither moved from its start
+
+
+def test_the_runs_linear_setting_reaches_its_screening_and_full_fits(synthetic):
+    """--linear solve (the default) and sample give each fit of the cascade the FitConfig a direct
+    fit with that linear_solve gives, and the two differ on a program with affine constants."""
+    exps = synthetic.experiments
+    program = load_program(seed_path("blackbox"))  # affine in all six constants
+    fits = {}
+    with Engine(exps) as engine:
+        for mode in ("solve", "sample"):
+            cascade = Cascade(synthetic, engine, SearchConfig(seed=3, full_fit_evals=4, linear=mode))
+            assert cascade.quick.linear_solve is (mode == "solve")
+            cand = Candidate(program, Proposal(program.source, "seed", []), None, 0)
+            cascade.screen([(cand, (1, 0))])
+            (full,) = cascade.full_fits([(cand, (1, 0))])
+            direct = fit(
+                program,
+                exps,
+                engine,
+                FitConfig(
+                    seed=cascade._seed(1, 0, 2),
+                    max_evals=4,
+                    sigma0=SearchConfig.full_fit_sigma,
+                    objective=cascade.goal,
+                    candidates=1,
+                    surrogate_evals=SearchConfig.full_fit_surrogate,
+                    linear_solve=mode == "solve",
+                ),
+                start=cand.constants,
+            )
+            assert full.constants == direct.constants["all"]
+            fits[mode] = (cand.constants, full.constants)
+    assert fits["solve"][0] != fits["sample"][0]  # the screening fits differ: the test can fail

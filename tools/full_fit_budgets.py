@@ -4,10 +4,11 @@ constants with several budgets, timed, with their train and validation losses. W
 the fits of generation 0 instead: from the seed's own constants at the standard sigma, no
 screening fit.
 
-A budget is EVALSxCANDIDATES[@SURROGATE][rRESTARTS]: closed-loop evaluations ("std": the
+A budget is EVALSxCANDIDATES[@SURROGATE][rRESTARTS][s]: closed-loop evaluations ("std": the
 method's default for the program's size), closed-loop judged candidates per trust-region
-iteration, surrogate evaluations per iteration (default 200 + 40 n), and restarts of the trust
-region from the best point (default 0).
+iteration, surrogate evaluations per iteration (default 200 + 40 n), restarts of the trust
+region from the best point (default 0), and a trailing "s" for the surrogate step sampled by
+CMA-ES over every constant (no least-squares solve of the linear ones, FitConfig.linear_solve).
 
     python tools/full_fit_budgets.py ../shared/data/replay [--seeds a,b] [--budgets 12x3,6x1@150] > out.jsonl
     python tools/full_fit_budgets.py ../shared/data/replay --from seed --budgets stdx3,16x1@150 > out.jsonl
@@ -16,6 +17,7 @@ region from the best point (default 0).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="12x3,12x1,6x1,4x1")
     ap.add_argument("--surrogate-evals", type=int, default=None, help="default for budgets without @SURROGATE")
     ap.add_argument("--from", dest="start", choices=("screen", "seed"), default="screen")
+    ap.add_argument("--quick-linear", choices=("on", "off"), default="on", help="the screening fit's linear solve")
     args = ap.parse_args()
     data = load_data(args.data)
     exps = data.experiments
@@ -45,7 +48,8 @@ def main() -> None:
             start, sigma = program.constants, FitConfig.sigma0
             if args.start == "screen":
                 t0, c0 = time.perf_counter(), time.process_time()
-                quick = fit(program, exps, engine, quick_config(7, exps), start=program.constants)
+                quick_cfg = dataclasses.replace(quick_config(7, exps), linear_solve=args.quick_linear == "on")
+                quick = fit(program, exps, engine, quick_cfg, start=program.constants)
                 row["quick"] = {
                     "seconds": round(time.perf_counter() - t0, 1),
                     "cpu_seconds": round(time.process_time() - c0, 1),
@@ -53,7 +57,8 @@ def main() -> None:
                 }
                 start, sigma = quick.constants["all"], SearchConfig.full_fit_sigma
             for budget in args.budgets.split(","):
-                evals, rest = budget.split("x")
+                sampled = budget.endswith("s")
+                evals, rest = budget.removesuffix("s").split("x")
                 rest, _, restarts = rest.partition("r")
                 candidates, _, surrogate = rest.partition("@")
                 config = FitConfig(
@@ -63,6 +68,7 @@ def main() -> None:
                     candidates=int(candidates),
                     surrogate_evals=int(surrogate) if surrogate else args.surrogate_evals,
                     restarts=int(restarts or 0),
+                    linear_solve=not sampled,
                 )
                 t0, c0 = time.perf_counter(), time.process_time()
                 res = fit(program, exps, engine, config, start=start)

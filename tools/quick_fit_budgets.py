@@ -1,7 +1,8 @@
 """What a child's screening fit costs and finds with smaller surrogate budgets (issue 25): for
 each seed, the search's quick fit (one experiment per model, the first 30 % of requests, 6
 closed-loop evaluations) from the seed's constants, with the surrogate's default budget per
-trust-region iteration (200 + 40 n) and with the budgets given, timed, with its quick loss.
+trust-region iteration (200 + 40 n) and with the budgets given, timed, with its quick loss. A
+budget ending in "s" samples every constant by CMA-ES (no least-squares solve of the linear ones).
 
     python tools/quick_fit_budgets.py ../shared/data/replay [--seeds a,b] [--surrogate-evals 0,150,80] > out.jsonl
 """
@@ -24,18 +25,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
     ap.add_argument("--seeds", default=",".join(p.stem for p in seed_paths()))
-    ap.add_argument("--surrogate-evals", default="0,150,80", help="per iteration; 0: the default 200 + 40 n")
+    ap.add_argument(
+        "--surrogate-evals",
+        default="0,150,80",
+        help="per iteration; 0: the default 200 + 40 n; a trailing s: sampled (no linear solve)",
+    )
     args = ap.parse_args()
     exps = load_data(args.data).experiments
     with Engine(exps) as engine:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
             row: dict = {"seed": name}
-            for budget in map(int, args.surrogate_evals.split(",")):
-                config = dataclasses.replace(quick_config(7, exps), surrogate_evals=budget or None)
+            for label in args.surrogate_evals.split(","):
+                budget = int(label.removesuffix("s"))
+                config = dataclasses.replace(
+                    quick_config(7, exps), surrogate_evals=budget or None, linear_solve=not label.endswith("s")
+                )
                 t0, c0 = time.perf_counter(), time.process_time()
                 res = fit(program, exps, engine, config, start=program.constants)
-                row[str(budget)] = {
+                row[label] = {
                     "seconds": round(time.perf_counter() - t0, 2),
                     "cpu_seconds": round(time.process_time() - c0, 2),
                     "evaluations": res.evaluations,

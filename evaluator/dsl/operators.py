@@ -54,6 +54,19 @@ UNIT_RULES = {
     "select": "both branches have one unit, which is the result's (a if cond else b)",
 }
 
+# How an operator's result stays affine in the constants its operands are affine in (linearity.py:
+# the constants a fit may solve by least squares). A new operator is "nonlinear" unless its row says so.
+LINEARITY_RULES = {
+    "sum": "affine in what either operand is affine in (a + b, a - b)",
+    "keep": "affine in what the operand is affine in (-a, +a)",
+    "product": "affine when at most one operand depends on those constants (a * b)",
+    "quotient": "affine in the numerator's constants when the denominator depends on none (a / b)",
+    "power": "a ** 1 is a, a ** 0 is 1; other exponents are not affine",
+    "select": "affine in what both branches are affine in, when the condition depends on none",
+    "condition": "a constant in a condition decides a branch: never affine",
+    "nonlinear": "no constant its operands depend on is affine in the result (max, abs, log, ...)",
+}
+
 
 class Kind(Enum):
     """The AST construct holding an operator: it fixes the operands and where the node may be."""
@@ -89,6 +102,7 @@ class Operator:
     hoist: str | None = None  # numexpr: evaluated once into a temporary (the form uses it twice)
     exponent: str | None = None  # "**" rows: "integer" or "other" exponents (a literal, not an operand)
     units: str = ""  # the unit rule (a key of UNIT_RULES)
+    linearity: str = "nonlinear"  # how its result depends on constants it is affine in (a key of LINEARITY_RULES)
 
     @property
     def identity(self) -> bool:
@@ -110,6 +124,7 @@ def _compare(symbol: str, node: type[ast.AST], opcode: int, vm: str, gp: str | N
         go=f"{{0}} {symbol} {{1}}",
         gp=gp,
         units="compare",
+        linearity="condition",
     )
 
 
@@ -128,6 +143,7 @@ OPERATORS: tuple[Operator, ...] = (
         go_prec=GO_ADD,
         gp="add",
         units="same",
+        linearity="sum",
     ),
     Operator(
         "-",
@@ -143,6 +159,7 @@ OPERATORS: tuple[Operator, ...] = (
         go_prec=GO_ADD,
         gp="sub",
         units="same",
+        linearity="sum",
     ),
     # float64(...) rounds the product: Go may not fuse it with an addition into an FMA (arm64)
     Operator(
@@ -159,6 +176,7 @@ OPERATORS: tuple[Operator, ...] = (
         go_prec=GO_MUL,
         gp="mul",
         units="product",
+        linearity="product",
     ),
     Operator(
         "/",
@@ -174,6 +192,7 @@ OPERATORS: tuple[Operator, ...] = (
         go="{Div}({0}, {1})",
         gp="div",
         units="quotient",
+        linearity="quotient",
     ),
     Operator(
         "-",
@@ -189,6 +208,7 @@ OPERATORS: tuple[Operator, ...] = (
         go_prec=GO_UNARY,
         gp="neg",
         units="keep",
+        linearity="keep",
     ),
     Operator(
         "+",
@@ -203,6 +223,7 @@ OPERATORS: tuple[Operator, ...] = (
         go="{0}",
         go_prec=GO_UNARY,
         units="keep",
+        linearity="keep",
     ),
     Operator(
         "max",
@@ -305,6 +326,7 @@ OPERATORS: tuple[Operator, ...] = (
         gp="pow",
         exponent="integer",
         units="power",
+        linearity="power",
     ),
     Operator(
         "**",
@@ -341,6 +363,7 @@ OPERATORS: tuple[Operator, ...] = (
         numexpr="{0} & {1}",
         go="{And}({0}, {1})",
         units="condition",
+        linearity="condition",
     ),
     Operator(
         "or",
@@ -354,6 +377,7 @@ OPERATORS: tuple[Operator, ...] = (
         numexpr="{0} | {1}",
         go="{Or}({0}, {1})",
         units="condition",
+        linearity="condition",
     ),
     Operator(
         "not",
@@ -367,6 +391,7 @@ OPERATORS: tuple[Operator, ...] = (
         numexpr="(~{0})",
         go="!({0})",
         units="condition",
+        linearity="condition",
     ),
     Operator(
         "if-else",
@@ -380,6 +405,7 @@ OPERATORS: tuple[Operator, ...] = (
         numexpr="where({0}, {1}, {2})",
         go="{Select}({0}, {1}, {2})",
         units="select",
+        linearity="select",
     ),
 )
 
@@ -449,6 +475,9 @@ def _check_table() -> None:
     unruled = [op.symbol for op in OPERATORS if op.units not in UNIT_RULES]
     if unruled:
         raise AssertionError(f"operators without a unit rule (a key of UNIT_RULES): {unruled}")
+    unruled = [op.symbol for op in OPERATORS if op.linearity not in LINEARITY_RULES]
+    if unruled:
+        raise AssertionError(f"operators without a linearity rule (a key of LINEARITY_RULES): {unruled}")
 
 
 _check_table()

@@ -498,6 +498,12 @@ def run_cmd(
     full_fit_surrogate: int | None = _surrogate_budget(
         SEARCH.full_fit_surrogate, "--full-fit-surrogate", "A promoted child's fit"
     ),
+    linear: Literal["solve", "sample"] = typer.Option(
+        SEARCH.linear,
+        "--linear",
+        help="solve: fits solve the constants a program is affine in by least squares on the surrogate "
+        "and sample only the others; sample: CMA-ES samples every constant, as runs before it did.",
+    ),
     max_promotions: int = typer.Option(
         SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."
     ),
@@ -586,6 +592,7 @@ def run_cmd(
         seed_fit_evals=seed_fit_evals,
         full_fit_candidates=full_fit_candidates,
         full_fit_surrogate=full_fit_surrogate or None,
+        linear=linear,
         max_promotions=max_promotions,
         migration_interval=migration_interval,
         semantics=semantics,

@@ -158,6 +158,7 @@ class Cascade:
             objective=self.goal,
             max_evals=config.quick_evals or quick.max_evals,
             surrogate_evals=config.quick_surrogate,
+            linear_solve=config.linear == "solve",
         )
         self.screen_exps = fit_experiments(self.exps, self.quick)
         self._evaluations = 0
@@ -296,7 +297,10 @@ class Cascade:
         )
         if promoted:  # a promoted child's trust region (seed fits: the standard fit's)
             config = dataclasses.replace(
-                config, candidates=self.cfg.full_fit_candidates, surrogate_evals=self.cfg.full_fit_surrogate
+                config,
+                candidates=self.cfg.full_fit_candidates,
+                surrogate_evals=self.cfg.full_fit_surrogate,
+                linear_solve=self.cfg.linear == "solve",
             )
         cv: CrossValidation | None = None
         fold_config = config  # the folds' fit settings, as the CV score stores them

@@ -35,6 +35,7 @@ from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
 FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
+LINEAR_MODES = ("solve", "sample")  # --linear: how a fit's surrogate step finds the constants a program is affine in
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
 
 
@@ -63,6 +64,9 @@ class SearchConfig:
     # fit's. docs/results.md "Search speed" measured what these buy
     full_fit_candidates: int = 1
     full_fit_surrogate: int | None = 150
+    # "solve": every fit's trust region solves the constants a program is affine in by least
+    # squares (evaluator/linear_solve.py) and samples only the others; "sample": samples them all
+    linear: str = LINEAR_MODES[0]
     islands: int = 1
     migration_interval: int = 25
     semantics: str = DEFAULT_SEMANTICS  # how the replay accounts a step: "blis" or "vllm"
@@ -79,7 +83,12 @@ class SearchConfig:
     front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
 
     def __post_init__(self):
-        for name, modes in (("units", UNITS_MODES), ("cv", CV_MODES), ("front_cv", FRONT_CV_MODES)):
+        for name, modes in (
+            ("units", UNITS_MODES),
+            ("cv", CV_MODES),
+            ("front_cv", FRONT_CV_MODES),
+            ("linear", LINEAR_MODES),
+        ):
             if getattr(self, name) not in modes:
                 raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
 
@@ -99,13 +108,14 @@ LEGACY_SETTINGS = {
     "full_fit_candidates": 3,
     "full_fit_surrogate": None,
     "quick_surrogate": None,
+    "linear": "sample",
     "prompt_reuse": LEGACY_PROMPT_REUSE,
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed
 PREVIOUS_FIT_BUDGETS = {
     "full_fit_evals": 12,
-    **{k: LEGACY_SETTINGS[k] for k in ("full_fit_candidates", "full_fit_surrogate", "cv_fit_evals")},
+    **{k: LEGACY_SETTINGS[k] for k in ("full_fit_candidates", "full_fit_surrogate", "cv_fit_evals", "linear")},
 }
 
 

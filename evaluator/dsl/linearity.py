@@ -1,0 +1,121 @@
+"""The constants a program is affine in: those a fit may solve by least squares.
+
+A replay's latency means, on a fixed schedule, are sums of step times and per-request delays
+(surrogate.py). If every function of a program is affine in a set L of its constants (jointly:
+no product of two of them, none inside max, abs, log, a condition, ...), the surrogate's means
+are affine in L for any fixed value of the others, and the trust region's surrogate step finds
+L's best values with one bounded least-squares solve instead of sampling them (variable
+projection, fitting.py). A constant is in L only when the operator table says every operation
+on its way to a function's result keeps it affine (operators.LINEARITY_RULES, one rule per row);
+an operator without a rule there is "nonlinear", so a new operator is never taken for affine.
+
+Where two affine parts multiply (c.a * (c.b * f.gemm + ...)), one side must leave L: the one
+with fewer constants (the right one on a tie), which keeps the most constants solvable; the
+analysis then starts over without it, until no rule is broken. r.last_step_us (the step in
+flight at a request's arrival) carries the constants step_time is affine in.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from .operators import literal_number, operands, operator_of
+from .program import Program
+
+# the order the functions are read in: queueing_time reads step_time's result (r.last_step_us)
+_ORDER = ("step_time", "queueing_time", "output_token_time", "post_decode_time")
+
+
+class _Leave(Exception):
+    """These constants are not affine where the walk met them: the analysis restarts without them."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+
+
+class _Walk:
+    def __init__(self, program: Program, candidates: set[str]):
+        self.program, self.candidates = program, candidates
+        self.step_time: frozenset[str] = frozenset()
+        self.read: set[str] = set()  # the constants the functions read
+
+    def run(self) -> None:
+        for name in _ORDER:
+            fn = self.program.functions.get(name)
+            if fn is None:
+                continue
+            scope: dict[str, frozenset[str]] = {}
+            for stmt in fn.body:
+                if isinstance(stmt, ast.Assign):
+                    scope[stmt.targets[0].id] = self.value(stmt.value, scope)
+                elif isinstance(stmt, ast.Return):
+                    result = self.value(stmt.value, scope)
+                    if name == "step_time":
+                        self.step_time = result
+
+    def value(self, node: ast.AST, scope: dict[str, frozenset[str]]) -> frozenset[str]:
+        """The candidate constants `node` is affine in (it depends on no other candidate)."""
+        if isinstance(node, ast.Constant):
+            return frozenset()
+        if isinstance(node, ast.Attribute):
+            if node.value.id == "c":
+                self.read.add(node.attr)
+                return frozenset({node.attr}) & self.candidates
+            if node.value.id == "r" and node.attr == "last_step_us":
+                return self.step_time
+            return frozenset()  # f.<component>, r.<request field>: data
+        if isinstance(node, ast.Name):
+            return scope[node.id]
+        op = operator_of(node)
+        if op is None:
+            raise TypeError(f"not a validated value node: {type(node).__name__}")
+        rule = op.linearity
+        if rule == "select":
+            self.fixed(node.test, scope)
+            return self.value(node.body, scope) | self.value(node.orelse, scope)
+        if rule == "power":
+            p = literal_number(node.right)
+            base = self.value(node.left, scope)
+            if p == 1:
+                return base
+            return self.leave(base) if p != 0 else frozenset()
+        parts = [self.value(x, scope) for x in operands(node)]
+        if rule in ("sum", "keep"):
+            return frozenset().union(*parts)
+        if rule == "product":
+            a, b = parts
+            if a and b:
+                self.leave(b if len(b) <= len(a) else a)
+            return a | b
+        if rule == "quotient":
+            self.leave(parts[1])
+            return parts[0]
+        return self.leave(frozenset().union(*parts))  # "nonlinear" (and any rule not above)
+
+    def fixed(self, node: ast.AST, scope: dict[str, frozenset[str]]) -> None:
+        """A condition (a comparison, or and/or/not of conditions): the constants it reads leave."""
+        for x in operands(node):
+            if isinstance(node, ast.Compare):
+                self.leave(self.value(x, scope))
+            else:
+                self.fixed(x, scope)
+
+    def leave(self, names: frozenset[str]) -> frozenset[str]:
+        if names:
+            raise _Leave(names)
+        return frozenset()
+
+
+def linear_constants(program: Program) -> tuple[str, ...]:
+    """The constants (in the program's order) that its functions read and are jointly affine in."""
+    if "linear" not in program._cache:
+        candidates = set(program.constants)
+        while True:
+            walk = _Walk(program, candidates)
+            try:
+                walk.run()
+                break
+            except _Leave as e:
+                candidates -= e.names
+        program._cache["linear"] = tuple(k for k in program.constants if k in candidates and k in walk.read)
+    return program._cache["linear"]

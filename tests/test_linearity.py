@@ -1,0 +1,139 @@
+"""Which constants a program is affine in (dsl/linearity.py), one case per operator of the table,
+and the least-squares step built on it (linear_solve.py): on a real recorded surrogate its
+solution is the surrogate's optimum, and a constant that enters non-linearly is never solved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
+from stepml_evolve.evaluator.dsl.linearity import linear_constants
+from stepml_evolve.evaluator.dsl.operators import OPERATORS
+from stepml_evolve.evaluator.fitting import _quiet_cma
+from stepml_evolve.evaluator.linear_solve import LinearSolve, solvable
+from stepml_evolve.evaluator.objectives import Objective
+from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record
+from stepml_evolve.seeds import seed_path
+
+# (operator symbol, exponent kind) -> step_time bodies and the constants they are affine in
+# (of a, b, s); every row of the operator table needs one, so a new operator needs a case here
+CASES = {
+    ("+", None): [("c.a * f.gemm_pf + c.b", "ab")],
+    ("-", None): [("c.a * f.gemm_pf - c.b", "ab"), ("-(c.a * f.gemm_pf) + c.b * f.n_req", "ab")],
+    ("*", None): [("c.a * f.gemm_pf * 2.0 + c.b", "ab"), ("c.a * c.b * f.gemm_pf", "a")],
+    ("/", None): [("c.a * f.gemm_pf / f.n_req + c.b", "ab"), ("f.gemm_pf / c.a + c.b", "b")],
+    ("+u", None): [("+(c.a * f.gemm_pf) + c.b", "ab")],
+    ("max", None): [("max(c.a * f.gemm_pf, c.b * f.weights) + c.s", "s")],
+    ("min", None): [("min(c.a * f.gemm_pf, 1.0) + c.b", "b")],
+    ("abs", None): [("abs(c.a * f.gemm_pf) + c.b", "b")],
+    ("sqrt", None): [("sqrt(c.a * f.gemm_pf) + c.b", "b")],
+    ("log", None): [("log(c.a) * f.gemm_pf + c.b", "b")],
+    ("exp", None): [("exp(c.a) * f.gemm_pf + c.b", "b")],
+    ("**", "integer"): [
+        ("(c.a * f.gemm_pf) ** 2 + c.b", "b"),
+        ("(c.a * f.gemm_pf) ** 1 + c.b", "ab"),
+        ("(c.a * f.gemm_pf) ** 0 + c.b", "ab"),
+    ],
+    ("**", "other"): [("(c.a * f.gemm_pf) ** 1.5 + c.b", "b")],
+    ("<", None): [("c.a * f.gemm_pf if f.tok_pf < c.s else c.b", "ab")],
+    ("<=", None): [("c.a * f.gemm_pf if c.s * f.n_req <= f.tok_pf else c.b", "ab")],
+    (">", None): [("c.a * f.gemm_pf if f.tok_pf > c.s else c.b", "ab")],
+    (">=", None): [("c.a * f.gemm_pf if f.tok_pf >= c.s else c.b", "ab")],
+    ("==", None): [("c.a * f.gemm_pf if f.tok_pf == c.s else c.b", "ab")],
+    ("!=", None): [("c.a * f.gemm_pf if f.tok_pf != c.s else c.b", "ab")],
+    ("and", None): [("c.a * f.gemm_pf if f.tok_pf > 1.0 and f.n_req < c.s else c.b", "ab")],
+    ("or", None): [("c.a * f.gemm_pf if f.tok_pf > 1.0 or f.n_req < c.s else c.b", "ab")],
+    ("not", None): [("c.a * f.gemm_pf if not f.tok_pf > c.s else c.b", "ab")],
+    ("if-else", None): [("(c.a * f.gemm_pf if f.tok_pf > 64.0 else c.b * f.weights) + c.s", "abs")],
+}
+
+
+def _program(body: str, queue: str | None = None):
+    src = 'CONSTANTS = {"a": 1.5, "b": 20.0, "s": 64.0, "q": 100.0, "lag": 1.0}\n\n\ndef step_time(f, c):\n'
+    src += f"    return {body}\n"
+    if queue:
+        src += f"\n\ndef queueing_time(r, c):\n    return {queue}\n"
+    return parse_program(src)
+
+
+def test_every_operator_has_a_case():
+    rows = {("+u" if op.identity else op.symbol, op.exponent) for op in OPERATORS}
+    assert rows <= set(CASES), f"operators without a linearity case: {sorted(rows - set(CASES), key=str)}"
+
+
+@pytest.mark.parametrize("key", list(CASES), ids=lambda k: f"{k[0]}{'' if k[1] is None else '-' + k[1]}")
+def test_the_constants_an_operator_keeps_affine(key):
+    for body, expected in CASES[key]:
+        got = {k for k in linear_constants(_program(body)) if k in "abs"}
+        assert got == set(expected), body
+
+
+def test_a_constant_multiplying_the_step_in_flight_leaves_the_smaller_side():
+    """r.last_step_us carries step_time's affine constants: a product with it keeps the larger side
+    (on a tie, the left operand)."""
+    program = _program("c.a * f.gemm_pf + c.b", queue="c.q + c.lag * r.last_step_us")
+    assert set(linear_constants(program)) & {"a", "b", "q", "lag"} == {"a", "b", "q"}
+    program = _program("c.a * f.gemm_pf", queue="c.q + c.lag * r.last_step_us")
+    assert set(linear_constants(program)) & {"a", "q", "lag"} == {"q", "lag"}
+
+
+def test_a_local_used_twice_in_a_product_is_not_affine():
+    src = (
+        'CONSTANTS = {"a": 1.5, "b": 2.0}\n\n\ndef step_time(f, c):\n    x = c.a * f.gemm_pf\n    return x * x + c.b\n'
+    )
+    assert linear_constants(parse_program(src)) == ("b",)
+
+
+def test_the_seeds_linear_constants():
+    assert linear_constants(load_program(seed_path("blackbox"))) == tuple(load_program(seed_path("blackbox")).constants)
+    tp = load_program(seed_path("trained_physics"))
+    assert set(tp.constants) - set(linear_constants(tp)) == {"lag_steps"}
+    roofline = load_program(seed_path("roofline"))
+    assert {"c_compute", "c_memory"}.isdisjoint(linear_constants(roofline))  # inside max()
+
+
+def _surrogate(program, experiments):
+    compiled, vector = compile_program(program), VectorProgram.of(program)
+    c0 = np.array(list(program.constants.values()), dtype=float)
+    models = [record(e, compiled, vector, c0, "train")[1] for e in experiments]
+    return SurrogateSet(models, vector), c0
+
+
+def _loss(surrogate, objective, population):
+    e2e, ttft = surrogate.apes(population)
+    return objective.of_apes([m.name for m in surrogate.models], e2e, ttft)
+
+
+def test_the_solve_finds_the_surrogates_optimum_in_the_box(synthetic):
+    """blackbox is affine in all six constants: one solve against CMA-ES with a large budget on the
+    same surrogate and box; the solve is at least as good, and moves no constant out of the box."""
+    program = load_program(seed_path("blackbox"))
+    surrogate, c0 = _surrogate(program, synthetic.experiments)
+    objective = Objective()
+    lo, hi = c0 * np.exp(-1.0), c0 * np.exp(1.0)
+    solved = LinearSolve(surrogate, objective, np.arange(len(c0))).solve(c0[None, :], lo, hi)[0]
+    assert np.all(solved >= lo - 1e-9) and np.all(solved <= hi + 1e-9)
+    start, best = _loss(surrogate, objective, np.array([c0, solved]))
+    assert best < start
+    es = _quiet_cma(
+        np.log(c0), 0.3, {"seed": 1, "bounds": [list(np.log(lo)), list(np.log(hi))], "maxfevals": 3000, "verbose": -9}
+    )
+    sampled = start
+    while not es.stop():
+        X = es.ask()
+        values = _loss(surrogate, objective, np.exp(np.array(X)))
+        es.tell(X, values)
+        sampled = min(sampled, float(values.min()))
+    assert best <= sampled + 1e-3 * sampled
+
+
+def test_only_the_affine_constants_move_and_worst3_is_not_solved(synthetic):
+    program = load_program(seed_path("roofline"))
+    surrogate, c0 = _surrogate(program, synthetic.experiments)
+    index = [list(program.constants).index(k) for k in linear_constants(program)]
+    lo, hi = c0 * 0.5, c0 * 2.0
+    solved = LinearSolve(surrogate, Objective(), index).solve(c0[None, :], lo, hi)[0]
+    fixed = [i for i in range(len(c0)) if i not in index]
+    assert np.array_equal(solved[fixed], c0[fixed])
+    assert solvable(Objective("rms")) and not solvable(Objective("worst3"))

@@ -498,11 +498,12 @@ def run_cmd(
     full_fit_surrogate: int | None = _surrogate_budget(
         SEARCH.full_fit_surrogate, "--full-fit-surrogate", "A promoted child's fit"
     ),
-    linear: Literal["solve", "sample"] = typer.Option(
+    linear: Literal["sample", "solve"] = typer.Option(
         SEARCH.linear,
         "--linear",
-        help="solve: fits solve the constants a program is affine in by least squares on the surrogate "
-        "and sample only the others; sample: CMA-ES samples every constant, as runs before it did.",
+        help="sample: CMA-ES samples every constant on the surrogate; solve: screening and promoted "
+        "fits solve the constants a program is affine in by least squares and sample the others "
+        "(faster; lower-quality full fits, docs/results.md).",
     ),
     max_promotions: int = typer.Option(
         SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."

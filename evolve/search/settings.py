@@ -35,7 +35,7 @@ from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
 FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
-LINEAR_MODES = ("solve", "sample")  # --linear: how a fit's surrogate step finds the constants a program is affine in
+LINEAR_MODES = ("sample", "solve")  # --linear: how a fit's surrogate step finds the constants a program is affine in
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
 
 
@@ -64,8 +64,10 @@ class SearchConfig:
     # fit's. docs/results.md "Search speed" measured what these buy
     full_fit_candidates: int = 1
     full_fit_surrogate: int | None = 150
-    # "solve": every fit's trust region solves the constants a program is affine in by least
-    # squares (evaluator/linear_solve.py) and samples only the others; "sample": samples them all
+    # "solve": the screening and promoted fits' trust region solves the constants a program is
+    # affine in by least squares (evaluator/linear_solve.py) and samples only the others; faster,
+    # but the promoted fits ended worse on four seeds of five (docs/results.md), so "sample"
+    # (CMA-ES samples them all) stays the default
     linear: str = LINEAR_MODES[0]
     islands: int = 1
     migration_interval: int = 25

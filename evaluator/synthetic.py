@@ -21,7 +21,6 @@ Everything is a deterministic function of the generator seed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from .dsl import compile_program, parse_program
 from .experiments import Experiment
 from .model_arch import ModelArch
 from .replay import FINISHED, replay
+from .replay_files import GeneratedExperiment, write_experiment
 
 GENERATOR_VERSION = 3  # 2: prefix caching by blocks (the replay's KV cache), BLIS step semantics; 3: cycled
 # prompts, and the engine's pipeline lag in queueing_time (r.last_step_us), as the real data show
@@ -117,7 +117,9 @@ SAMPLE_SIZES = {
 SWAP_RATE = 0.005  # share of consecutive sends that arrive in swapped order
 
 
-def _prompts(rng: np.random.Generator, n: int, sys_len: int, question: int, groups: int, n_prompts: int = N_PROMPTS):
+def cycled_prompts(
+    rng: np.random.Generator, n: int, sys_len: int, question: int, groups: int, n_prompts: int = N_PROMPTS
+):
     """(prompt of each request, its input length, its system-prompt group): prompt p is in group
     p % groups; request i sends prompt i % n_prompts unless it swapped places with a neighbour."""
     lengths = (sys_len + question + rng.integers(-12, 13, size=n_prompts)).astype(np.int64)
@@ -140,8 +142,8 @@ def _requests(rng: np.random.Generator, stages) -> np.ndarray:
     return arrival_us - arrival_us[0]
 
 
-def generate(seed: int = 0, size: str = "full") -> list[tuple[dict, list, dict, dict]]:
-    """(requests.json, ground_truth.json, profile.json, summary) for each synthetic experiment."""
+def generate(seed: int = 0, size: str = "full") -> list[GeneratedExperiment]:
+    """Every synthetic experiment, replayed under the oracle with measurement noise."""
     sizing = SAMPLE_SIZES[size]
     oracle = parse_program(ORACLE_SOURCE)
     compiled = compile_program(oracle)
@@ -153,7 +155,7 @@ def generate(seed: int = 0, size: str = "full") -> list[tuple[dict, list, dict, 
         timeout_s = sizing.timeouts.get(name, timeout_s)
         arrival = _requests(rng, stages)
         n = len(arrival)
-        prompt, inputs, group = _prompts(rng, n, sys_len, question, groups, sizing.n_prompts)
+        prompt, inputs, group = cycled_prompts(rng, n, sys_len, question, groups, sizing.n_prompts)
         bs = 16
         exp = Experiment.from_arrays(
             name,
@@ -177,89 +179,41 @@ def generate(seed: int = 0, size: str = "full") -> list[tuple[dict, list, dict, 
         e2e = np.where(done, res.e2e_us / 1e6 * rng.lognormal(0.0, NOISE_SIGMA, n), timeout_s + rng.uniform(0, 1, n))
         ttft = np.where(done, res.ttft_us / 1e6 * rng.lognormal(0.0, NOISE_SIGMA, n), np.nan)
         ttft = np.minimum(ttft, e2e)
-        requests = {
-            "experiment": name,
-            "model_id": model,
-            "model_short": model.split("/")[-1].lower(),
-            "profile": name.rsplit("-", 1)[-1],
-            "split": "train",
-            "synthetic": True,
-            "hardware": "H100",
-            "generator": {"version": GENERATOR_VERSION, "seed": seed},
-            "config": {
-                "tensor_parallelism": tp,
-                "max_num_seqs": 128,
-                "max_num_batched_tokens": 2048,
-                "kv_blocks_total_gpu": blocks,
-                "block_size": bs,
-                "num_prefix_groups": 0,
-                "users_per_group": 0,
-                "system_prompt_len": 0,
+        data = {
+            "type": "shared_prefix",
+            "shared_prefix": {
+                "num_unique_system_prompts": groups,
+                "system_prompt_len": sys_len,
+                "question_len": question,
+                "output_len": out_len,
             },
-            "model_config": MODELS[model],
-            "requests": [
-                {
-                    "index": i,
-                    "arrival_time_us": int(arrival[i]),
-                    "input_tokens": 0 if not done[i] else int(inputs[i]),
-                    "output_tokens": int(out_len) if done[i] else 0,
-                    "prefix_group": "",
-                    "has_error": bool(not done[i]),
-                }
-                for i in range(n)
-            ],
         }
-        truth = [
-            {
-                "index": i,
-                "has_error": bool(not done[i]),
-                "e2e_s": float(e2e[i]),
-                **({"ttft_s": float(ttft[i])} if done[i] else {}),
-            }
-            for i in range(n)
-        ]
-        profile = {
-            "data": {
-                "type": "shared_prefix",
-                "shared_prefix": {
-                    "num_unique_system_prompts": groups,
-                    "system_prompt_len": sys_len,
-                    "question_len": question,
-                    "output_len": out_len,
-                },
-            },
-            "load": {"type": "constant", "stages": [{"duration": d, "rate": r} for d, r in stages]},
-            "server": {"ignore_eos": True, "model_name": model},
-            "synthetic": True,
-        }
-        summary = {
-            "successes": {
-                "count": int(done.sum()),
-                "latency": {
-                    "request_latency": {"mean": float(e2e[done].mean())},
-                    "time_to_first_token": {"mean": float(ttft[done].mean())},
-                },
-            },
-            "failures": {"count": int((~done).sum())},
-        }
-        out.append((requests, truth, profile, summary))
+        out.append(
+            GeneratedExperiment(
+                name=name,
+                model=model,
+                model_config=MODELS[model],
+                workload=name.rsplit("-", 1)[-1],
+                hardware="H100",
+                tp=tp,
+                max_num_seqs=128,
+                max_num_batched_tokens=2048,
+                kv_blocks=blocks,
+                block_size=bs,
+                arrival_us=arrival,
+                input_tokens=inputs,
+                output_tokens=np.full(n, out_len),
+                done=done,
+                e2e_s=e2e,
+                ttft_s=ttft,
+                generator={"version": GENERATOR_VERSION, "seed": seed},
+                profile_data=data,
+                stages=stages,
+            )
+        )
     return out
 
 
 def write_sample(out_dir: str | Path, seed: int = 0, size: str = "full") -> list[Path]:
     """Write the synthetic sample in the replay format; returns the experiment directories."""
-    out_dir = Path(out_dir)
-    dirs = []
-    for requests, truth, profile, summary in generate(seed, size):
-        d = out_dir / requests["experiment"]
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "requests.json").write_text(json.dumps(requests))
-        (d / "ground_truth.json").write_text(json.dumps(truth))
-        (d / "profile.json").write_text(json.dumps(profile, indent=1))
-        (d / "summary_lifecycle_metrics.json").write_text(json.dumps(summary, indent=1))
-        (d / "exp-config.yaml").write_text(
-            f"model: {requests['model_id']}\ntensor_parallelism: {requests['config']['tensor_parallelism']}\n"
-            "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\napp: stepml-evolve synthetic\n"
-        )
-        dirs.append(d)
-    return dirs
+    return [write_experiment(Path(out_dir), g) for g in generate(seed, size)]

@@ -102,6 +102,7 @@ def _isolated_cache(tmp_path_factory):
 LONGEST_FIRST = (
     "test_cluster.py",
     "test_search.py",
+    "test_worlds.py",
     "test_archive_browse.py",
     "test_llm.py",
     "test_openevolve.py",

@@ -168,14 +168,19 @@ def test_hardware_table_has_units_and_rejects_unknown():
 
 
 def test_catalog_hardware_equals_the_datasheet_figures_and_keeps_the_aliases():
-    expected = {"H100": (989.5e12, 3.35e12, 900e9, 80e9), "A100-80GB": (312e12, 2.039e12, 600e9, 80e9)}
+    expected = {
+        "H100": (989.5e12, 3.35e12, 900e9, 80e9),
+        "A100-80GB": (312e12, 2.039e12, 600e9, 80e9),
+        "L40S": (362.05e12, 864e9, 64e9, 48e9),
+    }
     hw = catalog().hardware
     assert {n: (h.peak_flops, h.hbm_bytes_per_s, h.link_bytes_per_s, h.memory_bytes) for n, h in hw.items()} == expected
     for alias in ("h100", "H100-SXM", "h100_sxm", "h100-sxm5", "h100-80gb"):
         assert get_hardware(alias) is hw["H100"]
     for alias in ("a100", "A100-80GB", "a100_80gb", "a100-sxm4-80gb"):
         assert get_hardware(alias) is hw["A100-80GB"]
-    assert {h.go_name for h in hw.values()} == {"H100", "A100"}
+    assert get_hardware("l40s") is hw["L40S"]
+    assert {h.go_name for h in hw.values()} == {"H100", "A100", "L40S"}
 
 
 def test_catalog_models_are_the_replay_model_configs():
@@ -185,6 +190,9 @@ def test_catalog_models_are_the_replay_model_configs():
         "meta-llama/Llama-2-70b-hf",
         "mistralai/Mixtral-8x7B-v0.1",
         "codellama/CodeLlama-34b-Instruct-hf",
+        "meta-llama/Llama-3.1-8B",
+        "Qwen/Qwen2.5-14B",
+        "allenai/OLMoE-1B-7B-0924",
     ]
     mixtral = models["mistralai/Mixtral-8x7B-v0.1"].model_config
     assert list(mixtral.items()) == [
@@ -294,6 +302,7 @@ def test_the_go_translator_accepts_both_physics_functions():
     assert presets == {
         "H100": "PeakFlops: 989.5e12, HBMBytesPerS: 3.35e12, LinkBytesPerS: 900e9",
         "A100": "PeakFlops: 312e12, HBMBytesPerS: 2.039e12, LinkBytesPerS: 600e9",
+        "L40S": "PeakFlops: 362.05e12, HBMBytesPerS: 864e9, LinkBytesPerS: 64e9",
     }
 
 

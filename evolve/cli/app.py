@@ -22,6 +22,7 @@ from stepml_evolve.evaluator.importers.blis_trace_export import (
     export_experiment_dir,
 )
 from stepml_evolve.evaluator.synthetic import SAMPLE_SIZES
+from stepml_evolve.evaluator.worlds import GRID_SIZES, load_world, world_names, write_world
 from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
 from stepml_evolve.evolve.commands import (
     ENGINES,
@@ -35,6 +36,8 @@ from stepml_evolve.evolve.commands import (
     run_bench,
     run_search,
 )
+from stepml_evolve.evolve.commands.bench_worlds import bench_worlds
+from stepml_evolve.evolve.commands.bench_worlds import summary as worlds_summary
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, SearchConfig
@@ -67,6 +70,8 @@ from .tables import (
     loss_text,
     metrics_table,
     run_summary_tables,
+    worlds_bench_table,
+    worlds_table,
 )
 
 app = typer.Typer(
@@ -123,12 +128,32 @@ def data_synth(
     seed: int = typer.Option(SYNTHETIC_SEED, min=0, help=f"Generator seed ({SYNTHETIC_SEED} is the built-in sample)."),
     size: Literal[tuple(SAMPLE_SIZES)] | None = typer.Option(
         None,
-        help="full, or small (a fifth of the requests); default: the built-in sample's (STEPML_SAMPLE_SIZE, else full).",
+        help="full, or small (a fifth of the requests; a world: 12 configurations of 120 requests); default: "
+        "the built-in sample's (STEPML_SAMPLE_SIZE, else full), a world's full.",
+    ),
+    world: str | None = typer.Option(
+        None,
+        "--world",
+        help="A known-truth world (evolve data worlds lists them) or a law file's path: its grid of "
+        "configurations and held-out split files instead of the built-in sample.",
     ),
 ):
-    """Write the built-in synthetic sample (hidden oracle + noise) in the replay format."""
-    dirs = write_synthetic_sample(out_dir, seed=seed, size=size)
-    out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
+    """Write the built-in synthetic sample (hidden oracle + noise), or a known-truth world, in the replay format."""
+    if world is None:
+        dirs = write_synthetic_sample(out_dir, seed=seed, size=size)
+        out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
+        return
+    law = load_world(world)
+    dirs, splits = write_world(law, out_dir, seed=seed, size=size or "full")
+    out.print(f"wrote {len(dirs)} experiments of world {law.name} to {out_dir}")
+    for name, path in splits.items():
+        out.print(f"  split {name}: evolve cv --data {out_dir} --protocol groups:{path}")
+
+
+@data_app.command("worlds")
+def data_worlds():
+    """List the known-truth worlds: hidden step-time laws for `evolve data synth --world`."""
+    out.print(worlds_table([load_world(name) for name in world_names()]))
 
 
 @data_app.command("export")
@@ -790,8 +815,45 @@ def bench_cmd(
     remote_workers: list[int] | None = typer.Option(
         None, "--remote-workers", min=1, help="With --cluster: replays in flight on it (repeatable; default 1, 2, 4)."
     ),
+    worlds: bool = typer.Option(
+        False,
+        "--worlds",
+        help="Instead of the figures above: the known-truth worlds' benchmark (per world and held-out "
+        "split: best fitted seed, search winner and the law, held out; see docs/results.md).",
+    ),
+    world: list[str] | None = typer.Option(
+        None, "--world", help="With --worlds: only this world (repeatable; default all, or two with --quick)."
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", help="With --worlds: two worlds, small grids, one split, a few generations (minutes)."
+    ),
+    generations: int | None = typer.Option(
+        None, "--generations", min=0, help="With --worlds: each search's generations (default: evolve run's)."
+    ),
+    world_size: Literal[tuple(GRID_SIZES)] | None = typer.Option(
+        None,
+        "--size",
+        help="With --worlds: the grid, full (42 experiments) or small (12); default full, --quick small.",
+    ),
+    seed: int = typer.Option(0, "--seed", min=0, help="With --worlds: the worlds' generator and searches' seed."),
+    bench_out: Path = typer.Option(
+        Path("bench-worlds"),
+        "--out",
+        help="With --worlds: a new directory for the worlds' data, split files, search archives and results.",
+    ),
 ):
     """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
+    if worlds or world or quick or world_size:
+        results = bench_worlds(
+            bench_out, worlds=world, quick=quick, size=world_size, generations=generations, seed=seed, say=say
+        )
+        report = {"results": [r.to_json() for r in results], "summary": worlds_summary(results)}
+        (bench_out / "bench-worlds.json").write_text(dumps(report) + "\n")
+        if as_json:
+            print(dumps(report))
+        else:
+            out.print(worlds_bench_table(results, report["summary"]))
+        return
     unknown = sorted(set(fit_method or ()) - set(METHODS))
     if unknown:
         raise FitConfigError(f"--fit-method: {', '.join(unknown)} is not one of {', '.join(METHODS)}")

@@ -230,3 +230,39 @@ def cluster_bench_table(figures: dict) -> Table:
             "" if "identical" not in r else ("yes" if r["identical"] else "NO"),
         )
     return t
+
+
+def worlds_table(worlds) -> Table:
+    t = Table(title="known-truth worlds (evolve data synth --world NAME --out DIR)")
+    for col in ("world", "constants", "physics"):
+        t.add_column(col, justify="right" if col == "constants" else "left")
+    for w in worlds:
+        t.add_row(plain(w.name), str(len(w.program.constants)), plain(w.summary))
+    return t
+
+
+def worlds_bench_table(results, summary: dict) -> Table:
+    """`evolve bench --worlds`: held-out loss (E2E / TTFT APE %) of the best seed, the search's winner and the law."""
+    t = Table(
+        title="known-truth worlds: held-out loss (mean E2E / TTFT APE %)",
+        caption=f"recovered: the winner within 1.5x of the law's held-out loss. The winner beats the best seed on "
+        f"{summary['beats_seed']} of {summary['of']} worlds and recovers the law on {summary['recovered']} "
+        "(per world: mean over its splits; recovered on every split)",
+    )
+    for col in ("world", "split", "held out", "best seed", "seed", "winner", "law", "beats seed", "recovered"):
+        t.add_column(col, justify="left" if col in ("world", "split", "best seed") else "right")
+    cell = lambda s: f"{fmt(s.loss, '.2f')} ({fmt(s.e2e_ape, '.1f')} / {fmt(s.ttft_ape, '.1f')})"  # noqa: E731
+    for r in results:
+        best = r.best_seed
+        t.add_row(
+            plain(r.world),
+            r.split,
+            str(r.held_out),
+            plain(best.program),
+            cell(best),
+            cell(r.winner),
+            cell(r.law),
+            "yes" if r.beats_seed else "no",
+            "yes" if r.recovered else "no",
+        )
+    return t

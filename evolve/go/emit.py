@@ -77,7 +77,7 @@ DEFAULT_TARGET = "blis-head"
 # BLIS's names (hardware_config.json) for the catalog's GPUs, by preset (go_name): the
 # constructor from sim.ModelHardwareConfig takes the NVLink bandwidth, which BLIS's
 # HardwareCalib lacks, from the preset whose catalog name, alias or BLIS name is the GPU's.
-BLIS_GPU_NAMES = {"H100": ("H100",), "A100": ("A100-SXM", "A100-80")}
+BLIS_GPU_NAMES = {"H100": ("H100",), "A100": ("A100-SXM", "A100-80"), "L40S": ("L40S",)}
 
 
 def target(name: str) -> Target:

@@ -1,0 +1,27 @@
+"""Known-truth worlds (issue 26): hidden step-time laws (the worlds/ folder), the grid of
+configurations they are measured on, and the held-out splits that test extrapolation.
+
+`evolve data synth --world NAME --out DIR` writes one world (generate.write_world); `evolve data
+worlds` lists them. The laws are data the search never reads.
+"""
+
+from .generate import generate_world, write_world
+from .grid import GRID_SIZES, Configuration, configurations
+from .laws import World, WorldError, load_world, world_names
+from .splits import SPLITS, make_splits
+from .workloads import WORKLOADS
+
+__all__ = [
+    "GRID_SIZES",
+    "SPLITS",
+    "WORKLOADS",
+    "Configuration",
+    "World",
+    "WorldError",
+    "configurations",
+    "generate_world",
+    "load_world",
+    "make_splits",
+    "world_names",
+    "write_world",
+]

@@ -1,0 +1,135 @@
+"""A world's experiments: every configuration of the grid replayed under the world's law, with
+measurement noise, written in the replay format beside its split files.
+
+Per configuration: draw the workload's requests, find the saturated throughput with a pilot
+replay (all of them arriving at once), offer the workload's share of it as
+Poisson arrivals, replay, and measure E2E and TTFT with noise (a lognormal per request and one
+per run, as repeated benchmark runs differ). Everything derives from (seed, configuration index),
+and nothing is written until every configuration has replayed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from ..catalog import catalog
+from ..dsl import compile_program
+from ..experiments import Experiment
+from ..outputs import check_output_dir
+from ..replay import FINISHED, replay
+from ..replay_files import GeneratedExperiment, write_experiment
+from .grid import BLOCK_SIZE, GRID_SIZES, Configuration, configurations
+from .laws import World, WorldError
+from .splits import make_splits
+from .workloads import WORKLOADS
+
+GENERATOR_VERSION = 1
+REQUEST_NOISE_SIGMA = 0.03
+RUN_NOISE_SIGMA = 0.01
+PILOT_TIMEOUT_S = 1e6
+
+
+def _experiment(config: Configuration, arrival, reqs, timeout_s: float) -> Experiment:
+    return Experiment.from_arrays(
+        config.name,
+        arrival,
+        reqs.inputs[: len(arrival)],
+        reqs.outputs[: len(arrival)],
+        arch=config.arch,
+        tp=config.tp,
+        hardware=config.hardware,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        kv_blocks=config.kv_blocks,
+        block_size=BLOCK_SIZE,
+        prefix_group=None if reqs.prefix_group is None else reqs.prefix_group[: len(arrival)],
+        prefix_tokens=reqs.prefix_tokens,
+        prompt=None if reqs.prompt is None else reqs.prompt[: len(arrival)],
+        timeout_s=timeout_s,
+        model=config.model,
+    )
+
+
+def _replayed(world: World, compiled, consts, exp: Experiment):
+    res = replay(exp, compiled, consts)
+    if not res.ok:
+        raise WorldError(f"world {world.name}: its law fails on {exp.name}: {res.failure()}")
+    return res
+
+
+def _saturated_throughput(finish_s: np.ndarray) -> float:
+    """Requests/s of a pilot whose requests all arrive at once: all of them over the time the last
+    one takes (the server full from the start; the drain at the end makes it a lower bound)."""
+    return len(finish_s) / max(float(finish_s.max()), 1e-3)
+
+
+def generate_world(world: World, seed: int, size: str) -> list[GeneratedExperiment]:
+    sizing = GRID_SIZES[size]
+    compiled = compile_program(world.program)
+    consts = np.array(list(world.program.constants.values()))
+    out = []
+    for index, config in enumerate(configurations(size)):
+        rng = np.random.default_rng([seed, index])
+        workload = WORKLOADS[config.workload]
+        reqs = workload.requests(rng, sizing.requests, sizing.n_prompts)
+        n = len(reqs.inputs)
+        pilot = _replayed(world, compiled, consts, _experiment(config, np.zeros(n, np.int64), reqs, PILOT_TIMEOUT_S))
+        throughput = _saturated_throughput(pilot.e2e_us / 1e6)
+        rate = workload.utilization * throughput
+        timeout_s = workload.timeout(n, throughput)
+        arrival_s = np.cumsum(rng.exponential(1.0 / rate, size=n))
+        arrival_s -= arrival_s[0]
+        arrival = np.round(arrival_s * 1e6).astype(np.int64)
+        res = _replayed(world, compiled, consts, _experiment(config, arrival, reqs, timeout_s))
+        done = res.state == FINISHED
+        noise = rng.lognormal(0.0, RUN_NOISE_SIGMA) * rng.lognormal(0.0, REQUEST_NOISE_SIGMA, n)
+        e2e = np.where(done, res.e2e_us / 1e6 * noise, timeout_s + rng.uniform(0, 1, n))
+        ttft = np.minimum(np.where(done, res.ttft_us / 1e6 * noise, np.nan), e2e)
+        out.append(
+            GeneratedExperiment(
+                name=config.name,
+                model=config.model,
+                model_config=catalog().models[config.model].model_config,
+                workload=config.workload,
+                hardware=config.hardware,
+                tp=config.tp,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                kv_blocks=config.kv_blocks,
+                block_size=BLOCK_SIZE,
+                arrival_us=arrival,
+                input_tokens=reqs.inputs,
+                output_tokens=reqs.outputs,
+                done=done,
+                e2e_s=e2e,
+                ttft_s=ttft,
+                generator={"version": GENERATOR_VERSION, "seed": seed, "world": world.name, "size": size},
+                profile_data=reqs.profile_data,
+                stages=[(float(arrival_s[-1]), float(rate))],
+                config_extra={"client_timeout_s": timeout_s},
+                failed_tokens=True,
+            )
+        )
+    return out
+
+
+def write_world(world: World, out_dir: Path, seed: int, size: str) -> tuple[list[Path], dict[str, Path]]:
+    """Generate the world into a new or empty directory: its experiments and a groups file per
+    split (split-<name>.yaml). Nothing is written when any check or replay fails."""
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir)
+    splits = make_splits(configurations(size))
+    experiments = generate_world(world, seed, size)
+    out_dir.mkdir(exist_ok=True)
+    dirs = [write_experiment(out_dir, g) for g in experiments]
+    files = {}
+    for name, folds in splits.items():
+        files[name] = out_dir / f"split-{name}.yaml"
+        files[name].write_text(yaml.safe_dump(folds, sort_keys=False))
+    meta = {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION, "experiments": len(dirs)}
+    (out_dir / "world.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return dirs, files

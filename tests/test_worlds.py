@@ -1,0 +1,228 @@
+"""Known-truth worlds (evaluator/worlds, worlds/): hidden laws the seeds do not have, the grid of
+configurations they are measured on, splits that extrapolate, `evolve data synth --world`, and
+the benchmark `evolve bench --worlds --quick`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from typer.testing import CliRunner
+
+from stepml_evolve.evaluator.catalog import catalog
+from stepml_evolve.evaluator.datasets import load_data
+from stepml_evolve.evaluator.dsl import parse_program
+from stepml_evolve.evaluator.dsl.units import check_units
+from stepml_evolve.evaluator.worlds import (
+    SPLITS,
+    WORKLOADS,
+    WorldError,
+    configurations,
+    generate_world,
+    load_world,
+    make_splits,
+    world_names,
+)
+from stepml_evolve.evaluator.worlds.grid import KNOBS, TRAINED_SEQS, TRAINED_TOKENS, kv_blocks
+from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.search.cascade import structure_hash
+from stepml_evolve.seeds import seed_paths
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+# ---- the laws ---------------------------------------------------------------------------------
+
+
+def test_there_are_at_least_eight_worlds_each_a_valid_law_with_documented_physics():
+    names = world_names()
+    assert len(names) >= 8
+    for name in names:
+        world = load_world(name)
+        check_units(world.program)  # step_time is a time, queueing_time a time, ...
+        assert len(world.program.doc) > 150, f"{name}: the docstring must say what physics the law stands for"
+        assert world.summary and len(world.summary) < 60
+
+
+def test_no_world_is_a_seed_and_the_search_cannot_see_them():
+    seeds = {structure_hash(parse_program(p.read_text())) for p in seed_paths()}
+    prompts = " ".join(p.read_text() for p in (ROOT / "prompts").glob("*.j2"))
+    for name in world_names():
+        assert structure_hash(load_world(name).program) not in seeds, name
+        assert name not in prompts
+    assert not {p.stem for p in seed_paths()} & set(world_names())
+    assert "worlds" not in prompts
+
+
+def test_a_law_file_by_path_is_a_world_too(tmp_path):
+    law = tmp_path / "my_law.py"
+    law.write_text((ROOT / "worlds" / "launch_bound.py").read_text())
+    assert load_world(str(law)).name == "my_law"
+
+
+# ---- the grid ---------------------------------------------------------------------------------
+
+
+def test_the_full_grid_spans_gpus_models_tp_knobs_and_workloads():
+    configs = configurations("full")
+    assert {c.hardware for c in configs} == {"H100", "A100-80GB", "L40S"}
+    assert {c.model for c in configs} == set(catalog().models)
+    for new in ("meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-14B", "allenai/OLMoE-1B-7B-0924"):  # GQA 8B, 14B, MoE
+        assert new in catalog().models
+    assert {c.tp for c in configs} == {1, 2, 4, 8}
+    assert {(c.max_num_batched_tokens, c.max_num_seqs) for c in configs} == set(KNOBS)
+    assert (
+        min(c.max_num_batched_tokens for c in configs) == 256 and max(c.max_num_batched_tokens for c in configs) == 8192
+    )
+    assert min(c.max_num_seqs for c in configs) == 32 and max(c.max_num_seqs for c in configs) == 512
+    assert {c.workload for c in configs} == set(WORKLOADS)
+    assert len({c.name for c in configs}) == len(configs)
+
+
+def test_a_deployment_is_in_the_grid_only_where_its_weights_leave_room_for_the_kv_cache():
+    # 70B in BF16 is 138 GB: no single 80 GB GPU holds it, two L40S (96 GB) do not either
+    assert kv_blocks("meta-llama/Llama-2-70b-hf", "H100", 1) == 0
+    assert kv_blocks("meta-llama/Llama-2-70b-hf", "L40S", 2) == 0
+    assert kv_blocks("meta-llama/Llama-2-70b-hf", "L40S", 4) > 0
+    # more GPUs leave more room; a smaller memory less
+    assert kv_blocks("meta-llama/Llama-3.1-8B", "H100", 2) > kv_blocks("meta-llama/Llama-3.1-8B", "H100", 1)
+    assert kv_blocks("meta-llama/Llama-3.1-8B", "L40S", 1) < kv_blocks("meta-llama/Llama-3.1-8B", "H100", 1)
+    for c in configurations("full"):
+        assert c.kv_blocks == kv_blocks(c.model, c.hardware, c.tp) > 0
+        assert c.tp == min(tp for tp in (1, 2, 4, 8) if kv_blocks(c.model, c.hardware, tp)) or c.tp % 2 == 0
+
+
+@pytest.mark.parametrize("size", ["small", "full"])
+def test_every_split_extrapolates(size):
+    configs = configurations(size)
+    splits = make_splits(configs)
+    assert set(splits) == {s.name for s in SPLITS}
+    by_name = {c.name: c for c in configs}
+    for split, folds in splits.items():
+        (held,) = folds.values()
+        out = [by_name[n] for n in held]
+        inside = [c for c in configs if c.name not in held]
+        assert out and inside
+        if split == "by-gpu":
+            assert {c.hardware for c in out} == {"L40S"} and "L40S" not in {c.hardware for c in inside}
+        elif split == "by-size":
+            assert min(c.parameters for c in out) > max(c.parameters for c in inside)
+        else:
+            assert all(TRAINED_TOKENS[0] <= c.max_num_batched_tokens <= TRAINED_TOKENS[1] for c in inside)
+            assert all(TRAINED_SEQS[0] <= c.max_num_seqs <= TRAINED_SEQS[1] for c in inside)
+            assert all(not c.trained_knobs for c in out)
+
+
+def test_a_grid_without_a_configuration_in_a_split_is_refused_naming_the_split():
+    only_h100 = [c for c in configurations("small") if c.hardware == "H100"]
+    with pytest.raises(WorldError, match="split by-gpu: the grid holds out no configuration"):
+        make_splits(only_h100)
+
+
+# ---- generating a world -----------------------------------------------------------------------
+
+
+def test_a_world_is_deterministic_by_seed():
+    world = load_world("attention_switch")
+    a, b, c = (generate_world(world, s, "small") for s in (3, 3, 4))
+    for x, y in zip(a, b):
+        assert x.name == y.name
+        assert np.array_equal(x.arrival_us, y.arrival_us) and np.array_equal(x.e2e_s, y.e2e_s)
+    assert not np.array_equal(a[0].e2e_s, c[0].e2e_s)
+
+
+def test_data_synth_world_writes_experiments_the_law_explains_and_split_files_cv_reads(tmp_path):
+    out = tmp_path / "world"
+    res = cli("data", "synth", "--world", "prompt_hashing", "--out", out, "--size", "small", "--seed", "2")
+    assert res.exit_code == 0, res.output
+    assert "split by-gpu: evolve cv" in res.output
+    assert sorted(p.name for p in out.glob("split-*.yaml")) == [
+        f"split-{s.name}.yaml" for s in sorted(SPLITS, key=lambda s: s.name)
+    ]
+    assert json.loads((out / "world.json").read_text())["world"] == "prompt_hashing"
+    loaded = load_data(out)
+    assert not loaded.errors and len(loaded.experiments) == len(configurations("small"))
+    assert {e.hardware.name for e in loaded.experiments} == {"H100", "A100-80GB", "L40S"}
+    overloaded = [e for e in loaded.experiments if e.workload == "overloaded"]
+    assert overloaded and all(0 < e.failed.mean() < 0.8 for e in overloaded)  # the client gave up on some
+    assert not any(e.failed.any() for e in loaded.experiments if e.workload != "overloaded")
+
+    check = cli("data", "check", "--data", out, "--json")
+    assert check.exit_code == 0, check.output
+    reuse = [e for e in json.loads(check.output)["experiments"] if "prompt-reuse" in e["name"]]
+    assert reuse and all(e["prompt_reuse"]["cached_share"] > 0.5 for e in reuse)
+
+    # the law, with its own constants, explains its data to the noise (3 % a request, 1 % a run)
+    law = ROOT / "worlds" / "prompt_hashing.py"
+    ev = cli("eval", law, "--data", out, "--split", "all", "--json")
+    assert ev.exit_code == 0, ev.output
+    report = json.loads(ev.output)
+    assert report["loss"] < 6.0
+
+    cv = cli(
+        "cv", law, "--data", out, "--protocol", f"groups:{out / 'split-by-gpu.yaml'}", "--json", "--max-evals", "8"
+    )
+    assert cv.exit_code == 0, cv.output
+    folds = json.loads(cv.output[cv.output.index("{") :])["folds"]  # after the fit's progress line
+    assert [f["name"] for f in folds] == ["L40S"]
+    assert all("l40s" not in n for n in folds[0]["train"])
+
+
+def test_unknown_world_or_a_law_the_dsl_rejects_exits_2_in_one_line_writing_nothing(tmp_path):
+    res = cli("data", "synth", "--world", "no_such_world", "--out", tmp_path / "a")
+    assert res.exit_code == 2
+    assert "unknown world 'no_such_world' (known: allreduce_latency" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
+
+    bad = tmp_path / "bad_law.py"
+    bad.write_text('"""x"""\nimport os\n\ndef step_time(f, c):\n    return 1.0\n')
+    res = cli("data", "synth", "--world", bad, "--out", tmp_path / "b")
+    assert res.exit_code == 2 and str(bad) in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "b").exists()
+
+    counts = tmp_path / "count_law.py"  # a step time that is a count, not a time
+    counts.write_text('"""x"""\nCONSTANTS = {}\n\ndef step_time(f, c):\n    return f.n_req\n')
+    res = cli("data", "synth", "--world", counts, "--out", tmp_path / "c")
+    assert res.exit_code == 2 and str(counts) in res.output and "[units]" in res.output
+    assert not (tmp_path / "c").exists()
+
+
+def test_data_worlds_lists_every_world():
+    res = CliRunner().invoke(app, ["data", "worlds"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    for name in world_names():
+        assert name in res.output
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+
+def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(tmp_path):
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(app, ["bench", "--worlds", "--quick", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output[res.output.index("{") :])
+    assert report == json.loads((out / "bench-worlds.json").read_text())
+    results = report["results"]
+    assert [(r["world"], r["split"]) for r in results] == [("launch_bound", "by-gpu"), ("cuda_graph_buckets", "by-gpu")]
+    for r in results:
+        assert {s["program"] for s in r["seeds"]} == {p.stem for p in seed_paths()}
+        assert r["best_seed"]["loss"] == min(s["loss"] for s in r["seeds"])
+        # the law refitted is the noise floor: below every seed held out
+        assert r["law"]["loss"] < r["best_seed"]["loss"] and r["law"]["loss"] < 10
+        assert r["recovered"] == (r["winner"]["loss"] <= 1.5 * r["law"]["loss"])
+        assert r["beats_seed"] == (r["winner"]["loss"] < r["best_seed"]["loss"])
+        assert (out / r["world"] / "by-gpu-archive" / "archive.db").is_file()
+        train = sorted(p.name for p in (out / r["world"] / "by-gpu-train").iterdir())
+        assert train and not any("l40s" in n for n in train)  # the search never saw the held-out GPU
+    assert report["summary"]["of"] == 2
+
+
+def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):
+    res = cli("bench", "--worlds", "--world", "nope", "--out", tmp_path / "b")
+    assert res.exit_code == 2 and "unknown world 'nope'" in res.output
+    assert not (tmp_path / "b").exists()

@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 from typer.testing import CliRunner
 
+from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.catalog import catalog
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
@@ -216,7 +217,7 @@ def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(tmp_path):
         assert r["law"]["loss"] < r["best_seed"]["loss"] and r["law"]["loss"] < 10
         assert r["recovered"] == (r["winner"]["loss"] <= 1.5 * r["law"]["loss"])
         assert r["beats_seed"] == (r["winner"]["loss"] < r["best_seed"]["loss"])
-        assert (out / r["world"] / "by-gpu-archive" / "archive.db").is_file()
+        assert (out / r["world"] / "by-gpu-archive" / Archive.FILE).is_file()
         train = sorted(p.name for p in (out / r["world"] / "by-gpu-train").iterdir())
         assert train and not any("l40s" in n for n in train)  # the search never saw the held-out GPU
     assert report["summary"]["of"] == 2

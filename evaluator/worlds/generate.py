@@ -22,7 +22,7 @@ from ..experiments import Experiment
 from ..outputs import check_output_dir
 from ..replay import FINISHED, replay
 from ..replay_files import GeneratedExperiment, write_experiment
-from .grid import BLOCK_SIZE, GRID_SIZES, Configuration, configurations
+from .grid import GRID_SIZES, Configuration, configurations
 from .laws import World, WorldError
 from .splits import make_splits
 from .workloads import WORKLOADS
@@ -37,20 +37,15 @@ def _experiment(config: Configuration, arrival, reqs, timeout_s: float) -> Exper
     return Experiment.from_arrays(
         config.name,
         arrival,
-        reqs.inputs[: len(arrival)],
-        reqs.outputs[: len(arrival)],
+        reqs.inputs,
+        reqs.outputs,
         arch=config.arch,
-        tp=config.tp,
-        hardware=config.hardware,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_blocks=config.kv_blocks,
-        block_size=BLOCK_SIZE,
-        prefix_group=None if reqs.prefix_group is None else reqs.prefix_group[: len(arrival)],
+        prefix_group=reqs.prefix_group,
         prefix_tokens=reqs.prefix_tokens,
-        prompt=None if reqs.prompt is None else reqs.prompt[: len(arrival)],
+        prompt=reqs.prompt,
         timeout_s=timeout_s,
         model=config.model,
+        **config.server,
     )
 
 
@@ -95,12 +90,6 @@ def generate_world(world: World, seed: int, size: str) -> list[GeneratedExperime
                 model=config.model,
                 model_config=catalog().models[config.model].model_config,
                 workload=config.workload,
-                hardware=config.hardware,
-                tp=config.tp,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                kv_blocks=config.kv_blocks,
-                block_size=BLOCK_SIZE,
                 arrival_us=arrival,
                 input_tokens=reqs.inputs,
                 output_tokens=reqs.outputs,
@@ -112,6 +101,7 @@ def generate_world(world: World, seed: int, size: str) -> list[GeneratedExperime
                 stages=[(float(arrival_s[-1]), float(rate))],
                 config_extra={"client_timeout_s": timeout_s},
                 failed_tokens=True,
+                **config.server,
             )
         )
     return out

@@ -68,6 +68,18 @@ class Configuration:
         return f"{short}-{gpu}-tp{self.tp}-{self.workload}-b{self.max_num_batched_tokens}-s{self.max_num_seqs}"
 
     @property
+    def server(self) -> dict:
+        """The deployment as Experiment.from_arrays and GeneratedExperiment take it."""
+        return {
+            "hardware": self.hardware,
+            "tp": self.tp,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "kv_blocks": self.kv_blocks,
+            "block_size": BLOCK_SIZE,
+        }
+
+    @property
     def arch(self) -> ModelArch:
         return catalog().models[self.model].arch
 

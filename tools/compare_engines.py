@@ -1,6 +1,7 @@
 """Side by side: the same scripted LLM through both engines (`evolve run --engine mapelites|openevolve`).
 
     .venv/bin/python tools/compare_engines.py --calls 20 [--data ../shared/data/replay] [--out DIR] [-- extra run options]
+    .venv/bin/python tools/compare_engines.py --worlds [--out DIR] [-- extra bench options, e.g. --size small --generations 4]
 
 A local OpenAI-compatible server plays the LLM. It answers the n-th request by applying the n-th
 mutation of a fixed cycle to the program the prompt shows as the one to improve (ours: the first
@@ -10,7 +11,8 @@ SEARCH/REPLACE diffs for OpenEvolve, a whole fenced program for ours. Both engin
 number of LLM calls (ours: one LLM child per generation, --max-llm-calls CALLS; OpenEvolve:
 CALLS iterations), the same seeds, fit budgets and --seed. Prints one JSON line per engine: best
 validation and test loss, programs evaluated (archived) and fully fitted, rejections by rule,
-LLM calls, wall time.
+LLM calls, wall time. With --worlds, the known-truth benchmark instead (`evolve bench --worlds`,
+default --quick) with each engine's searches asking the same server; prints its summary per engine.
 """
 
 from __future__ import annotations
@@ -112,16 +114,36 @@ def summarize(archive: Path) -> dict:
     }
 
 
+def worlds(evolve: str, out: Path, extra: list[str]) -> None:
+    for engine in ("mapelites", "openevolve"):
+        llm = MutationLLM()
+        cmd = [evolve, "bench", "--worlds", "--engine", engine, "--llm", "openai/mutator", "--llm-base-url", llm.url]
+        t0 = time.perf_counter()
+        done = subprocess.run([*cmd, "--out", str(out / engine), "--json", *extra], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{engine}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+        report = json.loads(done.stdout)
+        wall = round(time.perf_counter() - t0, 1)
+        print(json.dumps({"engine": engine, "wall_s": wall, "llm_requests": llm.requests, **report["summary"]}))
+        for r in report["results"]:
+            losses = {k: round(r[k]["loss"], 2) for k in ("best_seed", "winner", "law")}
+            print(json.dumps({"engine": engine, "world": r["world"], "split": r["split"], **losses}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--data", default=None)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default="runs/compare-engines")
-    ap.add_argument("extra", nargs="*", help="more `evolve run` options for both engines (after --)")
+    ap.add_argument("--worlds", action="store_true", help="the known-truth benchmark instead of one run")
+    ap.add_argument("extra", nargs="*", help="more `evolve run` (or bench) options for both engines (after --)")
     args = ap.parse_args()
     out = Path(args.out)
     evolve = str(Path(sys.executable).with_name("evolve"))
+    if args.worlds:
+        worlds(evolve, out, args.extra or ["--quick"])
+        return
     for engine in ("mapelites", "openevolve"):
         llm = MutationLLM()
         archive = out / engine

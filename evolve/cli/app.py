@@ -836,6 +836,13 @@ def bench_cmd(
         help="With --worlds: the grid, full (42 experiments) or small (12); default full, --quick small.",
     ),
     seed: int = typer.Option(0, "--seed", min=0, help="With --worlds: the worlds' generator and searches' seed."),
+    search_engine: Literal[ENGINES] = typer.Option(
+        ENGINES[0], "--engine", help="With --worlds: the searches' engine, as for evolve run (openevolve needs --llm)."
+    ),
+    llm: str | None = typer.Option(None, "--llm", help="With --worlds: the searches' LLM, as for evolve run."),
+    llm_base_url: str | None = typer.Option(
+        None, "--llm-base-url", help="With --worlds: its OpenAI-compatible server URL."
+    ),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",
@@ -843,9 +850,17 @@ def bench_cmd(
     ),
 ):
     """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
-    if worlds or world or quick or world_size:
+    if worlds or world or quick or world_size or llm:
         results = bench_worlds(
-            bench_out, worlds=world, quick=quick, size=world_size, generations=generations, seed=seed, say=say
+            bench_out,
+            worlds=world,
+            quick=quick,
+            size=world_size,
+            generations=generations,
+            seed=seed,
+            engine=search_engine,
+            llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
+            say=say,
         )
         report = {"results": [r.to_json() for r in results], "summary": worlds_summary(results)}
         (bench_out / "bench-worlds.json").write_text(dumps(report) + "\n")

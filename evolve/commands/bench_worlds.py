@@ -32,7 +32,7 @@ from stepml_evolve.evaluator.worlds import SPLITS, load_world, world_names, writ
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
 
-from .run import run_search
+from .run import ENGINES, LLMSettings, check_engine, run_search
 from .setup import EvaluationSetup, Say, quiet
 
 RECOVERY_FACTOR = 1.5
@@ -110,6 +110,8 @@ def bench_world(
     seed: int,
     splits=None,
     front_cv: str = SearchConfig.front_cv,
+    engine: str = ENGINES[0],
+    llm: LLMSettings | None = None,
     say: Say = quiet,
 ) -> list[SplitResult]:
     world = load_world(name)
@@ -135,7 +137,7 @@ def bench_world(
             train = _train_view(data_dir, split_files[split.name], workdir / world.name / f"{split.name}-train", loaded)
             archive_dir = workdir / world.name / f"{split.name}-archive"
             config = SearchConfig(generations=generations, seed=seed, front_cv=front_cv)
-            run_search(config, EvaluationSetup(data=train), archive_dir)
+            run_search(config, EvaluationSetup(data=train), archive_dir, llm=llm, engine=engine)
             archive = Archive.open(archive_dir)
             try:
                 chosen = choose(archive, "best").program
@@ -156,12 +158,15 @@ def bench_worlds(
     size: str | None = None,
     generations: int | None = None,
     seed: int = 0,
+    engine: str = ENGINES[0],
+    llm: LLMSettings | None = None,
     say: Say = quiet,
 ) -> list[SplitResult]:
     """Every world (quick: QUICK_WORLDS on the small grid, the by-gpu split, QUICK_GENERATIONS and
     no CV of the search's front, so the winner is its best validation loss) into out_dir: per world
     its data, split files, and one search archive per split."""
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))
+    check_engine(engine, llm)
     for n in names:
         load_world(n)  # an unknown name or a bad law fails before anything is written
     check_output_dir(out_dir)
@@ -177,6 +182,8 @@ def bench_worlds(
             seed=seed,
             splits=QUICK_SPLITS if quick else None,
             front_cv="none" if quick else SearchConfig.front_cv,
+            engine=engine,
+            llm=llm,
             say=say,
         )
     return results

@@ -129,7 +129,7 @@ def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, confi
     return LLMOperator(client, budget, server=_server(loaded), units=config.units == "check")
 
 
-def _check_engine(engine: str, llm: LLMSettings | None) -> None:
+def check_engine(engine: str, llm: LLMSettings | None) -> None:
     """What --engine openevolve needs (OpenEvolve 0.4 installed, an LLM): one-line errors before
     any data is loaded."""
     if engine not in ENGINES:
@@ -179,7 +179,7 @@ def run_search(
     generations 1.. to OpenEvolve (evolve/openevolve/engine.py; diffs: whether it asks the LLM for
     SEARCH/REPLACE diffs, its default, or full rewrites)."""
     _check_setup(config, setup)
-    _check_engine(engine, llm)
+    check_engine(engine, llm)
     if archive_dir is not None:
         check_engine_resumable(engine, archive_dir, resume)  # before any data is loaded
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded

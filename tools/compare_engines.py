@@ -115,6 +115,7 @@ def summarize(archive: Path) -> dict:
 
 
 def worlds(evolve: str, out: Path, extra: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     for engine in ("mapelites", "openevolve"):
         llm = MutationLLM()
         cmd = [evolve, "bench", "--worlds", "--engine", engine, "--llm", "openai/mutator", "--llm-base-url", llm.url]

@@ -123,13 +123,13 @@ def bench_world(
     if loaded.errors:
         raise UserError(f"world {world.name}: {loaded.errors[0]}")
     results = []
-    with Engine(loaded.experiments) as engine:
+    with Engine(loaded.experiments) as pool:
         for split in [s for s in SPLITS if splits is None or s.name in splits]:
             protocol = f"{GROUPS_PREFIX}{split_files[split.name]}"
             # the seeds and the law fit at once (each fit hands its replays to the engine's pool)
             programs = [(p.stem, parse_program(p.read_text())) for p in seed_paths()] + [("law", world.program)]
-            with ThreadPoolExecutor(len(programs)) as pool:
-                jobs = [pool.submit(_held_out, n, prog, loaded, engine, protocol, seed) for n, prog in programs]
+            with ThreadPoolExecutor(len(programs)) as threads:
+                jobs = [threads.submit(_held_out, n, prog, loaded, pool, protocol, seed) for n, prog in programs]
                 scored = [j.result() for j in jobs]
             seeds, law = scored[:-1], scored[-1]
             for s in scored:
@@ -143,7 +143,7 @@ def bench_world(
                 chosen = choose(archive, "best").program
             finally:
                 archive.close()
-            winner = _held_out(f"#{chosen.id}", parse_program(chosen.source), loaded, engine, protocol, seed)
+            winner = _held_out(f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, seed)
             say(f"  {world.name} {split.name}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
             held = len(make_folds(protocol, loaded.experiments)[0].held_out)
             results.append(SplitResult(world.name, split.name, held, tuple(seeds), winner, law, generations))

@@ -1,4 +1,4 @@
-"""Seeds and prompts are package data: found after a regular (non-editable) install; the wheel
+"""Seeds, prompts and the worlds' laws are package data: found after a regular (non-editable) install; the wheel
 installs one top-level name, stepml_evolve, and nothing generic (archive, evaluator, ...)."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def test_installed_distribution_ships_seeds_prompts_and_templates():
     files = _installed_files()
     assert sum(f.startswith("stepml_evolve/seeds/") and f.endswith(".py") for f in files) >= 6
     assert any(f.startswith("stepml_evolve/prompts/") and f.endswith(".j2") for f in files)
+    assert sum(f.startswith("stepml_evolve/worlds/") and f.endswith(".py") for f in files) >= 9  # the worlds' laws
     assert any(f.startswith("stepml_evolve/evolve/go/templates/") for f in files)
     assert "stepml_evolve/evaluator/catalog.yaml" in files
 

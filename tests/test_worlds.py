@@ -217,6 +217,7 @@ def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(tmp_path):
         assert r["law"]["loss"] < r["best_seed"]["loss"] and r["law"]["loss"] < 10
         assert r["recovered"] == (r["winner"]["loss"] <= 1.5 * r["law"]["loss"])
         assert r["beats_seed"] == (r["winner"]["loss"] < r["best_seed"]["loss"])
+        assert r["winner_origin"]  # "seed roofline", or the operator that made the winner
         assert (out / r["world"] / "by-gpu-archive" / Archive.FILE).is_file()
         train = sorted(p.name for p in (out / r["world"] / "by-gpu-train").iterdir())
         assert train and not any("l40s" in n for n in train)  # the search never saw the held-out GPU

@@ -249,8 +249,19 @@ def worlds_bench_table(results, summary: dict) -> Table:
         f"{summary['beats_seed']} of {summary['of']} worlds and recovers the law on {summary['recovered']} "
         "(per world: mean over its splits; recovered on every split)",
     )
-    for col in ("world", "split", "held out", "best seed", "seed", "winner", "law", "beats seed", "recovered"):
-        t.add_column(col, justify="left" if col in ("world", "split", "best seed") else "right")
+    for col in (
+        "world",
+        "split",
+        "held out",
+        "best seed",
+        "seed",
+        "winner",
+        "made by",
+        "law",
+        "beats seed",
+        "recovered",
+    ):
+        t.add_column(col, justify="left" if col in ("world", "split", "best seed", "made by") else "right")
     cell = lambda s: f"{fmt(s.loss, '.2f')} ({fmt(s.e2e_ape, '.1f')} / {fmt(s.ttft_ape, '.1f')})"  # noqa: E731
     for r in results:
         best = r.best_seed
@@ -261,6 +272,7 @@ def worlds_bench_table(results, summary: dict) -> Table:
             plain(best.program),
             cell(best),
             cell(r.winner),
+            plain(r.winner_origin),
             cell(r.law),
             "yes" if r.beats_seed else "no",
             "yes" if r.recovered else "no",

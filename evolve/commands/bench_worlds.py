@@ -60,6 +60,7 @@ class SplitResult:
     winner: HeldOut
     law: HeldOut
     generations: int
+    winner_origin: str = ""  # "seed NAME" when the search kept a seed, else the operator that made it
 
     @property
     def best_seed(self) -> HeldOut:
@@ -146,7 +147,8 @@ def bench_world(
             winner = _held_out(f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, seed)
             say(f"  {world.name} {split.name}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
             held = len(make_folds(protocol, loaded.experiments)[0].held_out)
-            results.append(SplitResult(world.name, split.name, held, tuple(seeds), winner, law, generations))
+            origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
+            results.append(SplitResult(world.name, split.name, held, tuple(seeds), winner, law, generations, origin))
     return results
 
 

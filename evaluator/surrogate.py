@@ -138,7 +138,7 @@ def record(
         output_tokens=exp.output_tokens.astype(np.float64),
         linear0=np.zeros(2),
     )
-    if n_ok == 0:
+    if n_ok == 0 or n_steps == 0:  # nothing to re-time (no step ran: every request gave up queueing)
         return row, model
 
     start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)

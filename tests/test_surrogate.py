@@ -175,3 +175,22 @@ def test_a_model_with_no_weighted_step_keeps_its_recorded_errors_in_a_set(synthe
         a, b = retime(m, vector, pop)
         np.testing.assert_allclose(e2e[:, i], a, rtol=1e-9)
         np.testing.assert_allclose(ttft[:, i], b, rtol=1e-9)
+
+
+def test_a_replay_in_which_no_step_ran_records_an_empty_model_not_a_traceback():
+    """A child whose queueing delay outlasts every request's client limit schedules no step (seen
+    at generation 38 of a real-data run): record returns its row and an empty model."""
+    from stepml_evolve.evaluator.catalog import catalog
+    from stepml_evolve.evaluator.experiments import Experiment
+
+    program = parse_program(
+        '"""q"""\nCONSTANTS = {"q": 1.0e12}\n\ndef step_time(f, c):\n    return 1000 + f.weights\n\n'
+        "def queueing_time(r, c):\n    return c.q\n\ndef output_token_time(c):\n    return 10\n"
+    )
+    arch = catalog().models["meta-llama/Llama-3.1-8B"].arch
+    exp = Experiment.from_arrays(
+        "stalled", np.arange(20) * 100_000, np.full(20, 300), np.full(20, 20), arch=arch, timeout_s=5.0
+    )
+    row, model = record(exp, compile_program(program), VectorProgram.of(program), np.array([1.0e12]), "all")
+    assert model is not None and model.weight.shape == (2, 0)
+    assert row.n_requests >= 0

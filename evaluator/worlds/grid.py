@@ -122,13 +122,9 @@ def configurations(size: str) -> list[Configuration]:
     out, i = [], 0
     for model in sizing.models:
         for gpu in GPUS:
-            fitting = [tp for tp in TP_DEGREES if kv_blocks(model, gpu, tp)]
-            for tp in fitting[: sizing.per_pair]:
+            fitting = [(tp, blocks) for tp in TP_DEGREES if (blocks := kv_blocks(model, gpu, tp))]
+            for tp, blocks in fitting[: sizing.per_pair]:
                 tokens, seqs = KNOBS[i % len(KNOBS)]
-                out.append(
-                    Configuration(
-                        model, gpu, tp, tokens, seqs, workloads[i % len(workloads)], kv_blocks(model, gpu, tp)
-                    )
-                )
+                out.append(Configuration(model, gpu, tp, tokens, seqs, workloads[i % len(workloads)], blocks))
                 i += 1
     return out

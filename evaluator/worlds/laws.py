@@ -23,7 +23,7 @@ class World:
 
     @property
     def summary(self) -> str:
-        """The first sentence of the law's docstring."""
+        """The law's docstring up to its first colon: the name of its mechanism."""
         return (self.program.doc or "").split(":")[0].strip()
 
 

@@ -61,14 +61,10 @@ def _random(inputs, outputs) -> Requests:
 
 MIN_TIMEOUT_S = 5.0
 SYSTEM_PROMPT, QUESTION, REUSE_OUTPUT, REUSE_GROUPS = 1200, 250, 150, 8
-_DRAW = {
-    "prefill-heavy": lambda rng, n, _: _random(_uniform(rng, n, 1200, 2800), _uniform(rng, n, 16, 96)),
-    "decode-heavy": lambda rng, n, _: _random(_uniform(rng, n, 64, 320), _uniform(rng, n, 400, 1200)),
-    "mixed": lambda rng, n, _: _random(_lognormal(rng, n, 500, 0.9, 16, 3000), _lognormal(rng, n, 180, 0.9, 4, 1000)),
-    "overloaded": lambda rng, n, _: _random(
-        _lognormal(rng, n, 500, 0.9, 16, 3000), _lognormal(rng, n, 180, 0.9, 4, 1000)
-    ),
-}
+
+
+def _mixed(rng, n, _) -> Requests:
+    return _random(_lognormal(rng, n, 500, 0.9, 16, 3000), _lognormal(rng, n, 180, 0.9, 4, 1000))
 
 
 def _prompt_reuse(rng, n, n_prompts) -> Requests:
@@ -85,7 +81,13 @@ def _prompt_reuse(rng, n, n_prompts) -> Requests:
     return Requests(inputs, np.full(n, REUSE_OUTPUT, np.int64), group, prompt, SYSTEM_PROMPT, data)
 
 
-_DRAW["prompt-reuse"] = _prompt_reuse
+_DRAW = {
+    "prefill-heavy": lambda rng, n, _: _random(_uniform(rng, n, 1200, 2800), _uniform(rng, n, 16, 96)),
+    "decode-heavy": lambda rng, n, _: _random(_uniform(rng, n, 64, 320), _uniform(rng, n, 400, 1200)),
+    "mixed": _mixed,
+    "prompt-reuse": _prompt_reuse,
+    "overloaded": _mixed,  # the mixed requests, offered faster than they are served
+}
 
 WORKLOADS = {
     w.name: w

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from stepml_evolve.archive.browse import choose
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, cross_validate, make_folds
+from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.engine import Engine
@@ -84,17 +84,17 @@ class SplitResult:
         }
 
 
-def _held_out(name: str, program: Program, loaded: LoadedData, engine: Engine, protocol: str, seed: int) -> HeldOut:
-    folds = make_folds(protocol, loaded.experiments)
+def _held_out(
+    name: str, program: Program, loaded: LoadedData, engine: Engine, protocol: str, folds: list[Fold], seed: int
+) -> HeldOut:
     cv = cross_validate(program, loaded.experiments, engine, protocol, folds, FitConfig(seed=seed))
     s = cv.summary()
     mean = lambda m: s.get(m, {}).get("mean", math.inf)  # noqa: E731
     return HeldOut(name, cv.loss, mean("e2e"), mean("ttft"))
 
 
-def _train_view(data_dir: Path, split_file: Path, out: Path, loaded: LoadedData) -> Path:
+def _train_view(data_dir: Path, held: set[str], out: Path, loaded: LoadedData) -> Path:
     """A directory of links to the experiments the split trains on: what the search may see."""
-    held = {n for names in make_folds(f"{GROUPS_PREFIX}{split_file}", loaded.experiments) for n in names.held_out}
     out.mkdir(parents=True, exist_ok=True)
     for e in loaded.experiments:
         if e.name not in held:
@@ -127,15 +127,17 @@ def bench_world(
     with Engine(loaded.experiments) as pool:
         for split in [s for s in SPLITS if splits is None or s.name in splits]:
             protocol = f"{GROUPS_PREFIX}{split_files[split.name]}"
+            folds = make_folds(protocol, loaded.experiments)
+            held = {n for f in folds for n in f.held_out}
             # the seeds and the law fit at once (each fit hands its replays to the engine's pool)
             programs = [(p.stem, parse_program(p.read_text())) for p in seed_paths()] + [("law", world.program)]
             with ThreadPoolExecutor(len(programs)) as threads:
-                jobs = [threads.submit(_held_out, n, prog, loaded, pool, protocol, seed) for n, prog in programs]
+                jobs = [threads.submit(_held_out, n, prog, loaded, pool, protocol, folds, seed) for n, prog in programs]
                 scored = [j.result() for j in jobs]
             seeds, law = scored[:-1], scored[-1]
             for s in scored:
                 say(f"  {world.name} {split.name}: {s.program} held-out loss {s.loss:.2f}")
-            train = _train_view(data_dir, split_files[split.name], workdir / world.name / f"{split.name}-train", loaded)
+            train = _train_view(data_dir, held, workdir / world.name / f"{split.name}-train", loaded)
             archive_dir = workdir / world.name / f"{split.name}-archive"
             config = SearchConfig(generations=generations, seed=seed, front_cv=front_cv)
             run_search(config, EvaluationSetup(data=train), archive_dir, llm=llm, engine=engine)
@@ -144,11 +146,12 @@ def bench_world(
                 chosen = choose(archive, "best").program
             finally:
                 archive.close()
-            winner = _held_out(f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, seed)
+            winner = _held_out(f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, folds, seed)
             say(f"  {world.name} {split.name}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
-            held = len(make_folds(protocol, loaded.experiments)[0].held_out)
             origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
-            results.append(SplitResult(world.name, split.name, held, tuple(seeds), winner, law, generations, origin))
+            results.append(
+                SplitResult(world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin)
+            )
     return results
 
 

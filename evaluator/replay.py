@@ -75,6 +75,24 @@ def _record_slot(traj, row, step, tok, context, is_prefill, r):
 
 
 @njit(cache=True, nogil=True)
+def _extend_run(runs, n_runs, last_step, open_run, r, step):
+    """Request r is scheduled in `step`: extend its run of consecutive steps, or open a new one
+    (request, first step, last step). The new count of runs; -1 when `runs` is full."""
+    if last_step[r] == step - 1:
+        runs[open_run[r], 2] = step
+    else:
+        if n_runs >= runs.shape[0]:
+            return -1
+        runs[n_runs, 0] = r
+        runs[n_runs, 1] = step
+        runs[n_runs, 2] = step
+        open_run[r] = n_runs
+        n_runs += 1
+    last_step[r] = step
+    return n_runs
+
+
+@njit(cache=True, nogil=True)
 def _ceil_div(a, b):
     return (a + b - 1) // b
 
@@ -298,7 +316,9 @@ def _simulate(
     horizon,
     max_steps,
     record,
+    rows,
     traj,
+    runs,
     steps_rec,
     totals_rec,
     diag,
@@ -389,6 +409,9 @@ def _simulate(
     clock = np.int64(0)
     steps = 0
     n_rec = 0
+    n_runs = 0
+    last_step = np.full(n if record else 0, -2, np.int64)  # the last step each request was scheduled in
+    open_run = np.zeros(n if record else 0, np.int64)  # its run of steps then (index into runs)
 
     while pending > 0:
         while nxt_arrival < n and arrival[order[nxt_arrival]] <= clock:
@@ -521,10 +544,12 @@ def _simulate(
             if c > ctx_max:
                 ctx_max = c
             if record:
-                if n_rec >= traj.shape[0]:
+                n_runs = _extend_run(runs, n_runs, last_step, open_run, r, steps)
+                if n_runs < 0 or (rows and n_rec >= traj.shape[0]):
                     return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
-                _record_slot(traj, n_rec, steps, tok, progress[r], progress[r] < inputs[r], r)
-                n_rec += 1
+                if rows:
+                    _record_slot(traj, n_rec, steps, tok, progress[r], progress[r] < inputs[r], r)
+                    n_rec += 1
             i += 1
         for j in range(i, n_running):
             sched[j] = 0
@@ -597,10 +622,12 @@ def _simulate(
                 if c > ctx_max:
                     ctx_max = c
                 if record:
-                    if n_rec >= traj.shape[0]:
+                    n_runs = _extend_run(runs, n_runs, last_step, open_run, r, steps)
+                    if n_runs < 0 or (rows and n_rec >= traj.shape[0]):
                         return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
-                    _record_slot(traj, n_rec, steps, tok, int(c), True, r)
-                    n_rec += 1
+                    if rows:
+                        _record_slot(traj, n_rec, steps, tok, int(c), True, r)
+                        n_rec += 1
 
         if budget == budget_tokens and not admitted_empty:
             # nothing could be scheduled (a head that never fits): wait for the next event
@@ -701,18 +728,21 @@ def _simulate(
             running[m] = r
             m += 1
         n_running = m
+    diag[4] = n_runs  # runs of consecutive steps recorded
     return OK, steps, clock, n_rec, ttft, e2e, state, preempts
 
 
 @dataclass
 class Trajectory:
-    """Scheduled request-slots of every step (flat) plus each step's start and duration (us)."""
+    """Scheduled request-slots of every step (flat; None when replayed with rows=False), each
+    request's runs of consecutive scheduled steps, and each step's start and duration (us)."""
 
-    step: np.ndarray
-    new_tokens: np.ndarray
-    context: np.ndarray
-    is_prefill: np.ndarray
-    request: np.ndarray
+    step: np.ndarray | None
+    new_tokens: np.ndarray | None
+    context: np.ndarray | None
+    is_prefill: np.ndarray | None
+    request: np.ndarray | None
+    runs: np.ndarray  # (k, 3): request, first step, last step of each run (in the order they opened)
     step_start_us: np.ndarray
     step_us: np.ndarray
     kv_blocks_used: np.ndarray  # after the step's allocations
@@ -793,11 +823,14 @@ def replay(
     record: bool = False,
     max_steps: int = 50_000_000,
     semantics: str = DEFAULT_SEMANTICS,
+    rows: bool = True,
 ) -> ReplayResult:
     """Replay `exp` closed-loop with `program` at `constants` (array in program order).
 
     horizon: stop once every request at arrival position < horizon finished or timed out
-    (requests after it still arrive and compete until then). record: keep the trajectory.
+    (requests after it still arrive and compete until then). record: keep the trajectory;
+    rows=False keeps it without its request-slot rows (one per scheduled request per step, tens
+    of millions on the real data), only the steps and each request's runs of steps.
     semantics: "blis" (as BLIS accounts a step, so fitted constants mean the same in the
     simulator) or "vllm" (see SEMANTICS).
     """
@@ -810,13 +843,16 @@ def replay(
         raise ValueError(f"expected {len(program.constant_names)} constants, got shape {consts.shape}")
     s = exp.server
     layout = key_layout(exp)
-    # trajectory buffers sized for every output token plus a prefill chunk per request (grown on overflow)
+    # trajectory buffers sized for every output token plus a prefill chunk per request, runs for
+    # a few (re)admissions per request (grown on overflow)
     cap = int(exp.output_tokens.sum()) + 4 * n + 1024 if record else 1
+    run_cap = 4 * n + 1024 if record else 1
     while True:
-        traj = np.zeros((cap, 5), np.int64)
+        traj = np.zeros((cap if rows else 1, 5), np.int64)
+        runs = np.zeros((run_cap, 3), np.int64)
         steps_rec = np.zeros((cap, 4), np.int64)
         totals_rec = np.zeros((cap, 7))
-        diag = np.zeros(4)
+        diag = np.zeros(5)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
             exp.arrival_us,
             exp.input_tokens,
@@ -837,23 +873,26 @@ def replay(
             horizon,
             max_steps,
             record,
+            rows,
             traj,
+            runs,
             steps_rec,
             totals_rec,
             diag,
         )
         if status != TRAJECTORY_FULL:
             break
-        cap = max(cap * 4, 1 << 20)
+        cap, run_cap = max(cap * 4, 1 << 20), run_cap * 4
     trajectory = None
     if record and status == OK:
-        t = traj[:n_rec]
+        t = traj[:n_rec] if rows else None
         trajectory = Trajectory(
-            step=t[:, 0],
-            new_tokens=t[:, 1],
-            context=t[:, 2],
-            is_prefill=t[:, 3].astype(bool),
-            request=t[:, 4],
+            step=t[:, 0] if rows else None,
+            new_tokens=t[:, 1] if rows else None,
+            context=t[:, 2] if rows else None,
+            is_prefill=t[:, 3].astype(bool) if rows else None,
+            request=t[:, 4] if rows else None,
+            runs=runs[: int(diag[4])],
             step_start_us=steps_rec[:steps, 0],
             step_us=steps_rec[:steps, 1],
             kv_blocks_used=steps_rec[:steps, 2],

@@ -32,6 +32,7 @@ from numba import njit
 
 from .components import COMPONENT_NAMES, component_values
 from .dsl import Program
+from .dsl.linearity import nonaffine_inputs, read_inputs
 from .dsl.numexpr_compile import VectorFunction, compile_vector, evaluate_vector
 from .dsl.vm import CompiledProgram
 from .experiments import Experiment
@@ -50,6 +51,13 @@ class VectorProgram:
     constant_names: tuple[str, ...]
     queue_reads_request: bool  # queueing_time depends on the request (else one value per vector)
     queue_reads_step: bool = False  # queueing_time reads r.last_step_us (a step's duration: moves with the constants)
+    # indices (into COMPONENT_NAMES) of the components step_time is not affine in: only they
+    # tell step classes apart (see `_classes`); None: every component
+    class_keys: tuple[int, ...] | None = None
+    # the rows of a request table (REQUEST_ROWS) that tell request classes apart: the inputs
+    # queueing_time is not affine in (through r.last_step_us, the components step_time reads
+    # when queueing_time is not affine in it, else the ones step_time is not affine in)
+    request_keys: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, program: Program) -> VectorProgram:
@@ -58,6 +66,12 @@ class VectorProgram:
 
         queue = maybe("queueing_time")
         text = " ".join([queue.result, *(x for _, x in queue.statements)]) if queue is not None else ""
+        step_keys = nonaffine_inputs(program, "step_time", "f", COMPONENT_NAMES)
+        fields = nonaffine_inputs(program, "queueing_time", "r", ["input_tokens", "output_tokens", "last_step_us"])
+        request_keys = [f"r_{n}" for n in fields if n != "last_step_us"]
+        if "r_last_step_us" in text:
+            arrival = read_inputs(program, "step_time", "f", COMPONENT_NAMES) if "last_step_us" in fields else step_keys
+            request_keys += ["arrival_step", *(f"f_{n}" for n in arrival)]
         return cls(
             compile_vector(program, "step_time"),
             queue,
@@ -66,11 +80,18 @@ class VectorProgram:
             tuple(program.constants),
             "r_" in text,
             "r_last_step_us" in text,
+            tuple(COMPONENT_NAMES.index(n) for n in step_keys),
+            tuple(REQUEST_ROWS.index(k) for k in request_keys),
         )
 
     def constant_inputs(self, population: np.ndarray) -> dict[str, np.ndarray]:
         """c_<name> as (P, 1) columns, so they broadcast against per-step or per-request rows."""
         return {f"c_{n}": population[:, j, None] for j, n in enumerate(self.constant_names)}
+
+
+# a request table's rows: the fields queueing_time may read, whether a step ran before the
+# request's arrival (r.last_step_us is 0 if not: 0 or 1) and that step's components
+REQUEST_ROWS = ["r_input_tokens", "r_output_tokens", "arrival_step", *(f"f_{n}" for n in COMPONENT_NAMES)]
 
 
 def _us(x: np.ndarray) -> np.ndarray:
@@ -83,8 +104,8 @@ class TrajectoryModel:
     """One experiment's recorded replay on one split, reduced to the weights its means need.
 
     mean(c) = recorded mean + gain * (linear(c) - linear(recorded constants)) / n_ok, where linear(c) =
-    step_us(c) . weight + sum of queueing_time over `queued` + count * output_token_time (+
-    finished * post_decode_time for E2E)."""
+    step_us(c) . weight + summed queueing_time of the measured requests + count *
+    output_token_time (+ finished * post_decode_time for E2E)."""
 
     name: str
     n_ok: int  # requests of the split that succeeded in reality (the ones measured)
@@ -92,17 +113,16 @@ class TrajectoryModel:
     recorded_us: np.ndarray  # (2,) the closed loop's predicted means at the recorded constants
     components: dict[str, np.ndarray]  # f_<name> -> (G,) per step class (see `_classes`)
     weight: np.ndarray  # (2, G): E2E and TTFT weight of each class's step duration
-    queued: tuple[np.ndarray, np.ndarray]  # request indices whose queueing_time enters E2E, TTFT
+    queued_count: np.ndarray  # (2,) requests whose queueing_time enters the summed E2E, TTFT
     out_tok_count: np.ndarray  # (2,) output_token_time terms in the summed E2E, TTFT
     n_finished: int  # post_decode_time terms in the summed E2E
-    input_tokens: np.ndarray  # (n,) the request fields queueing_time may read
-    output_tokens: np.ndarray
     linear0: np.ndarray  # (2,) linear() at the recorded constants
     gain: np.ndarray = field(default_factory=lambda: np.ones(2))  # see learn_gain
-    # for r.last_step_us: the components of the last step started before each request's arrival
-    # (recorded schedule), and whether there was one (else the field is 0)
-    arrival_components: dict[str, np.ndarray] | None = None
-    arrival_step: np.ndarray | None = None
+    # when queueing_time reads a request: those requests in classes of near-equal REQUEST_ROWS
+    # (`_classes` again, binning the program's request_keys), each row's class means, and (2, Q)
+    # how many of the summed E2E and TTFT's requests each class stands for
+    requests: dict[str, np.ndarray] | None = None
+    request_weight: np.ndarray | None = None
 
 
 def record(
@@ -115,7 +135,9 @@ def record(
 ) -> tuple[MetricRow, TrajectoryModel | None]:
     """Closed-loop replay of `exp` on `split` with the trajectory kept: its metric row (what
     the closed loop judges) and the model to re-time it (None if the replay failed)."""
-    res = replay(exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics)
+    res = replay(
+        exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics, rows=False
+    )
     if not res.ok:
         return failed_row(exp, split, res.failure()), None
     row = split_metrics(exp, res, split)
@@ -131,23 +153,29 @@ def record(
         recorded_us=np.array([row.predicted.e2e_mean_s, row.predicted.ttft_mean_s]) * 1e6,
         components={f"f_{n}": comps[i] for i, n in enumerate(COMPONENT_NAMES)},
         weight=np.zeros((2, n_steps)),
-        queued=(np.zeros(0, np.int64), np.zeros(0, np.int64)),
+        queued_count=np.zeros(2),
         out_tok_count=np.zeros(2),
         n_finished=0,
-        input_tokens=exp.input_tokens.astype(np.float64),
-        output_tokens=exp.output_tokens.astype(np.float64),
         linear0=np.zeros(2),
     )
+    if vector.queue_reads_request:
+        model.requests, model.request_weight = _request_classes(
+            np.zeros((len(REQUEST_ROWS), 0)), np.zeros((2, 0)), vector
+        )
     if n_ok == 0 or n_steps == 0:  # nothing to re-time (no step ran: every request gave up queueing)
         return row, model
 
     start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
     end = start + dt
-    if vector.queue_reads_step:
-        before = np.searchsorted(t.step_start_us, exp.arrival_us, side="left") - 1
-        model.arrival_step = before >= 0
-        model.arrival_components = {k: v[np.maximum(before, 0)] for k, v in model.components.items()}
-    ready, out_tok = _recorded_delays(vector, constants, model, exp.arrival_us)
+    table = None
+    if vector.queue_reads_request:
+        table = np.zeros((len(REQUEST_ROWS), exp.n_requests))
+        table[0], table[1] = exp.input_tokens, exp.output_tokens
+        if vector.queue_reads_step:  # the last step started before each arrival (recorded schedule)
+            before = np.searchsorted(t.step_start_us, exp.arrival_us, side="left") - 1
+            table[2] = before >= 0
+            table[3:] = comps[:, np.maximum(before, 0)]
+    ready, out_tok = _recorded_delays(vector, constants, table, exp.arrival_us)
     limit = exp.abort_after_us
     finished = ok & (res.state == FINISHED)
     # TTFT moves with the steps only for requests that got their first token before the client's
@@ -170,12 +198,15 @@ def record(
         fl = mask & (in_flight >= 0)
         return w + np.bincount(in_flight[fl], weights=left[fl], minlength=n_steps)
 
-    decode_steps, n_decoding = _decode_steps(t.step, t.request, finished, first, n_steps)
+    decode_steps, n_decoding = _decode_steps(t.runs, finished, first, n_steps)
     fin_timed = finished & timed
-    model.components, model.weight = _classes(
-        comps, np.stack([lifetime_weight(fin_timed) + decode_steps, lifetime_weight(timed)])
+    reps, model.weight = _classes(
+        comps, np.stack([lifetime_weight(fin_timed) + decode_steps, lifetime_weight(timed)]), vector.class_keys
     )
-    model.queued = (np.flatnonzero(fin_timed), np.flatnonzero(timed))
+    model.components = {f"f_{n}": reps[i] for i, n in enumerate(COMPONENT_NAMES)}
+    model.queued_count = np.array([fin_timed.sum(), timed.sum()], dtype=np.float64)
+    if table is not None:
+        model.requests, model.request_weight = _request_classes(table, np.stack([fin_timed, timed]), vector)
     model.out_tok_count = np.array([fin_timed.sum() + n_decoding, timed.sum()], dtype=np.float64)
     model.n_finished = int(finished.sum())
     model.linear0 = linear(model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0])[
@@ -184,18 +215,23 @@ def record(
     return row, model
 
 
-@njit(cache=True, nogil=True)
-def _decode_steps(step, request, finished, first, n_steps):
+@njit(cache=True, nogil=True, error_model="numpy")
+def _decode_steps(runs, finished, first, n_steps):
     """Per step, the tokens it decoded for finished requests after their first token, and their
-    total: one pass over the trajectory's rows (a mask over them costs several of its size)."""
-    out = np.zeros(n_steps)
+    total: from each request's runs of consecutive steps, through a difference array (the
+    trajectory's rows, one per scheduled request per step, are tens of millions on the real data)."""
+    out = np.zeros(n_steps + 1)
     total = 0
-    for i in range(len(step)):
-        r = request[i]
-        if finished[r] and step[i] > first[r]:
-            out[step[i]] += 1.0
-            total += 1
-    return out, total
+    for i in range(runs.shape[0]):
+        r = runs[i, 0]
+        if finished[r]:
+            a = max(runs[i, 1], first[r] + 1)
+            b = runs[i, 2]
+            if a <= b:
+                out[a] += 1.0
+                out[b + 1] -= 1.0
+                total += b - a + 1
+    return np.cumsum(out)[:n_steps], total
 
 
 CLASS_WIDTH = 1.05  # steps whose component values agree within 5% share one class
@@ -228,66 +264,74 @@ def _class_sums(cls, n_cls, w, comps):
     return total, sums
 
 
-def _classes(comps: np.ndarray, weight: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Steps grouped into classes of near-equal components, for each weight row separately:
-    each class is its steps' weighted mean components with their summed weight. Exact for any
-    program affine in the components (sum of w * f(comp) = W * f(weighted mean)); for others
-    (max, if-else) an approximation within the class width. About 24x fewer rows on the real
-    data (trained_physics: 56,530 classes for the two weights against 686,000 steps)."""
-    # one 64-bit hash per step of its components' log-width bins, instead of a unique over columns
+def _classes(
+    comps: np.ndarray, weight: np.ndarray, keys: tuple[int, ...] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Columns (steps, or requests) grouped into classes of near-equal rows, for each weight row
+    separately: each class is its columns' weighted mean rows (R, G) with their summed weight
+    (W, G). Exact in the rows the program is affine in (sum of w * f(comp) = W * f(weighted
+    mean)), so only the others (`keys`: inside max, if-else, a product of two inputs, ...) are
+    binned, to within the class width; a program affine in every row has one class per weight
+    row. Binning every component gave about 24x fewer classes than steps on the real data
+    (trained_physics: 56,530 for the two weights against 686,000 steps); binning only the keys
+    gives trained_physics two per experiment."""
+    keyed = comps if keys is None else comps[list(keys)]
+    # one 64-bit hash per column of its keys' log-width bins, instead of a unique over columns
     # (10x faster; a collision merely merges two classes)
-    mix = np.random.default_rng(0).integers(1, 2**62, size=len(comps), dtype=np.int64) | 1
-    _, cls = np.unique(_class_hash(comps, mix, np.log(CLASS_WIDTH)), return_inverse=True)
+    mix = np.random.default_rng(0).integers(1, 2**62, size=len(keyed), dtype=np.int64) | 1
+    _, cls = np.unique(_class_hash(keyed, mix, np.log(CLASS_WIDTH)), return_inverse=True)
     cls = cls.ravel()
     n_cls = int(cls.max()) + 1 if len(cls) else 0
     cols, weights = [], []
     for i, w in enumerate(weight):
-        total, sums = _class_sums(cls, n_cls, w, comps)
+        total, sums = _class_sums(cls, n_cls, w.astype(np.float64), comps)
         keep = total > 0
         cols.append(sums[:, keep] / total[keep])
         row = np.zeros((len(weight), keep.sum()))
         row[i] = total[keep]
         weights.append(row)
-    reps = np.concatenate(cols, axis=1)
-    return {f"f_{n}": reps[j] for j, n in enumerate(COMPONENT_NAMES)}, np.concatenate(weights, axis=1)
+    return np.concatenate(cols, axis=1), np.concatenate(weights, axis=1)
+
+
+def _request_classes(
+    table: np.ndarray, measured: np.ndarray, vector: VectorProgram
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The requests of `table` (REQUEST_ROWS x n) in the E2E and TTFT sums (`measured`, (2, n)
+    masks) in classes: each row's class means by name, and (2, Q) the requests each stands for."""
+    reps, weight = _classes(table, measured, vector.request_keys)
+    return dict(zip(REQUEST_ROWS, reps, strict=True)), weight
 
 
 def _recorded_delays(
-    vector: VectorProgram, constants: np.ndarray, model: TrajectoryModel, arrival_us: np.ndarray
+    vector: VectorProgram, constants: np.ndarray, table: np.ndarray | None, arrival_us: np.ndarray
 ) -> tuple[np.ndarray, float]:
-    """Ready times (n,) and output_token_time at the recorded constants, rounded as the replay does."""
+    """Ready times (n,) and output_token_time at the recorded constants, rounded as the replay
+    does; `table`: the requests' REQUEST_ROWS when queueing_time reads them."""
     consts = vector.constant_inputs(constants[None, :])
     ready = arrival_us.astype(np.float64)
     if vector.queueing_time is not None:
-        ready = ready + _request_queue_us(vector, constants[None, :], model)[0]
+        if table is None:
+            ready = ready + _scalar_delay(vector.queueing_time, consts, 1)[0]
+        else:
+            ready = (
+                ready + _request_queue_us(vector, constants[None, :], dict(zip(REQUEST_ROWS, table, strict=True)))[0]
+            )
     return ready, float(_scalar_delay(vector.output_token_time, consts, 1)[0])
 
 
 def _request_queue_us(
-    vector: VectorProgram, population: np.ndarray, model: TrajectoryModel, last: np.ndarray | None = None
+    vector: VectorProgram, population: np.ndarray, requests: dict[str, np.ndarray], last: np.ndarray | None = None
 ) -> np.ndarray:
-    """(P, n) queueing_time of every request, rounded as the replay rounds it. `last`: the step in
-    flight at each arrival re-timed, (P, n), when the caller has it (SurrogateSet: from its one
-    step_time pass); else it is computed here."""
-    if vector.queue_reads_step and last is None:
-        last, _ = step_us(model.arrival_components, vector, population)
-    return _queue_us(vector, population, model.input_tokens, model.output_tokens, model.arrival_step, last)
-
-
-def _queue_us(
-    vector: VectorProgram,
-    population: np.ndarray,
-    input_tokens: np.ndarray,
-    output_tokens: np.ndarray,
-    arrival_step: np.ndarray | None,
-    last: np.ndarray | None,
-) -> np.ndarray:
-    """(P, n) queueing_time of n requests given their fields (and, when the program reads it, the
-    re-timed step in flight at each arrival), rounded as the replay rounds it."""
-    p, n = len(population), len(input_tokens)
-    fields = {"r_input_tokens": input_tokens, "r_output_tokens": output_tokens}
+    """(P, n) queueing_time of the n requests (or request classes) of `requests`, rounded as the
+    replay rounds it. `last`: when the program reads r.last_step_us, the step in flight at each
+    arrival re-timed, (P, n), if the caller has it (SurrogateSet: from its one step_time pass);
+    else it is computed here."""
+    p, n = len(population), len(requests["r_input_tokens"])
+    fields = {"r_input_tokens": requests["r_input_tokens"], "r_output_tokens": requests["r_output_tokens"]}
     if vector.queue_reads_step:  # the arrival's step in flight, re-timed (rounded as the replay rounds a step)
-        fields["r_last_step_us"] = np.where(arrival_step, np.round(last), 0.0)
+        if last is None:
+            last, _ = step_us({k: v for k, v in requests.items() if k.startswith("f_")}, vector, population)
+        fields["r_last_step_us"] = np.where(requests["arrival_step"] > 0, np.round(last), 0.0)
     q = evaluate_vector(vector.queueing_time, {**vector.constant_inputs(population), **fields})
     return np.maximum(0.0, _us(np.broadcast_to(q, (p, n))))
 
@@ -297,24 +341,21 @@ def delay_part(
     vector: VectorProgram,
     population: np.ndarray,
     shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-    last: np.ndarray | None = None,
     queued: np.ndarray | None = None,
 ) -> np.ndarray:
     """(P, 2): the summed E2E and TTFT terms from queueing_time, output_token_time, post_decode_time.
     `shared`: those three per vector when they do not depend on the request (see shared_delays);
-    `last`: see _request_queue_us; `queued`: (P, 2) the summed per-request queueing times, when
-    the caller computed them (SurrogateSet, in one pass over all its models)."""
+    `queued`: (P, 2) the summed per-request queueing times, when the caller computed them
+    (SurrogateSet, in one pass over all its models)."""
     p = len(population)
     q, out_tok, post = shared if shared is not None else shared_delays(vector, population)
     sums = np.zeros((p, 2))
     if queued is not None:
         sums += queued
     elif vector.queue_reads_request:
-        q = _request_queue_us(vector, population, model, last)
-        for row in range(2):
-            sums[:, row] = q[:, model.queued[row]].sum(axis=1)
+        sums += _request_queue_us(vector, population, model.requests) @ model.request_weight.T
     else:
-        sums += q[:, None] * np.array([len(model.queued[0]), len(model.queued[1])])
+        sums += q[:, None] * model.queued_count
     sums[:, 0] += model.out_tok_count[0] * out_tok + model.n_finished * post
     sums[:, 1] += model.out_tok_count[1] * out_tok
     return sums
@@ -394,10 +435,32 @@ def learn_gain(model: TrajectoryModel, shift: np.ndarray, moved_us: np.ndarray) 
     return gain
 
 
+class _Segments:
+    """Per-model columns of a concatenation (step classes, or request classes): model j's are
+    columns starts[nonempty == j]..., summed per model and weight row by one reduceat."""
+
+    def __init__(self, weights: list[np.ndarray]):
+        sizes = np.array([w.shape[1] for w in weights], dtype=np.int64)
+        ends = np.cumsum(sizes)
+        self.n_models, self.n_columns = len(weights), int(ends[-1]) if len(weights) else 0
+        self.nonempty = np.flatnonzero(sizes > 0)  # a model may have no weighted column at all
+        self.starts = (ends - sizes)[self.nonempty]
+        self.weight = np.concatenate(weights, axis=1) if weights else np.zeros((2, 0))
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        """(P, models, 2): each model's weighted sum of `values` (P, columns), per weight row."""
+        out = np.zeros((len(values), self.n_models, 2))
+        if len(self.nonempty):
+            for row, w in enumerate(self.weight):
+                out[:, self.nonempty, row] = np.add.reduceat(values * w, self.starts, axis=1)
+        return out
+
+
 class SurrogateSet:
     """The models of several experiments scored together: one numexpr pass over all their step
     classes per population (the per-call overhead of numexpr dominates one experiment's few
-    thousand classes), then per-experiment sums by segment."""
+    thousand classes), then per-experiment sums by segment; the same for their request classes
+    when queueing_time reads a request."""
 
     def __init__(self, models: list[TrajectoryModel], vector: VectorProgram):
         self.models, self.vector = models, vector
@@ -406,33 +469,16 @@ class SurrogateSet:
         self.components = (
             {k: np.concatenate([m.components[k] for m in parts]) for k in parts[0].components} if parts else {}
         )
-        # classes of the j-th live model are columns bounds[j] of the concatenation
-        sizes = np.array([m.weight.shape[1] for m in parts], dtype=np.int64)
-        ends = np.cumsum(sizes)
-        self.bounds = np.stack([ends - sizes, ends], axis=1) if parts else np.zeros((0, 2), np.int64)
-        self.weight = np.concatenate([m.weight for m in parts], axis=1) if parts else np.zeros((2, 0))
-        self.nonempty = np.flatnonzero(sizes > 0) if parts else np.zeros(0, np.int64)
-        self.n_classes = int(ends[-1]) if parts else 0
-        # a queueing_time reading r.last_step_us re-times each arrival's step in flight: those steps
-        # join the same pass, after the classes, in the order of the live models' requests
-        if parts and vector.queue_reads_step:
-            self.components = {
-                k: np.concatenate([v, *(m.arrival_components[k] for m in parts)]) for k, v in self.components.items()
-            }
-        # a queueing_time reading a request field is evaluated once over every live model's requests;
-        # model j's E2E (row 0) and TTFT (row 1) terms are columns queued_bounds[row][j] of the
-        # requests picked by queued_index[row]
+        self.steps = _Segments([m.weight for m in parts])
+        self.n_classes = self.steps.n_columns
+        self.requests = None
         if parts and vector.queue_reads_request:
-            offsets = np.cumsum([0] + [len(m.input_tokens) for m in parts])
-            self.input_tokens = np.concatenate([m.input_tokens for m in parts])
-            self.output_tokens = np.concatenate([m.output_tokens for m in parts])
-            self.arrival_step = np.concatenate([m.arrival_step for m in parts]) if vector.queue_reads_step else None
-            self.queued_index, self.queued_bounds = [], []
-            for row in range(2):
-                picked = [m.queued[row] + offsets[j] for j, m in enumerate(parts)]
-                ends = np.cumsum([len(x) for x in picked])
-                self.queued_index.append(np.concatenate(picked).astype(np.int64))
-                self.queued_bounds.append(np.stack([ends - [len(x) for x in picked], ends], axis=1))
+            self.requests = {k: np.concatenate([m.requests[k] for m in parts]) for k in REQUEST_ROWS}
+            self.queued = _Segments([m.request_weight for m in parts])
+            # a queueing_time reading r.last_step_us re-times the step in flight at each request
+            # class's arrival: those steps join the same step_time pass, after the step classes
+            if vector.queue_reads_step:
+                self.components = {k: np.concatenate([v, self.requests[k]]) for k, v in self.components.items()}
 
     def apes(self, population: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P, E) predicted APE of mean E2E and of mean TTFT for every model (NaN where a model
@@ -456,13 +502,12 @@ class SurrogateSet:
         if not self.live:
             return means, ok
         every, valid = step_us(self.components, self.vector, population, judged=self.n_classes)
-        dt = every[:, : self.n_classes]
-        sums = np.zeros((p, len(self.live), 2))
-        if len(self.nonempty):  # per-model segment sums (a model may have no weighted class at all)
-            for row, w in enumerate(self.weight):
-                sums[:, self.nonempty, row] = np.add.reduceat(dt * w, self.bounds[self.nonempty, 0], axis=1)
+        sums = self.steps.sums(every[:, : self.n_classes])
         shared = shared_delays(self.vector, population)
-        queued = self._queued_sums(population, every) if self.vector.queue_reads_request else None
+        queued = None
+        if self.requests is not None:
+            last = every[:, self.n_classes :] if self.vector.queue_reads_step else None
+            queued = self.queued.sums(_request_queue_us(self.vector, population, self.requests, last))
         for j, i in enumerate(self.live):
             m = self.models[i]
             lin = sums[:, j] + delay_part(
@@ -471,15 +516,3 @@ class SurrogateSet:
             ok[:, i] = valid & np.all(np.isfinite(lin), axis=1)
             means[:, i] = m.recorded_us + m.gain * (lin - m.linear0) / m.n_ok
         return means, ok
-
-    def _queued_sums(self, population: np.ndarray, every: np.ndarray) -> np.ndarray:
-        """(P, live models, 2) summed queueing times of the requests in each model's E2E and TTFT,
-        from one numexpr pass over every live model's requests."""
-        last = every[:, self.n_classes :] if self.vector.queue_reads_step else None
-        q = _queue_us(self.vector, population, self.input_tokens, self.output_tokens, self.arrival_step, last)
-        out = np.zeros((len(population), len(self.live), 2))
-        for row in range(2):
-            picked = q[:, self.queued_index[row]]
-            for j, (a, b) in enumerate(self.queued_bounds[row]):
-                out[:, j, row] = picked[:, a:b].sum(axis=1)
-        return out

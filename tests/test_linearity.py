@@ -1,14 +1,17 @@
 """Which constants a program is affine in (dsl/linearity.py), one case per operator of the table,
 and the least-squares step built on it (linear_solve.py): on a real recorded surrogate its
-solution is the surrogate's optimum, and a constant that enters non-linearly is never solved."""
+solution is the surrogate's optimum, and a constant that enters non-linearly is never solved.
+The same analysis over the data (components, request fields) decides which inputs the
+surrogate's step and request classes must bin: one case per operator there too."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
-from stepml_evolve.evaluator.dsl.linearity import linear_constants
+from stepml_evolve.evaluator.dsl.linearity import linear_constants, nonaffine_inputs
 from stepml_evolve.evaluator.dsl.operators import OPERATORS
 from stepml_evolve.evaluator.fitting import _quiet_cma
 from stepml_evolve.evaluator.linear_solve import LinearSolve, solvable
@@ -49,6 +52,35 @@ CASES = {
 }
 
 
+# the same for the components: step_time bodies and the components it is not affine in (for
+# fixed constants), which the surrogate's step classes bin; the others are averaged exactly
+COMPONENT_CASES = {
+    ("+", None): [("f.gemm_pf + c.b * f.n_req", "")],
+    ("-", None): [("c.a * f.gemm_pf - f.n_req", ""), ("-(f.gemm_pf) + c.b", "")],
+    ("*", None): [("c.a * f.gemm_pf * 2.0 + c.b", ""), ("f.gemm_pf * f.n_req + f.weights", "n_req")],
+    ("/", None): [("f.gemm_pf / c.a + c.b", ""), ("f.gemm_pf / f.n_req", "n_req")],
+    ("+u", None): [("+(c.a * f.gemm_pf) + f.weights", "")],
+    ("max", None): [("max(c.a * f.gemm_pf, c.b * f.weights) + f.n_req", "gemm_pf weights")],
+    ("min", None): [("min(f.gemm_pf, 1.0) + f.n_req", "gemm_pf")],
+    ("abs", None): [("abs(f.gemm_pf) + f.n_req", "gemm_pf")],
+    ("sqrt", None): [("sqrt(f.gemm_pf) + f.n_req", "gemm_pf")],
+    ("log", None): [("log(f.gemm_pf) + f.n_req", "gemm_pf"), ("log(c.a) * f.gemm_pf", "")],
+    ("exp", None): [("exp(f.n_req) * f.gemm_pf", "n_req")],
+    ("**", "integer"): [("f.gemm_pf ** 2 + f.n_req", "gemm_pf"), ("f.gemm_pf ** 1 + f.n_req", "")],
+    ("**", "other"): [("f.gemm_pf ** 1.5 + f.n_req", "gemm_pf")],
+    ("<", None): [("c.a * f.gemm_pf if f.tok_pf < c.s else c.b", "tok_pf")],
+    ("<=", None): [("c.a * f.gemm_pf if c.s * f.n_req <= 64.0 else c.b", "n_req")],
+    (">", None): [("c.a * f.gemm_pf if f.tok_pf > c.s else c.b", "tok_pf")],
+    (">=", None): [("c.a * f.gemm_pf if f.tok_pf >= c.s else c.b", "tok_pf")],
+    ("==", None): [("c.a * f.gemm_pf if f.tok_pf == c.s else c.b", "tok_pf")],
+    ("!=", None): [("c.a * f.gemm_pf if f.tok_pf != c.s else c.b", "tok_pf")],
+    ("and", None): [("f.gemm_pf if f.tok_pf > 1.0 and f.n_req < c.s else c.b", "n_req tok_pf")],
+    ("or", None): [("f.gemm_pf if f.tok_pf > 1.0 or f.n_req < c.s else c.b", "n_req tok_pf")],
+    ("not", None): [("f.gemm_pf if not f.tok_pf > c.s else c.b", "tok_pf")],
+    ("if-else", None): [("(f.gemm_pf if f.tok_pf > 64.0 else f.weights) + f.n_req", "tok_pf")],
+}
+
+
 def _program(body: str, queue: str | None = None):
     src = 'CONSTANTS = {"a": 1.5, "b": 20.0, "s": 64.0, "q": 100.0, "lag": 1.0}\n\n\ndef step_time(f, c):\n'
     src += f"    return {body}\n"
@@ -67,6 +99,26 @@ def test_the_constants_an_operator_keeps_affine(key):
     for body, expected in CASES[key]:
         got = {k for k in linear_constants(_program(body)) if k in "abs"}
         assert got == set(expected), body
+
+
+@pytest.mark.parametrize("key", list(COMPONENT_CASES), ids=lambda k: f"{k[0]}{'' if k[1] is None else '-' + k[1]}")
+def test_the_components_an_operator_keeps_affine(key):
+    assert {("+u" if op.identity else op.symbol, op.exponent) for op in OPERATORS} <= set(COMPONENT_CASES)
+    for body, expected in COMPONENT_CASES[key]:
+        assert set(nonaffine_inputs(_program(body), "step_time", "f", COMPONENT_NAMES)) == set(expected.split()), body
+
+
+def test_the_request_fields_queueing_time_keeps_affine():
+    fields = ["input_tokens", "output_tokens", "last_step_us"]
+    for queue, expected in [
+        ("c.q + c.lag * r.last_step_us", ""),
+        ("c.q * r.input_tokens + r.output_tokens", ""),
+        ("max(c.q, c.lag * r.last_step_us)", "last_step_us"),
+        ("c.q * sqrt(r.input_tokens) + r.last_step_us", "input_tokens"),
+        ("c.q if r.output_tokens > 100.0 else c.lag * r.input_tokens", "output_tokens"),
+    ]:
+        got = nonaffine_inputs(_program("f.gemm_pf", queue=queue), "queueing_time", "r", fields)
+        assert set(got) == set(expected.split()), queue
 
 
 def test_a_constant_multiplying_the_step_in_flight_leaves_the_smaller_side():

@@ -284,6 +284,20 @@ def test_invariants_hold_on_random_workloads(seed):
         assert (~t.is_prefill[last]).sum() == exp.output_tokens[r] - 1
     # the clock only moves by step durations (and idle gaps to the next ready request)
     assert (np.diff(t.step_start_us) >= t.step_us[:-1]).all()
+    # each request's runs of consecutive steps are its rows' steps (what record keeps without rows)
+    assert sorted(map(tuple, t.runs)) == _runs_of(t.request, t.step)
+    lean = replay(exp, cp, c, record=True, semantics=semantics, rows=False).trajectory
+    assert lean.step is None and np.array_equal(lean.runs, t.runs) and np.array_equal(lean.totals, t.totals)
+
+
+def _runs_of(request, step) -> list[tuple[int, int, int]]:
+    """(request, first step, last step) of every run of consecutive steps a request was scheduled in."""
+    out = []
+    for r in np.unique(request):
+        steps = np.sort(step[request == r])
+        breaks = np.flatnonzero(np.diff(steps) != 1)
+        out += [(int(r), int(a), int(b)) for a, b in zip(steps[np.r_[0, breaks + 1]], steps[np.r_[breaks, -1]])]
+    return sorted(out)
 
 
 def test_preemption_happens_when_kv_is_scarce():

@@ -109,6 +109,58 @@ def test_surrogate_set_scores_every_experiment_as_its_own_model_does(synthetic):
     assert np.all(np.isinf(e2e[3])) and np.all(np.isfinite(np.delete(e2e, 3, axis=0)))
 
 
+def test_decoded_tokens_per_step_from_runs_are_those_of_the_rows(synthetic):
+    """record counts the tokens decoded per step for finished requests after their first token
+    from each request's runs of steps: the numbers the trajectory's rows give."""
+    from stepml_evolve.evaluator.replay import FINISHED, replay
+    from stepml_evolve.evaluator.surrogate import _decode_steps
+
+    program = load_program(seed_path("roofline"))
+    compiled, c0 = compile_program(program), _vector(program)
+    for exp in synthetic.experiments:
+        res = replay(exp, compiled, c0, record=True)
+        t, finished = res.trajectory, res.state == FINISHED
+        first = np.random.default_rng(0).integers(-1, t.n_steps, exp.n_requests)
+        rows = finished[t.request] & (t.step > first[t.request])
+        got, total = _decode_steps(t.runs, finished, first, t.n_steps)
+        np.testing.assert_array_equal(got, np.bincount(t.step[rows], minlength=t.n_steps))
+        assert total == rows.sum()
+
+
+NONLINEAR_QUEUE = QUEUE_BY_REQUEST.replace(
+    "return c.q * r.input_tokens", "return max(c.q * sqrt(r.input_tokens), c.base * 0.001 * r.last_step_us)"
+)
+
+
+@pytest.mark.parametrize("name", ["trained_physics", "roofline", "regime_switch", "nonlinear_queue"])
+def test_classes_bin_only_what_the_program_is_not_affine_in(synthetic, name):
+    """Steps (and queued requests) that differ only in inputs the program is affine in are one
+    class: the means are those of binning every input, with far fewer classes (a program affine
+    in every component has one step class per weight row)."""
+    import dataclasses
+
+    from stepml_evolve.evaluator.surrogate import REQUEST_ROWS
+
+    program = parse_program(NONLINEAR_QUEUE) if name == "nonlinear_queue" else load_program(seed_path(name))
+    compiled, vector = compile_program(program), VectorProgram.of(program)
+    every = dataclasses.replace(vector, class_keys=None, request_keys=tuple(range(len(REQUEST_ROWS))))
+    c0 = _vector(program)
+    pop = c0 * np.exp(np.random.default_rng(5).normal(0, 0.2, (6, len(c0))))
+    keyed = SurrogateSet([record(e, compiled, vector, c0)[1] for e in synthetic.experiments], vector)
+    binned = SurrogateSet([record(e, compiled, every, c0)[1] for e in synthetic.experiments], every)
+    np.testing.assert_allclose(keyed.means(pop)[0], binned.means(pop)[0], rtol=1e-3)
+    assert keyed.n_classes < binned.n_classes
+    if name == "trained_physics":
+        # per weight row one step class, and two request classes: a step ran before the arrival, or none
+        assert all(m.weight.shape[1] <= 2 and m.request_weight.shape[1] <= 4 for m in keyed.models)
+    if (
+        name == "nonlinear_queue"
+    ):  # max() over r.last_step_us: the arrivals' steps are binned on every component it reads
+        assert {"r_input_tokens", "arrival_step", "f_gemm_pf", "f_weights", "f_kv_read"} <= {
+            REQUEST_ROWS[i] for i in vector.request_keys
+        }
+
+
 def test_trust_region_comes_near_the_cmaes_loss_with_a_tenth_of_the_replays(synthetic_full):
     """Within 10% of the loss plain CMA-ES reaches with its default budget, on the full sample (on
     a draft of the small one it ended 45% above, 2.27 against 1.57; docs/results.md has the figures
@@ -162,7 +214,9 @@ def test_a_model_with_no_weighted_step_keeps_its_recorded_errors_in_a_set(synthe
         name="frozen",
         weight=np.zeros((2, 0)),
         components={k: np.zeros(0) for k in first.components},
-        queued=(np.zeros(0, np.int64), np.zeros(0, np.int64)),
+        queued_count=np.zeros(2),
+        requests={k: np.zeros(0) for k in first.requests},
+        request_weight=np.zeros((2, 0)),
         out_tok_count=np.zeros(2),
         n_finished=0,
         linear0=np.zeros(2),

@@ -34,13 +34,16 @@ class _Leave(Exception):
 
 
 class _Walk:
-    def __init__(self, program: Program, candidates: set[str]):
-        self.program, self.candidates = program, candidates
+    """`root`: the names the analysis is about, c.<constant> (a fit's unknowns) or f.<component>
+    (a step's data, for fixed constants); everything else is data."""
+
+    def __init__(self, program: Program, candidates: set[str], root: str = "c", functions: tuple[str, ...] = _ORDER):
+        self.program, self.candidates, self.root, self.functions = program, candidates, root, functions
         self.step_time: frozenset[str] = frozenset()
-        self.read: set[str] = set()  # the constants the functions read
+        self.read: set[str] = set()  # the names of `root` the functions read
 
     def run(self) -> None:
-        for name in _ORDER:
+        for name in self.functions:
             fn = self.program.functions.get(name)
             if fn is None:
                 continue
@@ -58,7 +61,7 @@ class _Walk:
         if isinstance(node, ast.Constant):
             return frozenset()
         if isinstance(node, ast.Attribute):
-            if node.value.id == "c":
+            if node.value.id == self.root:
                 self.read.add(node.attr)
                 return frozenset({node.attr}) & self.candidates
             if node.value.id == "r" and node.attr == "last_step_us":
@@ -106,16 +109,39 @@ class _Walk:
         return frozenset()
 
 
+def _affine(program: Program, names: set[str], root: str, functions: tuple[str, ...]) -> tuple[set[str], set[str]]:
+    """(the names of `root` the functions read, those of them the functions are jointly affine in)."""
+    while True:
+        walk = _Walk(program, names, root, functions)
+        try:
+            walk.run()
+            return walk.read, names & walk.read
+        except _Leave as e:
+            names = names - e.names
+
+
 def linear_constants(program: Program) -> tuple[str, ...]:
     """The constants (in the program's order) that its functions read and are jointly affine in."""
     if "linear" not in program._cache:
-        candidates = set(program.constants)
-        while True:
-            walk = _Walk(program, candidates)
-            try:
-                walk.run()
-                break
-            except _Leave as e:
-                candidates -= e.names
-        program._cache["linear"] = tuple(k for k in program.constants if k in candidates and k in walk.read)
+        _, affine = _affine(program, set(program.constants), "c", _ORDER)
+        program._cache["linear"] = tuple(k for k in program.constants if k in affine)
     return program._cache["linear"]
+
+
+def nonaffine_inputs(program: Program, function: str, root: str, names: list[str]) -> tuple[str, ...]:
+    """The data names of `root` (f: components, r: request fields) that `function` reads and is
+    not jointly affine in for fixed constants, in the order given. Inputs it reads only affinely
+    can be averaged over many steps or requests without changing the summed result (the
+    surrogate's classes rely on it)."""
+    if function not in program.functions:
+        return ()
+    read, affine = _affine(program, set(names), root, (function,))
+    return tuple(k for k in names if k in read and k not in affine)
+
+
+def read_inputs(program: Program, function: str, root: str, names: list[str]) -> tuple[str, ...]:
+    """The data names of `root` that `function` reads, in the order given."""
+    if function not in program.functions:
+        return ()
+    read, _ = _affine(program, set(names), root, (function,))
+    return tuple(k for k in names if k in read)

@@ -32,6 +32,7 @@ from .readers import read_yaml
 
 PROTOCOLS = ("lomo", "lowo")  # and groups:FILE
 GROUPS_PREFIX = "groups:"
+GROUPS = "groups"  # a search's --cv groups:FILE, as its run stores it: the groups, not the file
 IN_DISTRIBUTION = "in-distribution"  # the comparison fit on every experiment
 
 
@@ -46,9 +47,13 @@ class Fold:
     held_out: tuple[str, ...]  # experiment names scored on all their requests
 
 
-def make_folds(protocol: str, experiments: list[Experiment]) -> list[Fold]:
-    """The folds of `protocol` over `experiments` (each fold trains on every experiment it does not hold out)."""
-    if protocol in PROTOCOLS:
+def make_folds(protocol: str, experiments: list[Experiment], groups: dict[str, list[str]] | None = None) -> list[Fold]:
+    """The folds of `protocol` over `experiments` (each fold trains on every experiment it does not
+    hold out); protocol GROUPS takes the folds from `groups` (fold name -> the names it holds out)."""
+    if protocol == GROUPS:
+        origin = "the run's groups"
+        held = check_groups(groups or {}, [e.name for e in experiments], origin)
+    elif protocol in PROTOCOLS:
         key = (lambda e: e.model) if protocol == "lomo" else (lambda e: e.workload)
         held: dict[str, list[str]] = {}
         for e in experiments:
@@ -56,7 +61,7 @@ def make_folds(protocol: str, experiments: list[Experiment]) -> list[Fold]:
         origin = f"protocol {protocol}"
     elif protocol.startswith(GROUPS_PREFIX):
         path = Path(protocol[len(GROUPS_PREFIX) :])
-        held = _read_groups(path, [e.name for e in experiments])
+        held = read_groups(path, [e.name for e in experiments])
         origin = str(path)
     else:
         raise FoldError(f"protocol must be {', '.join(PROTOCOLS)} or {GROUPS_PREFIX}FILE, not {protocol!r}")
@@ -79,8 +84,14 @@ def _fold_name(key: str) -> str:
     return key.rsplit("/", 1)[-1]  # a model id's last part (meta-llama/Llama-2-7b-hf -> Llama-2-7b-hf)
 
 
-def _read_groups(path: Path, experiments: list[str]) -> dict[str, list[str]]:
-    data = read_yaml(path, FoldError, "groups file")
+def read_groups(path: Path, experiments: list[str]) -> dict[str, list[str]]:
+    """A groups file's folds (fold name -> the experiment names it holds out), checked against
+    the data's experiment names: a FoldError naming the file and the fold otherwise."""
+    return check_groups(read_yaml(path, FoldError, "groups file"), experiments, str(path))
+
+
+def check_groups(data, experiments: list[str], path: str) -> dict[str, list[str]]:
+    """`data` (a groups file's content, or a run's stored groups) as folds of `experiments`."""
     if not isinstance(data, dict) or not data:
         raise FoldError(f"{path}: expected a mapping of fold name -> list of experiment names to hold out")
     known = set(experiments)

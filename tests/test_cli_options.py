@@ -67,13 +67,15 @@ def test_run_help_shows_the_search_config_defaults():
             assert "[default:" not in rows[flag], (flag, rows[flag])
         else:
             assert f"[default: {value}]" in rows[flag], (flag, rows[flag])
-    # weights: --weights takes a file, the run stores the weights read from it
+    # weights: --weights takes a file, the run stores the weights read from it; cv_groups: the
+    # folds of --cv groups:FILE, likewise
     assert set(RUN_OPTIONS.values()) | {
         "seed_fit_evals",
         "promote_margin",
         "sanity_factor",
         "full_fit_sigma",
         "weights",
+        "cv_groups",
     } == {f.name for f in dataclasses.fields(SearchConfig)}
     assert params["--seed-fit-evals"] == defaults.seed_fit_evals
 

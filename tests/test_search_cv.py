@@ -178,6 +178,7 @@ def test_cv_needs_data_with_two_models(tmp_path, synthetic):
         invoke("run", "--generations", 1, "--archive", tmp_path / "arch", "--data", one, *TINY, "--cv", "lomo"),
         "one model only",
     )
+    assert not (tmp_path / "arch").exists()  # refused before an archive is written
     # a plain run on that data ends without a front score, with a note, not an error
     res = invoke("run", "--generations", 0, "--archive", tmp_path / "arch2", "--data", one, *TINY)
     assert res.exit_code == 0, res.output
@@ -185,3 +186,55 @@ def test_cv_needs_data_with_two_models(tmp_path, synthetic):
     assert math.isfinite(
         json.loads(invoke("archive", "list", "--archive", tmp_path / "arch2", "--json").stdout)[0]["val_loss"]
     )
+
+
+def test_cv_groups_file_folds_are_the_files_and_the_run_keeps_them(tmp_path, synthetic):
+    """--cv groups:FILE cross-validates each promoted child on the file's folds (as `evolve cv
+    --protocol groups:FILE` would); the run stores the folds, not the path, so a resume with a
+    changed file is refused; a file the data cannot serve is one line, with no archive written."""
+    names = sorted(e.name for e in synthetic.experiments)
+    groups = tmp_path / "groups.yaml"
+    groups.write_text(f"first: [{names[0]}]\nrest: [{', '.join(names[1:3])}]\n")
+    arch = tmp_path / "arch"
+    run(arch, "--cv", f"groups:{groups}", "--front-cv", "none")
+    progs, scores, stored = programs(arch)
+    search = stored.config["search"]
+    assert search["cv"] == "groups" and search["cv_groups"] == [["first", [names[0]]], ["rest", names[1:3]]]
+    scored = [s for p in progs for s in scores[p.id]]
+    assert scored and {s.protocol for s in scored} == {"groups"}
+    by_id = {p.id: p for p in progs}
+    assert all(math.isclose(by_id[s.program_id].val_loss, s.loss) for s in scored)
+    # the run stores the folds: a groups file changed since is another run's
+    groups.write_text(f"first: [{names[1]}]\n")
+    only_error_line(
+        invoke(
+            "run",
+            "--generations",
+            2,
+            "--archive",
+            arch,
+            *TINY,
+            "--resume",
+            "--front-cv",
+            "none",
+            "--cv",
+            f"groups:{groups}",
+        ),
+        "cv-groups: run",
+    )
+    groups.write_text(f"first: [{names[0]}]\nrest: [{', '.join(names[1:3])}]\n")
+    run(arch, "--cv", f"groups:{groups}", "--front-cv", "none", "--resume", generations=2)
+    groups.write_text(f"first: [{names[0]}, not-an-experiment]\n")
+    only_error_line(
+        invoke("run", "--generations", 1, "--archive", tmp_path / "bad", *TINY, "--cv", f"groups:{groups}"),
+        f"{groups}: fold 'first' names 'not-an-experiment'",
+    )
+    groups.write_text("all: [" + ", ".join(names) + "]\n")
+    only_error_line(
+        invoke("run", "--generations", 1, "--archive", tmp_path / "bad", *TINY, "--cv", f"groups:{groups}"),
+        "holds out every experiment",
+    )
+    only_error_line(
+        invoke("run", "--generations", 1, "--archive", tmp_path / "bad", *TINY, "--cv", "lomx"), "--cv must be"
+    )
+    assert not (tmp_path / "bad").exists()

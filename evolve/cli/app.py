@@ -551,12 +551,13 @@ def run_cmd(
     workers: WorkersOption = None,
     semantics: SemanticsOption = SEARCH.semantics,
     prompt_reuse: PromptReuseOption = SEARCH.prompt_reuse,
-    cv: Literal[CV_MODES] = typer.Option(
+    cv: str = typer.Option(
         SEARCH.cv,
         "--cv",
         help="none: a promoted child's validation loss is its loss on the validation "
         "windows; lomo/lowo: its full fit is also the fold fits of leave-one-model-"
-        "(workload-)out, and its validation loss is the CV loss.",
+        "(workload-)out, and its validation loss is the CV loss; groups:FILE: the folds of a "
+        "groups file (YAML: fold name -> experiment names it holds out), as `evolve cv` reads it.",
     ),
     cv_fit_evals: int = typer.Option(
         SEARCH.cv_fit_evals,

@@ -12,7 +12,7 @@ from pathlib import Path
 from stepml_evolve.archive.browse import RUNS_DIR
 from stepml_evolve.archive.grid import pareto_front
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.crossval import FoldError, make_folds
+from stepml_evolve.evaluator.crossval import GROUPS, GROUPS_PREFIX, FoldError, make_folds, read_groups
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import ProgressFn
@@ -190,6 +190,13 @@ def run_search(
     loaded = setup.load(say)
     if setup.weights is not None:
         config = dataclasses.replace(config, weights=setup.goal(loaded).weights)
+    if config.cv.startswith(GROUPS_PREFIX):  # the run stores the folds, not the file (as it stores the weights)
+        groups = read_groups(Path(config.cv[len(GROUPS_PREFIX) :]), [e.name for e in loaded.experiments])
+        config = dataclasses.replace(
+            config, cv=GROUPS, cv_groups=tuple((fold, tuple(names)) for fold, names in groups.items())
+        )
+    if config.cv != "none":  # folds the data cannot make fail here, before an archive is written
+        make_folds(config.cv, loaded.experiments, config.fold_groups())
     if archive_dir is None:
         archive_dir = default_archive_dir(loaded, config.seed)
         check_engine_resumable(engine, archive_dir, resume)  # the default directory is known only now

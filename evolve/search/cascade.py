@@ -151,7 +151,8 @@ class Cascade:
     def __init__(self, data: LoadedData, engine: Engine, config: SearchConfig):
         self.exps, self.engine, self.cfg = data.experiments, engine, config
         self.goal = config.goal()
-        self.folds = make_folds(config.cv, self.exps) if config.cv != "none" else None  # the data must allow them
+        # the data must allow them
+        self.folds = make_folds(config.cv, self.exps, config.fold_groups()) if config.cv != "none" else None
         quick = quick_config(0, self.exps, config.fit_method)
         self.quick = dataclasses.replace(
             quick,

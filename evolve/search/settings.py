@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stepml_evolve.archive.records import RunRecord
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.crossval import PROTOCOLS
+from stepml_evolve.evaluator.crossval import GROUPS, GROUPS_PREFIX, PROTOCOLS
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
 from stepml_evolve.evaluator.errors import UserError
@@ -34,6 +34,7 @@ from stepml_evolve.evaluator.prompt_reuse import (
 from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
 
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
+# and groups:FILE, which a run stores as GROUPS with the file's folds (cv_groups)
 FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
 LINEAR_MODES = ("sample", "solve")  # --linear: how a fit's surrogate step finds the constants a program is affine in
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
@@ -82,12 +83,15 @@ class SearchConfig:
     # closed-loop evaluations of each fold's fit, warm-started from the fit on every experiment
     # (0: independent folds from the child's screening constants, each with the full-fit budget)
     cv_fit_evals: int = 3
+    # cv GROUPS: (fold name, the experiment names it holds out) of the --cv groups:FILE given
+    cv_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
 
     def __post_init__(self):
+        if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
+            raise SearchError(f"--cv must be one of {', '.join(CV_MODES)} or {GROUPS_PREFIX}FILE, not {self.cv!r}")
         for name, modes in (
             ("units", UNITS_MODES),
-            ("cv", CV_MODES),
             ("front_cv", FRONT_CV_MODES),
             ("linear", LINEAR_MODES),
         ):
@@ -96,6 +100,10 @@ class SearchConfig:
 
     def goal(self) -> Objective:
         return Objective(self.objective, self.weights)
+
+    def fold_groups(self) -> dict[str, list[str]]:
+        """The stored groups of --cv groups:FILE, as crossval takes them."""
+        return {fold: list(names) for fold, names in self.cv_groups}
 
 
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
@@ -107,6 +115,7 @@ LEGACY_SETTINGS = {
     "units": "off",
     "cv": "none",
     "cv_fit_evals": 0,
+    "cv_groups": [],
     "full_fit_candidates": 3,
     "full_fit_surrogate": None,
     "quick_surrogate": None,

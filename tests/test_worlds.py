@@ -23,6 +23,7 @@ from stepml_evolve.evaluator.worlds import (
     configurations,
     generate_world,
     load_world,
+    make_inner_splits,
     make_splits,
     world_names,
 )
@@ -118,6 +119,34 @@ def test_every_split_extrapolates(size):
             assert all(not c.trained_knobs for c in out)
 
 
+@pytest.mark.parametrize("size", ["small", "full"])
+def test_inner_splits_extrapolate_the_same_way_inside_the_train_configurations(size):
+    """What `bench --worlds --select inner` selects by: inside a split's train configurations,
+    a trained GPU held out, the largest trained model(s), the trained knob range's ends."""
+    configs = configurations(size)
+    held = {name: set(*folds.values()) for name, folds in make_splits(configs).items()}
+    by_name = {c.name: c for c in configs}
+    for split, folds in make_inner_splits(configs).items():
+        trained = [c for c in configs if c.name not in held[split]]
+        for names in folds.values():
+            out = [by_name[n] for n in names]
+            assert out and len(out) < len(trained) and not set(names) & held[split]
+        if split == "by-gpu":
+            assert set(folds) == {c.hardware for c in trained} == {"H100", "A100-80GB"}
+            assert all({by_name[n].hardware for n in names} == {gpu} for gpu, names in folds.items())
+        elif split == "by-size":
+            (names,) = folds.values()
+            assert min(by_name[n].parameters for n in names) == max(c.parameters for c in trained)
+        else:
+            (names,) = folds.values()
+            inside = [c for c in trained if c.name not in names]
+            assert inside and all(c.trained_knobs for c in trained)
+            tokens = [c.max_num_batched_tokens for c in inside]
+            seqs = [c.max_num_seqs for c in inside]
+            assert TRAINED_TOKENS[0] < min(tokens) and max(tokens) < TRAINED_TOKENS[1]
+            assert TRAINED_SEQS[0] < min(seqs) and max(seqs) < TRAINED_SEQS[1]
+
+
 def test_a_grid_without_a_configuration_in_a_split_is_refused_naming_the_split():
     only_h100 = [c for c in configurations("small") if c.hardware == "H100"]
     with pytest.raises(WorldError, match="split by-gpu: the grid holds out no configuration"):
@@ -141,9 +170,9 @@ def test_data_synth_world_writes_experiments_the_law_explains_and_split_files_cv
     res = cli("data", "synth", "--world", "prompt_hashing", "--out", out, "--size", "small", "--seed", "2")
     assert res.exit_code == 0, res.output
     assert "split by-gpu: evolve cv" in res.output
-    assert sorted(p.name for p in out.glob("split-*.yaml")) == [
-        f"split-{s.name}.yaml" for s in sorted(SPLITS, key=lambda s: s.name)
-    ]
+    assert sorted(p.name for p in out.glob("split-*.yaml")) == sorted(
+        f"split-{s.name}{inner}.yaml" for s in SPLITS for inner in ("", ".inner")
+    )
     assert json.loads((out / "world.json").read_text())["world"] == "prompt_hashing"
     loaded = load_data(out)
     assert not loaded.errors and len(loaded.experiments) == len(configurations("small"))
@@ -227,4 +256,6 @@ def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(tmp_path):
 def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):
     res = cli("bench", "--worlds", "--world", "nope", "--out", tmp_path / "b")
     assert res.exit_code == 2 and "unknown world 'nope'" in res.output
+    res = cli("bench", "--worlds", "--quick", "--select", "best", "--out", tmp_path / "b")
+    assert res.exit_code == 2 and "--select must be one of validation, inner, not 'best'" in res.output
     assert not (tmp_path / "b").exists()

@@ -8,7 +8,7 @@ worlds` lists them. The laws are data the search never reads.
 from .generate import generate_world, write_world
 from .grid import GRID_SIZES, Configuration, configurations
 from .laws import World, WorldError, load_world, world_names
-from .splits import SPLITS, make_splits
+from .splits import SPLITS, make_inner_splits, make_splits
 from .workloads import WORKLOADS
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "configurations",
     "generate_world",
     "load_world",
+    "make_inner_splits",
     "make_splits",
     "world_names",
     "write_world",

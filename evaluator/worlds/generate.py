@@ -24,7 +24,7 @@ from ..replay import FINISHED, replay
 from ..replay_files import GeneratedExperiment, write_experiment
 from .grid import GRID_SIZES, Configuration, configurations
 from .laws import World, WorldError
-from .splits import make_splits
+from .splits import make_inner_splits, make_splits
 from .workloads import WORKLOADS
 
 GENERATOR_VERSION = 1
@@ -113,6 +113,7 @@ def write_world(world: World, out_dir: Path, seed: int, size: str) -> tuple[list
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     splits = make_splits(configurations(size))
+    inner = make_inner_splits(configurations(size))
     experiments = generate_world(world, seed, size)
     out_dir.mkdir(exist_ok=True)
     dirs = [write_experiment(out_dir, g) for g in experiments]
@@ -120,6 +121,7 @@ def write_world(world: World, out_dir: Path, seed: int, size: str) -> tuple[list
     for name, folds in splits.items():
         files[name] = out_dir / f"split-{name}.yaml"
         files[name].write_text(yaml.safe_dump(folds, sort_keys=False))
+        (out_dir / f"split-{name}.inner.yaml").write_text(yaml.safe_dump(inner[name], sort_keys=False))
     meta = {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION, "experiments": len(dirs)}
     (out_dir / "world.json").write_text(json.dumps(meta, indent=1) + "\n")
     return dirs, files

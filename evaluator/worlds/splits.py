@@ -19,15 +19,27 @@ class Split:
     fold: str  # the held-out fold's name
     held_out: Callable[[Configuration], bool]
     description: str
+    # the same kind of extrapolation inside the split's train configurations, for a search that
+    # selects by it (--cv groups:split-<name>.inner.yaml): fold name -> held out, given them all
+    inner: Callable[[list[Configuration]], dict[str, list[str]]] = lambda trained: {}
 
 
 SPLITS = (
-    Split("by-gpu", "L40S", lambda c: c.hardware == "L40S", "train on H100 and A100, predict L40S (PCIe, GDDR6)"),
+    Split(
+        "by-gpu",
+        "L40S",
+        lambda c: c.hardware == "L40S",
+        "train on H100 and A100, predict L40S (PCIe, GDDR6)",
+        lambda trained: _by(trained, lambda c: c.hardware),  # leave one trained GPU out
+    ),
     Split(
         "by-size",
         "over-20b",
         lambda c: c.parameters > LARGE_MODEL_PARAMETERS,
         "train on models up to 20B parameters, predict the larger ones",
+        lambda trained: {  # the largest trained model(s) out
+            "largest-trained": [c.name for c in trained if c.parameters == max(t.parameters for t in trained)]
+        },
     ),
     Split(
         "by-knobs",
@@ -35,8 +47,20 @@ SPLITS = (
         lambda c: not c.trained_knobs,
         f"train on max_num_batched_tokens {TRAINED_TOKENS[0]}-{TRAINED_TOKENS[1]} and max_num_seqs "
         f"{TRAINED_SEQS[0]}-{TRAINED_SEQS[1]}, predict settings outside both",
+        lambda trained: {"edge-knobs": [c.name for c in trained if _at_edge(c)]},  # the trained range's ends out
     ),
 )
+
+
+def _by(configs: list[Configuration], key: Callable[[Configuration], str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for c in configs:
+        out.setdefault(key(c), []).append(c.name)
+    return out
+
+
+def _at_edge(c: Configuration) -> bool:
+    return c.max_num_batched_tokens in TRAINED_TOKENS or c.max_num_seqs in TRAINED_SEQS
 
 
 def make_splits(configs: list[Configuration]) -> dict[str, dict[str, list[str]]]:
@@ -49,4 +73,19 @@ def make_splits(configs: list[Configuration]) -> dict[str, dict[str, list[str]]]
             what = "no configuration" if not held else "every configuration"
             raise WorldError(f"split {s.name}: the grid holds out {what} ({s.description}); use a larger grid")
         out[s.name] = {s.fold: held}
+    return out
+
+
+def make_inner_splits(configs: list[Configuration]) -> dict[str, dict[str, list[str]]]:
+    """split name -> the folds of the same extrapolation inside its train configurations (see
+    Split.inner); WorldError when a fold would hold out nothing or every one of them."""
+    out = {}
+    for s in SPLITS:
+        trained = [c for c in configs if not s.held_out(c)]
+        folds = s.inner(trained)
+        for fold, held in folds.items():
+            if not held or len(held) == len(trained):
+                what = "no configuration" if not held else "every configuration"
+                raise WorldError(f"split {s.name}: its inner fold {fold} holds out {what}; use a larger grid")
+        out[s.name] = folds
     return out

@@ -844,6 +844,13 @@ def bench_cmd(
     llm_base_url: str | None = typer.Option(
         None, "--llm-base-url", help="With --worlds: its OpenAI-compatible server URL."
     ),
+    select: str = typer.Option(
+        "validation",
+        "--select",
+        help="With --worlds: how each search picks its winner: validation (emit-go best of a default "
+        "run) or inner (the search runs --cv groups:split-NAME.inner.yaml, the split's kind of "
+        "extrapolation inside its train configurations, and the lowest such CV loss wins).",
+    ),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",
@@ -859,6 +866,7 @@ def bench_cmd(
             size=world_size,
             generations=generations,
             seed=seed,
+            selection=select,
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
             say=say,

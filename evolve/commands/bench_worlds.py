@@ -39,6 +39,7 @@ RECOVERY_FACTOR = 1.5
 QUICK_WORLDS = ("launch_bound", "cuda_graph_buckets")
 QUICK_GENERATIONS = 2
 QUICK_SPLITS = ("by-gpu",)
+SELECTIONS = ("validation", "inner")  # how a search picks its winner (see bench_world)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class SplitResult:
     law: HeldOut
     generations: int
     winner_origin: str = ""  # "seed NAME" when the search kept a seed, else the operator that made it
+    selection: str = SELECTIONS[0]
 
     @property
     def best_seed(self) -> HeldOut:
@@ -111,10 +113,14 @@ def bench_world(
     seed: int,
     splits=None,
     front_cv: str = SearchConfig.front_cv,
+    selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
     say: Say = quiet,
 ) -> list[SplitResult]:
+    """selection "validation": the winner is `emit-go best` of a run with `front_cv`; "inner": the
+    search runs `--cv groups:split-<name>.inner.yaml` (the split's kind of extrapolation inside
+    its train configurations) without a front CV, so the winner is the lowest such CV loss."""
     world = load_world(name)
     data_dir = workdir / world.name / "data"
     say(f"world {world.name}: generating its {size} grid into {data_dir}")
@@ -140,6 +146,9 @@ def bench_world(
             train = _train_view(data_dir, held, workdir / world.name / f"{split.name}-train", loaded)
             archive_dir = workdir / world.name / f"{split.name}-archive"
             config = SearchConfig(generations=generations, seed=seed, front_cv=front_cv)
+            if selection == "inner":
+                inner = data_dir / f"split-{split.name}.inner.yaml"
+                config = SearchConfig(generations=generations, seed=seed, cv=f"{GROUPS_PREFIX}{inner}", front_cv="none")
             run_search(config, EvaluationSetup(data=train), archive_dir, llm=llm, engine=engine)
             archive = Archive.open(archive_dir)
             try:
@@ -150,7 +159,9 @@ def bench_world(
             say(f"  {world.name} {split.name}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
             origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
             results.append(
-                SplitResult(world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin)
+                SplitResult(
+                    world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin, selection
+                )
             )
     return results
 
@@ -163,6 +174,7 @@ def bench_worlds(
     size: str | None = None,
     generations: int | None = None,
     seed: int = 0,
+    selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
     say: Say = quiet,
@@ -172,6 +184,8 @@ def bench_worlds(
     its data, split files, and one search archive per split."""
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))
     check_engine(engine, llm)
+    if selection not in SELECTIONS:
+        raise UserError(f"--select must be one of {', '.join(SELECTIONS)}, not {selection!r}")
     for n in names:
         load_world(n)  # an unknown name or a bad law fails before anything is written
     check_output_dir(out_dir)
@@ -187,6 +201,7 @@ def bench_worlds(
             seed=seed,
             splits=QUICK_SPLITS if quick else None,
             front_cv="none" if quick else SearchConfig.front_cv,
+            selection=selection,
             engine=engine,
             llm=llm,
             say=say,

@@ -24,7 +24,7 @@ from ..replay import FINISHED, replay
 from ..replay_files import GeneratedExperiment, write_experiment
 from .grid import GRID_SIZES, Configuration, configurations
 from .laws import World, WorldError
-from .splits import make_inner_splits, make_splits
+from .splits import make_inner_splits, make_splits, split_file
 from .workloads import WORKLOADS
 
 GENERATOR_VERSION = 1
@@ -112,16 +112,16 @@ def write_world(world: World, out_dir: Path, seed: int, size: str) -> tuple[list
     split (split-<name>.yaml). Nothing is written when any check or replay fails."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    splits = make_splits(configurations(size))
-    inner = make_inner_splits(configurations(size))
+    configs = configurations(size)
+    splits, inner = make_splits(configs), make_inner_splits(configs)
     experiments = generate_world(world, seed, size)
     out_dir.mkdir(exist_ok=True)
     dirs = [write_experiment(out_dir, g) for g in experiments]
     files = {}
     for name, folds in splits.items():
-        files[name] = out_dir / f"split-{name}.yaml"
+        files[name] = split_file(out_dir, name)
         files[name].write_text(yaml.safe_dump(folds, sort_keys=False))
-        (out_dir / f"split-{name}.inner.yaml").write_text(yaml.safe_dump(inner[name], sort_keys=False))
+        split_file(out_dir, name, inner=True).write_text(yaml.safe_dump(inner[name], sort_keys=False))
     meta = {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION, "experiments": len(dirs)}
     (out_dir / "world.json").write_text(json.dumps(meta, indent=1) + "\n")
     return dirs, files

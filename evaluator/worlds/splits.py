@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .grid import TRAINED_SEQS, TRAINED_TOKENS, Configuration
 from .laws import WorldError
@@ -63,15 +64,26 @@ def _at_edge(c: Configuration) -> bool:
     return c.max_num_batched_tokens in TRAINED_TOKENS or c.max_num_seqs in TRAINED_SEQS
 
 
+def split_file(directory: Path, split: str, inner: bool = False) -> Path:
+    """Where a world's groups file for `split` is (its inner twin with `inner`)."""
+    return directory / f"split-{split}{'.inner' if inner else ''}.yaml"
+
+
+def _check_fold(held: list[str], among: list[Configuration], what: str, why: str = "") -> None:
+    """A fold must hold out something and leave something: else a WorldError saying `what` did."""
+    if not held or len(held) == len(among):
+        raise WorldError(
+            f"{what} holds out {'no configuration' if not held else 'every configuration'}{why}; use a larger grid"
+        )
+
+
 def make_splits(configs: list[Configuration]) -> dict[str, dict[str, list[str]]]:
     """split name -> {fold: held-out experiment names}; WorldError when a split would hold out
     nothing or everything (a grid too small to test it)."""
     out = {}
     for s in SPLITS:
         held = [c.name for c in configs if s.held_out(c)]
-        if not held or len(held) == len(configs):
-            what = "no configuration" if not held else "every configuration"
-            raise WorldError(f"split {s.name}: the grid holds out {what} ({s.description}); use a larger grid")
+        _check_fold(held, configs, f"split {s.name}: the grid", f" ({s.description})")
         out[s.name] = {s.fold: held}
     return out
 
@@ -84,8 +96,6 @@ def make_inner_splits(configs: list[Configuration]) -> dict[str, dict[str, list[
         trained = [c for c in configs if not s.held_out(c)]
         folds = s.inner(trained)
         for fold, held in folds.items():
-            if not held or len(held) == len(trained):
-                what = "no configuration" if not held else "every configuration"
-                raise WorldError(f"split {s.name}: its inner fold {fold} holds out {what}; use a larger grid")
+            _check_fold(held, trained, f"split {s.name}: its inner fold {fold}")
         out[s.name] = folds
     return out

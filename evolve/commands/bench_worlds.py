@@ -29,6 +29,7 @@ from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evaluator.objectives import DEFAULT
 from stepml_evolve.evaluator.outputs import check_output_dir
 from stepml_evolve.evaluator.worlds import SPLITS, load_world, world_names, write_world
+from stepml_evolve.evaluator.worlds.splits import split_file
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
 
@@ -145,10 +146,13 @@ def bench_world(
                 say(f"  {world.name} {split.name}: {s.program} held-out loss {s.loss:.2f}")
             train = _train_view(data_dir, held, workdir / world.name / f"{split.name}-train", loaded)
             archive_dir = workdir / world.name / f"{split.name}-archive"
-            config = SearchConfig(generations=generations, seed=seed, front_cv=front_cv)
-            if selection == "inner":
-                inner = data_dir / f"split-{split.name}.inner.yaml"
-                config = SearchConfig(generations=generations, seed=seed, cv=f"{GROUPS_PREFIX}{inner}", front_cv="none")
+            inner = selection == "inner"
+            config = SearchConfig(
+                generations=generations,
+                seed=seed,
+                cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
+                front_cv="none" if inner else front_cv,
+            )
             run_search(config, EvaluationSetup(data=train), archive_dir, llm=llm, engine=engine)
             archive = Archive.open(archive_dir)
             try:

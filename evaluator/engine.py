@@ -19,7 +19,7 @@ from .experiments import SPLITS, Experiment
 from .metrics import MetricRow, failed_row, split_horizon, split_metrics
 from .objectives import DEFAULT, Objective
 from .replay import DEFAULT_SEMANTICS, SEMANTICS, replay
-from .surrogate import TrajectoryModel, VectorProgram, record
+from .surrogate import PendingModel, VectorProgram, record_pending
 
 
 def default_workers() -> int:
@@ -140,9 +140,9 @@ class Engine:
         constants: np.ndarray,
         experiments: list[Experiment],
         split: str = "train",
-    ) -> list[tuple[MetricRow, TrajectoryModel | None]]:
+    ) -> list[tuple[MetricRow, PendingModel | None]]:
         """Closed-loop replay of each experiment at `constants`, keeping what the trajectory
-        surrogate needs (see surrogate.py)."""
+        surrogate needs (see surrogate.py; each model is built when the fit asks for it)."""
         return self.executor.map(
-            record, [(e, (compiled, vector, constants, split, self.semantics)) for e in experiments]
+            record_pending, [(e, (compiled, vector, constants, split, self.semantics)) for e in experiments]
         )

@@ -57,9 +57,9 @@ from .linear_solve import LinearSolve, solvable
 from .metrics import MetricRow
 from .objectives import DEFAULT, Objective
 from .seeding import cma_seed
-from .surrogate import SurrogateSet, TrajectoryModel, VectorProgram, learn_gain, shift_us
+from .surrogate import PendingModel, SurrogateSet, TrajectoryModel, VectorProgram, learn_gain, shift_us
 
-Recording = tuple[MetricRow, "TrajectoryModel | None"]  # one experiment's closed loop at some constants
+Recording = tuple[MetricRow, "TrajectoryModel | PendingModel | None"]  # one experiment's closed loop at some constants
 
 FAILED_LOSS = 1e5  # loss given to constants whose replay fails (a duration NaN, non-positive or over replay.MAX_US)
 FAILED_REASON = "step_time was non-finite, non-positive or over 1e15 us for every constant vector tried"
@@ -358,6 +358,7 @@ class _GroupFit:
         evals, it = 1, 0
         if self.cfg.method == "trust-region":  # the start's closed loop, replayed unless known
             best_loss, models, rows = self.judged(known) if known is not None else self.judge(x0, gexps)
+            models = _built(models)
             evals = 0 if known is not None else 1
         else:
             best_loss, models = self.losses([x0], gexps)[0], None
@@ -475,7 +476,7 @@ class _GroupFit:
             if fy < fx:
                 stalled = stalled + cfg.candidates if fx - fy < cfg.tolfun else 0
                 x, fx, rows = best_y, fy, rows_y
-                models = models_y if models_y is not None else models
+                models = _built(models_y) if models_y is not None else models
             else:
                 stalled += cfg.candidates
             if ratio >= 0.75 and step >= 0.5 * rho:
@@ -586,6 +587,11 @@ RHO_MIN = 0.01
 RHO_MAX = 1.0
 GROW = 2.0
 SHRINK = 0.5
+
+
+def _built(models: list | None) -> list[TrajectoryModel] | None:
+    """The trust region's incumbent models, built (a judged point's are built only if accepted)."""
+    return None if models is None else [m.model() if isinstance(m, PendingModel) else m for m in models]
 
 
 def _copies(known: list[Recording]) -> list[Recording]:

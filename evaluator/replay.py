@@ -75,21 +75,30 @@ def _record_slot(traj, row, step, tok, context, is_prefill, r):
 
 
 @njit(cache=True, nogil=True)
-def _extend_run(runs, n_runs, last_step, open_run, r, step):
-    """Request r is scheduled in `step`: extend its run of consecutive steps, or open a new one
-    (request, first step, last step). The new count of runs; -1 when `runs` is full."""
-    if last_step[r] == step - 1:
-        runs[open_run[r], 2] = step
-    else:
-        if n_runs >= runs.shape[0]:
-            return -1
-        runs[n_runs, 0] = r
-        runs[n_runs, 1] = step
-        runs[n_runs, 2] = step
-        open_run[r] = n_runs
-        n_runs += 1
-    last_step[r] = step
-    return n_runs
+def _open_run(runs, n_runs, open_run, r, step):
+    """Request r, with no open run, is scheduled in `step`: open a run of consecutive steps
+    (request, first step, last step). The new count of runs; -1 when `runs` is full.
+
+    A run stays open while r is scheduled in every step, and is closed (`_close_run`) where r
+    misses one (skipped, preempted) or leaves the batch. The replay counts the running requests
+    without an open run (admitted with nothing to compute, or skipped), and looks a scheduled
+    request's run up only while there are any: the hot loop does no work per request for it."""
+    if n_runs >= runs.shape[0]:
+        return -1
+    runs[n_runs, 0] = r
+    runs[n_runs, 1] = step
+    open_run[r] = n_runs
+    return n_runs + 1
+
+
+@njit(cache=True, nogil=True)
+def _close_run(runs, open_run, r, last):
+    """r's open run ends at step `last`, the last it was scheduled in: 1 if it had one, else 0."""
+    if open_run[r] < 0:
+        return 0
+    runs[open_run[r], 2] = last
+    open_run[r] = -1
+    return 1
 
 
 @njit(cache=True, nogil=True)
@@ -410,8 +419,8 @@ def _simulate(
     steps = 0
     n_rec = 0
     n_runs = 0
-    last_step = np.full(n if record else 0, -2, np.int64)  # the last step each request was scheduled in
-    open_run = np.zeros(n if record else 0, np.int64)  # its run of steps then (index into runs)
+    open_run = np.full(n if record else 0, -1, np.int64)  # each request's open run of steps (index into runs; -1: none)
+    unopened = 0  # running requests without an open run (see _open_run)
 
     while pending > 0:
         while nxt_arrival < n and arrival[order[nxt_arrival]] <= clock:
@@ -442,6 +451,8 @@ def _simulate(
                 r = running[i]
                 if deadline[r] <= clock:
                     state[r] = TIMED_OUT
+                    if record:
+                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -490,6 +501,8 @@ def _simulate(
             while need > head_tail[2]:
                 victim = running[n_running - 1]
                 n_running -= 1
+                if record:
+                    unopened -= 1 - _close_run(runs, open_run, victim, steps - 1)
                 _release(victim, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                 progress[victim] = 0
                 generated[victim] = 0
@@ -543,16 +556,21 @@ def _simulate(
                 dc_ctx += c
             if c > ctx_max:
                 ctx_max = c
-            if record:
-                n_runs = _extend_run(runs, n_runs, last_step, open_run, r, steps)
-                if n_runs < 0 or (rows and n_rec >= traj.shape[0]):
+            if record and unopened > 0 and open_run[r] < 0:
+                n_runs = _open_run(runs, n_runs, open_run, r, steps)
+                unopened -= 1
+                if n_runs < 0:
                     return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
-                if rows:
-                    _record_slot(traj, n_rec, steps, tok, progress[r], progress[r] < inputs[r], r)
-                    n_rec += 1
+            if rows:
+                if n_rec >= traj.shape[0]:
+                    return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
+                _record_slot(traj, n_rec, steps, tok, progress[r], progress[r] < inputs[r], r)
+                n_rec += 1
             i += 1
-        for j in range(i, n_running):
+        for j in range(i, n_running):  # skipped this step (the budget ran out)
             sched[j] = 0
+            if record:
+                unopened += _close_run(runs, open_run, running[j], steps - 1)
 
         # 3. admission from the waiting queue, only when nothing was preempted
         if not preempted:
@@ -612,6 +630,7 @@ def _simulate(
                 if deadline[r] < min_deadline:
                     min_deadline = deadline[r]
                 if tok == 0:
+                    unopened += 1
                     continue
                 # BLIS passes the admitted request with its progress index still 0: no context
                 c = 0.0 if blis else float(start)
@@ -622,7 +641,7 @@ def _simulate(
                 if c > ctx_max:
                     ctx_max = c
                 if record:
-                    n_runs = _extend_run(runs, n_runs, last_step, open_run, r, steps)
+                    n_runs = _open_run(runs, n_runs, open_run, r, steps)
                     if n_runs < 0 or (rows and n_rec >= traj.shape[0]):
                         return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
                     if rows:
@@ -675,6 +694,8 @@ def _simulate(
                 gave_up = clock > deadline[r]
                 if gave_up and not blis:
                     state[r] = TIMED_OUT
+                    if record:
+                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -692,6 +713,8 @@ def _simulate(
                 if generated[r] >= outputs[r]:
                     e2e[r] = acc[r] + post_decode
                     state[r] = FINISHED
+                    if record:
+                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
                     if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
                         _allocate(
                             r,
@@ -721,6 +744,8 @@ def _simulate(
                     continue
                 if gave_up:
                     state[r] = TIMED_OUT
+                    if record:
+                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -728,6 +753,9 @@ def _simulate(
             running[m] = r
             m += 1
         n_running = m
+    for r in range(open_run.shape[0]):  # runs still open were scheduled up to the last step
+        if open_run[r] >= 0:
+            _close_run(runs, open_run, r, steps - 1)
     diag[4] = n_runs  # runs of consecutive steps recorded
     return OK, steps, clock, n_rec, ttft, e2e, state, preempts
 
@@ -838,6 +866,7 @@ def replay(
         raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
     n = exp.n_requests
     horizon = n if horizon is None else int(min(max(horizon, 0), n))
+    rows = rows and record  # rows are part of a recording
     consts = np.ascontiguousarray(constants, dtype=np.float64)
     if consts.shape != (len(program.constant_names),):
         raise ValueError(f"expected {len(program.constant_names)} constants, got shape {consts.shape}")

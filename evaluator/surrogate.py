@@ -135,12 +135,51 @@ def record(
 ) -> tuple[MetricRow, TrajectoryModel | None]:
     """Closed-loop replay of `exp` on `split` with the trajectory kept: its metric row (what
     the closed loop judges) and the model to re-time it (None if the replay failed)."""
+    row, pending = record_pending(exp, compiled, vector, constants, split, semantics)
+    return row, None if pending is None else pending.model()
+
+
+class PendingModel:
+    """A recording's TrajectoryModel, built when first asked for (`model()`). A fit judges more
+    points than it accepts, and a rejected point needs only its closed-loop means (`recorded_us`)
+    and the gain learned from it: building the model (step classes, weights) for every judged
+    point cost a quarter of a search's replay time (docs/results.md)."""
+
+    def __init__(self, exp, res, row, vector, constants, split):
+        self._args = (exp, res, row, vector, constants, split)
+        self.n_ok = int((exp.split_mask(split) & ~exp.failed).sum())
+        self.recorded_us = np.array([row.predicted.e2e_mean_s, row.predicted.ttft_mean_s]) * 1e6
+        self.gain = np.ones(2)  # see learn_gain; the model takes it when built
+        self._model: TrajectoryModel | None = None
+
+    def model(self) -> TrajectoryModel:
+        if self._model is None:
+            self._model = _build_model(*self._args)
+            self._args = None  # the replay's trajectory is no longer needed
+        self._model.gain = self.gain
+        return self._model
+
+
+def record_pending(
+    exp: Experiment,
+    compiled: CompiledProgram,
+    vector: VectorProgram,
+    constants: np.ndarray,
+    split: str = "train",
+    semantics: str = DEFAULT_SEMANTICS,
+) -> tuple[MetricRow, PendingModel | None]:
+    """`record` with the model built only when asked for (None if the replay failed)."""
     res = replay(
         exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics, rows=False
     )
     if not res.ok:
         return failed_row(exp, split, res.failure()), None
     row = split_metrics(exp, res, split)
+    return row, PendingModel(exp, res, row, vector, constants, split)
+
+
+def _build_model(exp, res, row, vector, constants, split) -> TrajectoryModel:
+    """The model of `record` from its replay (`res`, with the trajectory) and metric row."""
     t = res.trajectory
     n_steps = t.n_steps
     comps = np.array(component_values(*t.totals.T, experiment_coefficients(exp)), dtype=np.float64)
@@ -163,7 +202,7 @@ def record(
             np.zeros((len(REQUEST_ROWS), 0)), np.zeros((2, 0)), vector
         )
     if n_ok == 0 or n_steps == 0:  # nothing to re-time (no step ran: every request gave up queueing)
-        return row, model
+        return model
 
     start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
     end = start + dt
@@ -212,7 +251,7 @@ def record(
     model.linear0 = linear(model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0])[
         0
     ]
-    return row, model
+    return model
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

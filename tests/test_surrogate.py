@@ -9,7 +9,7 @@ from conftest import needs_real_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FitConfig, fit
-from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record, retime
+from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record, record_pending, retime
 from stepml_evolve.seeds import seed_path, seed_paths
 
 QUEUE_BY_REQUEST = """
@@ -248,3 +248,21 @@ def test_a_replay_in_which_no_step_ran_records_an_empty_model_not_a_traceback():
     row, model = record(exp, compile_program(program), VectorProgram.of(program), np.array([1.0e12]), "all")
     assert model is not None and model.weight.shape == (2, 0)
     assert row.n_requests >= 0
+
+
+def test_a_pending_model_is_the_recorded_model_built_on_demand_with_the_gain_it_was_given(synthetic):
+    # the trust region builds a judged point's model only if it accepts the point; until then the
+    # point offers its closed-loop means and takes the gain learned from it
+    program = parse_program(QUEUE_BY_REQUEST)
+    compiled, vector, c0 = compile_program(program), VectorProgram.of(program), _vector(program)
+    exp = synthetic.experiments[0]
+    row, eager = record(exp, compiled, vector, c0)
+    row_p, pending = record_pending(exp, compiled, vector, c0)
+    assert row_p == row and pending.n_ok == eager.n_ok
+    assert np.array_equal(pending.recorded_us, eager.recorded_us)
+    pending.gain = np.array([1.5, 2.0])
+    built = pending.model()
+    assert built is pending.model() and np.array_equal(built.gain, [1.5, 2.0])
+    for name in ("weight", "queued_count", "out_tok_count", "linear0", "request_weight"):
+        assert np.array_equal(getattr(built, name), getattr(eager, name)), name
+    assert all(np.array_equal(built.components[k], eager.components[k]) for k in eager.components)

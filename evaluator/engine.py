@@ -19,7 +19,7 @@ from .experiments import SPLITS, Experiment
 from .metrics import MetricRow, failed_row, split_horizon, split_metrics
 from .objectives import DEFAULT, Objective
 from .replay import DEFAULT_SEMANTICS, SEMANTICS, replay
-from .surrogate import PendingModel, VectorProgram, record_pending
+from .surrogate import PendingModel, VectorProgram, record
 
 
 def default_workers() -> int:
@@ -144,5 +144,5 @@ class Engine:
         """Closed-loop replay of each experiment at `constants`, keeping what the trajectory
         surrogate needs (see surrogate.py; each model is built when the fit asks for it)."""
         return self.executor.map(
-            record_pending, [(e, (compiled, vector, constants, split, self.semantics)) for e in experiments]
+            record, [(e, (compiled, vector, constants, split, self.semantics, True)) for e in experiments]
         )

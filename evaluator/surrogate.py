@@ -132,18 +132,26 @@ def record(
     constants: np.ndarray,
     split: str = "train",
     semantics: str = DEFAULT_SEMANTICS,
-) -> tuple[MetricRow, TrajectoryModel | None]:
+    pending: bool = False,
+) -> tuple[MetricRow, TrajectoryModel | PendingModel | None]:
     """Closed-loop replay of `exp` on `split` with the trajectory kept: its metric row (what
-    the closed loop judges) and the model to re-time it (None if the replay failed)."""
-    row, pending = record_pending(exp, compiled, vector, constants, split, semantics)
-    return row, None if pending is None else pending.model()
+    the closed loop judges) and the model to re-time it (None if the replay failed; pending:
+    a PendingModel, built when asked for)."""
+    res = replay(
+        exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics, rows=False
+    )
+    if not res.ok:
+        return failed_row(exp, split, res.failure()), None
+    row = split_metrics(exp, res, split)
+    model = PendingModel(exp, res, row, vector, constants, split)
+    return row, model if pending else model.model()
 
 
 class PendingModel:
     """A recording's TrajectoryModel, built when first asked for (`model()`). A fit judges more
     points than it accepts, and a rejected point needs only its closed-loop means (`recorded_us`)
     and the gain learned from it: building the model (step classes, weights) for every judged
-    point cost a quarter of a search's replay time (docs/results.md)."""
+    point took 45 of the 301 CPU seconds of four generations on the real data (docs/results.md)."""
 
     def __init__(self, exp, res, row, vector, constants, split):
         self._args = (exp, res, row, vector, constants, split)
@@ -158,24 +166,6 @@ class PendingModel:
             self._args = None  # the replay's trajectory is no longer needed
         self._model.gain = self.gain
         return self._model
-
-
-def record_pending(
-    exp: Experiment,
-    compiled: CompiledProgram,
-    vector: VectorProgram,
-    constants: np.ndarray,
-    split: str = "train",
-    semantics: str = DEFAULT_SEMANTICS,
-) -> tuple[MetricRow, PendingModel | None]:
-    """`record` with the model built only when asked for (None if the replay failed)."""
-    res = replay(
-        exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics, rows=False
-    )
-    if not res.ok:
-        return failed_row(exp, split, res.failure()), None
-    row = split_metrics(exp, res, split)
-    return row, PendingModel(exp, res, row, vector, constants, split)
 
 
 def _build_model(exp, res, row, vector, constants, split) -> TrajectoryModel:

@@ -9,7 +9,7 @@ from conftest import needs_real_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FitConfig, fit
-from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record, record_pending, retime
+from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record, retime
 from stepml_evolve.seeds import seed_path, seed_paths
 
 QUEUE_BY_REQUEST = """
@@ -257,7 +257,7 @@ def test_a_pending_model_is_the_recorded_model_built_on_demand_with_the_gain_it_
     compiled, vector, c0 = compile_program(program), VectorProgram.of(program), _vector(program)
     exp = synthetic.experiments[0]
     row, eager = record(exp, compiled, vector, c0)
-    row_p, pending = record_pending(exp, compiled, vector, c0)
+    row_p, pending = record(exp, compiled, vector, c0, pending=True)
     assert row_p == row and pending.n_ok == eager.n_ok
     assert np.array_equal(pending.recorded_us, eager.recorded_us)
     pending.gain = np.array([1.5, 2.0])

@@ -41,7 +41,7 @@ def _timed(owner, name: str, label: str) -> None:
 
 
 _timed(surrogate, "replay", "closed-loop replay inside record")
-_timed(engine, "record_pending", "record (replay, metric row)")
+_timed(engine, "record", "record (replay, metric row)")
 _timed(surrogate, "_build_model", "trajectory models built (accepted points)")
 _timed(engine, "_replay_rows", "scoring replays (every split)")
 _timed(engine, "_replay_row", "population replays (plain)")

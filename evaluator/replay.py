@@ -102,6 +102,16 @@ def _close_run(runs, open_run, r, last):
 
 
 @njit(cache=True, nogil=True)
+def _leave(runs, open_run, r, last, unopened):
+    """Running request r leaves the batch (finished, timed out, preempted) after step `last`: its
+    run closed, and the new count of running requests without an open run (unchanged when not
+    recording)."""
+    if open_run.shape[0] == 0:
+        return unopened
+    return unopened - 1 + _close_run(runs, open_run, r, last)
+
+
+@njit(cache=True, nogil=True)
 def _ceil_div(a, b):
     return (a + b - 1) // b
 
@@ -451,8 +461,7 @@ def _simulate(
                 r = running[i]
                 if deadline[r] <= clock:
                     state[r] = TIMED_OUT
-                    if record:
-                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
+                    unopened = _leave(runs, open_run, r, steps - 1, unopened)
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -501,8 +510,7 @@ def _simulate(
             while need > head_tail[2]:
                 victim = running[n_running - 1]
                 n_running -= 1
-                if record:
-                    unopened -= 1 - _close_run(runs, open_run, victim, steps - 1)
+                unopened = _leave(runs, open_run, victim, steps - 1, unopened)
                 _release(victim, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                 progress[victim] = 0
                 generated[victim] = 0
@@ -694,8 +702,7 @@ def _simulate(
                 gave_up = clock > deadline[r]
                 if gave_up and not blis:
                     state[r] = TIMED_OUT
-                    if record:
-                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
+                    unopened = _leave(runs, open_run, r, steps - 1, unopened)
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -713,8 +720,7 @@ def _simulate(
                 if generated[r] >= outputs[r]:
                     e2e[r] = acc[r] + post_decode
                     state[r] = FINISHED
-                    if record:
-                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
+                    unopened = _leave(runs, open_run, r, steps - 1, unopened)
                     if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
                         _allocate(
                             r,
@@ -744,8 +750,7 @@ def _simulate(
                     continue
                 if gave_up:
                     state[r] = TIMED_OUT
-                    if record:
-                        unopened -= 1 - _close_run(runs, open_run, r, steps - 1)
+                    unopened = _leave(runs, open_run, r, steps - 1, unopened)
                     _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
@@ -754,8 +759,7 @@ def _simulate(
             m += 1
         n_running = m
     for r in range(open_run.shape[0]):  # runs still open were scheduled up to the last step
-        if open_run[r] >= 0:
-            _close_run(runs, open_run, r, steps - 1)
+        _close_run(runs, open_run, r, steps - 1)
     diag[4] = n_runs  # runs of consecutive steps recorded
     return OK, steps, clock, n_rec, ttft, e2e, state, preempts
 

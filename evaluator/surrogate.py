@@ -154,94 +154,94 @@ class PendingModel:
     point took 45 of the 301 CPU seconds of four generations on the real data (docs/results.md)."""
 
     def __init__(self, exp, res, row, vector, constants, split):
-        self._args = (exp, res, row, vector, constants, split)
-        self.n_ok = int((exp.split_mask(split) & ~exp.failed).sum())
+        self._recording = (exp, res, row, vector, constants)
+        self._ok = exp.split_mask(split) & ~exp.failed  # the split's requests that succeeded in reality
+        self.n_ok = int(self._ok.sum())
         self.recorded_us = np.array([row.predicted.e2e_mean_s, row.predicted.ttft_mean_s]) * 1e6
         self.gain = np.ones(2)  # see learn_gain; the model takes it when built
         self._model: TrajectoryModel | None = None
 
     def model(self) -> TrajectoryModel:
         if self._model is None:
-            self._model = _build_model(*self._args)
-            self._args = None  # the replay's trajectory is no longer needed
+            self._model = self._build()
+            self._recording = None  # the replay's trajectory is no longer needed
         self._model.gain = self.gain
         return self._model
 
-
-def _build_model(exp, res, row, vector, constants, split) -> TrajectoryModel:
-    """The model of `record` from its replay (`res`, with the trajectory) and metric row."""
-    t = res.trajectory
-    n_steps = t.n_steps
-    comps = np.array(component_values(*t.totals.T, experiment_coefficients(exp)), dtype=np.float64)
-    ok = exp.split_mask(split) & ~exp.failed
-    n_ok = int(ok.sum())
-    model = TrajectoryModel(
-        name=exp.name,
-        n_ok=n_ok,
-        observed_us=np.array([row.observed.e2e_mean_s, row.observed.ttft_mean_s]) * 1e6,
-        recorded_us=np.array([row.predicted.e2e_mean_s, row.predicted.ttft_mean_s]) * 1e6,
-        components={f"f_{n}": comps[i] for i, n in enumerate(COMPONENT_NAMES)},
-        weight=np.zeros((2, n_steps)),
-        queued_count=np.zeros(2),
-        out_tok_count=np.zeros(2),
-        n_finished=0,
-        linear0=np.zeros(2),
-    )
-    if vector.queue_reads_request:
-        model.requests, model.request_weight = _request_classes(
-            np.zeros((len(REQUEST_ROWS), 0)), np.zeros((2, 0)), vector
+    def _build(self) -> TrajectoryModel:
+        """The model from the replay (with its trajectory) and its metric row."""
+        exp, res, row, vector, constants = self._recording
+        ok, n_ok = self._ok, self.n_ok
+        t = res.trajectory
+        n_steps = t.n_steps
+        comps = np.array(component_values(*t.totals.T, experiment_coefficients(exp)), dtype=np.float64)
+        model = TrajectoryModel(
+            name=exp.name,
+            n_ok=n_ok,
+            observed_us=np.array([row.observed.e2e_mean_s, row.observed.ttft_mean_s]) * 1e6,
+            recorded_us=self.recorded_us.copy(),
+            components={f"f_{n}": comps[i] for i, n in enumerate(COMPONENT_NAMES)},
+            weight=np.zeros((2, n_steps)),
+            queued_count=np.zeros(2),
+            out_tok_count=np.zeros(2),
+            n_finished=0,
+            linear0=np.zeros(2),
         )
-    if n_ok == 0 or n_steps == 0:  # nothing to re-time (no step ran: every request gave up queueing)
+        if vector.queue_reads_request:
+            model.requests, model.request_weight = _request_classes(
+                np.zeros((len(REQUEST_ROWS), 0)), np.zeros((2, 0)), vector
+            )
+        if n_ok == 0 or n_steps == 0:  # nothing to re-time (no step ran: every request gave up queueing)
+            return model
+
+        start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
+        end = start + dt
+        table = None
+        if vector.queue_reads_request:
+            table = np.zeros((len(REQUEST_ROWS), exp.n_requests))
+            table[0], table[1] = exp.input_tokens, exp.output_tokens
+            if vector.queue_reads_step:  # the last step started before each arrival (recorded schedule)
+                before = np.searchsorted(t.step_start_us, exp.arrival_us, side="left") - 1
+                table[2] = before >= 0
+                table[3:] = comps[:, np.maximum(before, 0)]
+        ready, out_tok = _recorded_delays(vector, constants, table, exp.arrival_us)
+        limit = exp.abort_after_us
+        finished = ok & (res.state == FINISHED)
+        # TTFT moves with the steps only for requests that got their first token before the client's
+        # limit (the others count at the limit, fixed); E2E only for finished requests
+        timed = ok & (res.ttft_us >= 0) & (res.ttft_us <= limit)
+        first = np.full(exp.n_requests, -1, np.int64)
+        first[timed] = np.searchsorted(end, exp.arrival_us[timed] + res.ttft_us[timed] - out_tok)
+        # the step in flight when each request became ready (-1: none, the engine was idle) and the
+        # share of it left
+        in_flight = np.searchsorted(start, ready, side="right") - 1
+        in_flight = np.where((in_flight >= 0) & (end[np.maximum(in_flight, 0)] > ready), in_flight, -1)
+        left = np.where(in_flight >= 0, (end[np.maximum(in_flight, 0)] - ready) / dt[np.maximum(in_flight, 0)], 0.0)
+        # pre-first-token weight: 1 on steps in_flight+1 .. first (difference array), `left` on in_flight
+        after = np.where(in_flight >= 0, in_flight + 1, np.searchsorted(start, ready, side="left"))
+
+        def lifetime_weight(mask):
+            w = np.bincount(after[mask], minlength=n_steps + 1)[: n_steps + 1].astype(np.float64)
+            w -= np.bincount(first[mask] + 1, minlength=n_steps + 1)[: n_steps + 1]
+            w = np.cumsum(w)[:n_steps]
+            fl = mask & (in_flight >= 0)
+            return w + np.bincount(in_flight[fl], weights=left[fl], minlength=n_steps)
+
+        decode_steps, n_decoding = _decode_steps(t.runs, finished, first, n_steps)
+        fin_timed = finished & timed
+        reps, model.weight = _classes(
+            comps, np.stack([lifetime_weight(fin_timed) + decode_steps, lifetime_weight(timed)]), vector.class_keys
+        )
+        model.components = {f"f_{n}": reps[i] for i, n in enumerate(COMPONENT_NAMES)}
+        model.queued_count = np.array([fin_timed.sum(), timed.sum()], dtype=np.float64)
+        if table is not None:
+            model.requests, model.request_weight = _request_classes(table, np.stack([fin_timed, timed]), vector)
+        model.out_tok_count = np.array([fin_timed.sum() + n_decoding, timed.sum()], dtype=np.float64)
+        model.n_finished = int(finished.sum())
+        model.linear0 = linear(
+            model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0]
+        )[0]
         return model
-
-    start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
-    end = start + dt
-    table = None
-    if vector.queue_reads_request:
-        table = np.zeros((len(REQUEST_ROWS), exp.n_requests))
-        table[0], table[1] = exp.input_tokens, exp.output_tokens
-        if vector.queue_reads_step:  # the last step started before each arrival (recorded schedule)
-            before = np.searchsorted(t.step_start_us, exp.arrival_us, side="left") - 1
-            table[2] = before >= 0
-            table[3:] = comps[:, np.maximum(before, 0)]
-    ready, out_tok = _recorded_delays(vector, constants, table, exp.arrival_us)
-    limit = exp.abort_after_us
-    finished = ok & (res.state == FINISHED)
-    # TTFT moves with the steps only for requests that got their first token before the client's
-    # limit (the others count at the limit, fixed); E2E only for finished requests
-    timed = ok & (res.ttft_us >= 0) & (res.ttft_us <= limit)
-    first = np.full(exp.n_requests, -1, np.int64)
-    first[timed] = np.searchsorted(end, exp.arrival_us[timed] + res.ttft_us[timed] - out_tok)
-    # the step in flight when each request became ready (-1: none, the engine was idle) and the
-    # share of it left
-    in_flight = np.searchsorted(start, ready, side="right") - 1
-    in_flight = np.where((in_flight >= 0) & (end[np.maximum(in_flight, 0)] > ready), in_flight, -1)
-    left = np.where(in_flight >= 0, (end[np.maximum(in_flight, 0)] - ready) / dt[np.maximum(in_flight, 0)], 0.0)
-    # pre-first-token weight: 1 on steps in_flight+1 .. first (difference array), `left` on in_flight
-    after = np.where(in_flight >= 0, in_flight + 1, np.searchsorted(start, ready, side="left"))
-
-    def lifetime_weight(mask):
-        w = np.bincount(after[mask], minlength=n_steps + 1)[: n_steps + 1].astype(np.float64)
-        w -= np.bincount(first[mask] + 1, minlength=n_steps + 1)[: n_steps + 1]
-        w = np.cumsum(w)[:n_steps]
-        fl = mask & (in_flight >= 0)
-        return w + np.bincount(in_flight[fl], weights=left[fl], minlength=n_steps)
-
-    decode_steps, n_decoding = _decode_steps(t.runs, finished, first, n_steps)
-    fin_timed = finished & timed
-    reps, model.weight = _classes(
-        comps, np.stack([lifetime_weight(fin_timed) + decode_steps, lifetime_weight(timed)]), vector.class_keys
-    )
-    model.components = {f"f_{n}": reps[i] for i, n in enumerate(COMPONENT_NAMES)}
-    model.queued_count = np.array([fin_timed.sum(), timed.sum()], dtype=np.float64)
-    if table is not None:
-        model.requests, model.request_weight = _request_classes(table, np.stack([fin_timed, timed]), vector)
-    model.out_tok_count = np.array([fin_timed.sum() + n_decoding, timed.sum()], dtype=np.float64)
-    model.n_finished = int(finished.sum())
-    model.linear0 = linear(model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0])[
-        0
-    ]
-    return model
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -42,7 +42,7 @@ def _timed(owner, name: str, label: str) -> None:
 
 _timed(surrogate, "replay", "closed-loop replay inside record")
 _timed(engine, "record", "record (replay, metric row)")
-_timed(surrogate, "_build_model", "trajectory models built (accepted points)")
+_timed(surrogate.PendingModel, "_build", "trajectory models built (fit starts and accepted points)")
 _timed(engine, "_replay_rows", "scoring replays (every split)")
 _timed(engine, "_replay_row", "population replays (plain)")
 _timed(fitting._GroupFit, "surrogate_losses", "surrogate scoring")

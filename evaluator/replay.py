@@ -312,6 +312,241 @@ def _next_event(t, arrival, order, nxt_arrival, ready, heap, n_heap):
 
 
 @njit(cache=True, nogil=True)
+def _decode_stretch(
+    running,
+    n_running,
+    progress,
+    generated,
+    outputs,
+    acc,
+    e2e,
+    state,
+    out_tok,
+    post_decode,
+    horizon,
+    pending,
+    queued,
+    max_seqs,
+    stop_at,
+    arrival,
+    order,
+    nxt_arrival,
+    ready,
+    heap,
+    n_heap,
+    blis,
+    inputs,
+    block,
+    nb,
+    rtok,
+    rblk,
+    roff,
+    ref,
+    key,
+    keymap,
+    nxt,
+    prv,
+    head_tail,
+    pgroup,
+    gblocks,
+    goff,
+    pkey,
+    no_prompt,
+    members,
+    starts,
+    remaining,
+    record,
+    runs,
+    open_run,
+    steps_rec,
+    totals_rec,
+    kv_blocks,
+    k,
+    code,
+    lits,
+    entry,
+    consts,
+    comps,
+    none,
+    stack,
+    local,
+    clock,
+    steps,
+    max_steps,
+):
+    """Steps in which every running request decodes one token, taken without visiting the batch
+    each step: (steps taken, clock, step count, last duration, running requests, pending).
+
+    The caller knows that the last step scheduled every running request and preempted none, and
+    that nobody can be admitted; no step is taken unless every running request now decodes.
+    Requests that finish are finished as the ordinary step finishes them (in batch order, after
+    the step). The stretch ends before a step at whose start an arrival or ready time has come or
+    a deadline (`stop_at`: the batch's earliest, the waiting head's) has passed, or whose end
+    passes one; before a step a request's next block cannot be allocated in, or whose duration
+    is invalid; and after a step that leaves a seat for a waiting request, no request, or nothing
+    pending: the ordinary step takes it from there. A step's components need only the batch's
+    context sum and maximum, which grow by the batch size and by one. Blocks are taken in the
+    order the ordinary step takes them: in a step, by the requests whose last block is full, in
+    batch order (bucketed by the steps until that happens). The other requests' progress, tokens
+    and E2E are brought up to date when the stretch ends."""
+    n_live = n_running
+    ctx_sum = 0.0
+    ctx_max = 0.0
+    for j in range(block + 1):
+        starts[j] = 0
+    for i in range(n_running):
+        r = running[i]
+        remaining[i] = outputs[r] - generated[r]
+        spare = nb[r] * block - rtok[r]
+        if progress[r] < inputs[r] or generated[r] < 1 or remaining[i] < 1 or spare < 0 or spare >= block:
+            return 0, clock, steps, 0, n_running, pending
+        c = float(progress[r])
+        ctx_sum += c
+        if c > ctx_max:
+            ctx_max = c
+        starts[spare + 1] += 1
+    for j in range(block):
+        starts[j + 1] += starts[j]
+    for i in range(n_running):  # counting sort by spare room, keeping batch order
+        r = running[i]
+        spare = nb[r] * block - rtok[r]
+        members[starts[spare]] = r
+        starts[spare] += 1
+    for j in range(block, 0, -1):
+        starts[j] = starts[j - 1]
+    starts[0] = 0
+    next_finish = remaining[0]
+    for i in range(1, n_running):
+        if remaining[i] < next_finish:
+            next_finish = remaining[i]
+    done = 0
+    total_dt = np.int64(0)
+    dt = np.int64(0)
+    while True:
+        if done > 0:
+            if clock >= stop_at:
+                break
+            if nxt_arrival < arrival.shape[0] and arrival[order[nxt_arrival]] <= clock:
+                break
+            if n_heap > 0 and ready[heap[0]] <= clock:
+                break
+        if steps >= max_steps or (record and steps >= steps_rec.shape[0]):
+            break
+        j = done % block
+        need = 0
+        for q in range(starts[j], starts[j + 1]):
+            need += state[members[q]] == RUNNING
+        if need > head_tail[2]:
+            break
+        n_dc = float(n_live)
+        v = _component_values(0.0, 0.0, 0.0, 0.0, n_dc, ctx_sum + done * n_dc, ctx_max + done, k)
+        for q in range(comps.shape[0]):
+            comps[q] = v[q]
+        x = run_code(code, lits, entry, comps, consts, none, stack, local)
+        if not _valid_duration(x) or x <= 0.0:
+            break
+        dt = max(np.int64(1), np.int64(np.round(min(x, MAX_US))))
+        if clock + dt > stop_at:
+            break
+        for q in range(starts[j], starts[j + 1]):  # whose last block is full: the next one
+            r = members[q]
+            if state[r] != RUNNING:
+                continue
+            b = head_tail[0]
+            _fl_remove(b, nxt, prv, head_tail)
+            if key[b] >= 0:
+                keymap[key[b]] = -1
+                key[b] = -1
+            ref[b] = 1
+            rblk[roff[r] + nb[r]] = b
+            nb[r] += 1
+        if record:
+            steps_rec[steps, 0] = clock
+            steps_rec[steps, 1] = dt
+            steps_rec[steps, 2] = kv_blocks - head_tail[2]
+            steps_rec[steps, 3] = n_live
+            for q in range(4):
+                totals_rec[steps, q] = 0.0
+            totals_rec[steps, 4] = n_dc
+            totals_rec[steps, 5] = ctx_sum + done * n_dc
+            totals_rec[steps, 6] = ctx_max + done
+        clock += dt
+        steps += 1
+        total_dt += dt
+        done += 1
+        if done < next_finish:
+            continue
+        left_max = False
+        next_finish = np.iinfo(np.int64).max
+        for i in range(n_running):  # finished by this step, in batch order
+            r = running[i]
+            if state[r] != RUNNING:
+                continue
+            if remaining[i] > done:
+                if remaining[i] < next_finish:
+                    next_finish = remaining[i]
+                continue
+            c = float(progress[r])
+            progress[r] += done
+            generated[r] += done
+            rtok[r] += done
+            acc[r] += total_dt + done * out_tok
+            e2e[r] = acc[r] + post_decode
+            state[r] = FINISHED
+            if record:
+                _close_run(runs, open_run, r, steps - 1)
+            if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
+                _allocate(
+                    r,
+                    1,
+                    False,
+                    inputs,
+                    block,
+                    nb,
+                    rtok,
+                    rblk,
+                    roff,
+                    ref,
+                    key,
+                    keymap,
+                    nxt,
+                    prv,
+                    head_tail,
+                    pgroup,
+                    gblocks,
+                    goff,
+                    pkey,
+                    no_prompt,
+                )
+            _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
+            if r < horizon:
+                pending -= 1
+            n_live -= 1
+            ctx_sum -= c
+            left_max = left_max or c == ctx_max
+        if left_max:
+            ctx_max = 0.0
+            for i in range(n_running):
+                r = running[i]
+                if state[r] == RUNNING and float(progress[r]) > ctx_max:
+                    ctx_max = float(progress[r])
+        if pending <= 0 or n_live == 0 or (queued and n_live < max_seqs):
+            break
+    m = 0
+    for i in range(n_running):
+        r = running[i]
+        if state[r] != RUNNING:
+            continue
+        progress[r] += done
+        generated[r] += done
+        rtok[r] += done
+        acc[r] += total_dt + done * out_tok
+        running[m] = r
+        m += 1
+    return done, clock, steps, dt, m, pending
+
+
+@njit(cache=True, nogil=True)
 def _simulate(
     arrival,
     inputs,
@@ -431,6 +666,10 @@ def _simulate(
     n_runs = 0
     open_run = np.full(n if record else 0, -1, np.int64)  # each request's open run of steps (index into runs; -1: none)
     unopened = 0  # running requests without an open run (see _open_run)
+    all_decode = False  # the last step scheduled every running request and preempted none
+    members = np.zeros(max_seqs, np.int64)  # _decode_stretch's buckets, and steps to each one's last token
+    remaining = np.zeros(max_seqs, np.int64)
+    starts = np.zeros(block + 1, np.int64)
 
     while pending > 0:
         while nxt_arrival < n and arrival[order[nxt_arrival]] <= clock:
@@ -484,6 +723,83 @@ def _simulate(
                 clock = max(clock, _next_event(NO_DEADLINE, arrival, order, nxt_arrival, ready, heap, n_heap))
                 continue
             break
+
+        if (
+            all_decode
+            and not rows
+            and (unopened == 0 or not record)
+            and 0 < n_running <= budget_tokens
+            and (qhead == qtail or n_running >= max_seqs)
+        ):
+            stop_at = min_deadline
+            if qhead < qtail and deadline[queue[qhead % qcap]] < stop_at:
+                stop_at = deadline[queue[qhead % qcap]]
+            done, clock, steps, dt, n_running, pending = _decode_stretch(
+                running,
+                n_running,
+                progress,
+                generated,
+                outputs,
+                acc,
+                e2e,
+                state,
+                out_tok,
+                post_decode,
+                horizon,
+                pending,
+                qhead < qtail,
+                max_seqs,
+                stop_at,
+                arrival,
+                order,
+                nxt_arrival,
+                ready,
+                heap,
+                n_heap,
+                blis,
+                inputs,
+                block,
+                nb,
+                rtok,
+                rblk,
+                roff,
+                ref,
+                key,
+                keymap,
+                nxt,
+                prv,
+                head_tail,
+                pgroup,
+                gblocks,
+                goff,
+                pkey,
+                no_prompt,
+                members,
+                starts,
+                remaining,
+                record,
+                runs,
+                open_run,
+                steps_rec,
+                totals_rec,
+                kv_blocks,
+                k,
+                code,
+                lits,
+                entries[0],
+                consts,
+                comps,
+                none,
+                stack,
+                local,
+                clock,
+                steps,
+                max_steps,
+            )
+            if done > 0:
+                last_dt = dt
+                diag[5] += done
+                continue
 
         # 2. running requests in batch order (batch totals for the components accumulate as
         # requests get their tokens; c is the context already in the KV cache)
@@ -575,6 +891,7 @@ def _simulate(
                 _record_slot(traj, n_rec, steps, tok, progress[r], progress[r] < inputs[r], r)
                 n_rec += 1
             i += 1
+        all_decode = not preempted and i == n_running  # (whether all decode next step, _decode_stretch checks)
         for j in range(i, n_running):  # skipped this step (the budget ran out)
             sched[j] = 0
             if record:
@@ -802,6 +1119,7 @@ class ReplayResult:
     bad_function: str = "step_time"
     cached_tokens: int = 0  # prompt tokens the prefix cache served at admissions (re-admissions after preemption too)
     admitted_prompt_tokens: int = 0  # prompt tokens of those admissions
+    stretch_steps: int = 0  # steps taken as decode stretches (_decode_stretch), without visiting the batch
 
     @property
     def cached_share(self) -> float:
@@ -885,7 +1203,7 @@ def replay(
         runs = np.zeros((run_cap, 3), np.int64)
         steps_rec = np.zeros((cap, 4), np.int64)
         totals_rec = np.zeros((cap, 7))
-        diag = np.zeros(5)
+        diag = np.zeros(6)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
             exp.arrival_us,
             exp.input_tokens,
@@ -946,4 +1264,5 @@ def replay(
         which,
         int(diag[2]),
         int(diag[3]),
+        int(diag[5]),
     )

@@ -291,8 +291,20 @@ def test_invariants_hold_on_random_workloads(seed):
     assert (np.diff(t.step_start_us) >= t.step_us[:-1]).all()
     # each request's runs of consecutive steps are its rows' steps (what record keeps without rows)
     assert sorted(map(tuple, t.runs)) == _runs_of(t.request, t.step)
-    lean = replay(exp, cp, c, record=True, semantics=semantics, rows=False).trajectory
+    # without rows, steps in which the batch only decodes are taken as stretches: the same
+    # schedule, clock, blocks and request times as the step-by-step replay that keeps rows
+    assert res.stretch_steps == 0
+    lean_res = replay(exp, cp, c, record=True, semantics=semantics, rows=False)
+    lean = lean_res.trajectory
     assert lean.step is None and np.array_equal(lean.runs, t.runs) and np.array_equal(lean.totals, t.totals)
+    for name in ("step_start_us", "step_us", "kv_blocks_used", "running"):
+        assert np.array_equal(getattr(lean, name), getattr(t, name)), name
+    plain = replay(exp, cp, c, semantics=semantics)
+    for other in (lean_res, plain):
+        assert (other.n_steps, other.clock_us) == (res.n_steps, res.clock_us)
+        for name in ("ttft_us", "e2e_us", "state", "preemptions"):
+            assert np.array_equal(getattr(other, name), getattr(res, name)), name
+    assert plain.stretch_steps > 0 or seed < 40  # a crowded batch decodes alone between events
 
 
 def _runs_of(request, step) -> list[tuple[int, int, int]]:

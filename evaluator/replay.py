@@ -21,7 +21,8 @@ output_token_time; each later token adds its step's duration + output_token_time
 E2E = TTFT + those + post_decode_time. A preempted request starts over.
 
 The loop is numba-compiled once; programs run on the stack machine of dsl/vm.py, so a new
-program or constant vector costs no compilation.
+program or constant vector costs no compilation. Steps in which the whole batch only decodes
+are taken without visiting the batch each step (`_decode_stretch`; docs/design-notes.md).
 """
 
 from __future__ import annotations

@@ -184,6 +184,9 @@ ONE_SEED_SCREENED = [
 ]
 # the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
 SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
+# for tests of where and how a search runs (islands, a cluster), not of what it finds: the smallest
+# fits that still promote children, a third of the time of SEARCH_BUDGETS
+TINY_BUDGETS = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "4", "--children", "5"]
 SEARCHED = ["run", "--generations", "3", "--seed", "3", *SEARCH_BUDGETS, "--front-cv", "lomo"]
 
 

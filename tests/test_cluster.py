@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, SEARCH_BUDGETS, only_error_line, snapshot
+from conftest import ROOT, TINY_BUDGETS, only_error_line, snapshot
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
@@ -34,7 +34,7 @@ except ImportError:
 
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install '.[ray]')")
 
-SMALL = [*SEARCH_BUDGETS, "--front-cv", "none"]
+SMALL = [*TINY_BUDGETS, "--front-cv", "none"]
 GENERATIONS = "2"
 SEED = "3"
 ROOFLINE = str(ROOT / "seeds" / "roofline.py")

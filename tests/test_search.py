@@ -10,14 +10,14 @@ import sys
 import time
 
 import pytest
-from conftest import SEARCH_BUDGETS, FixedEmitter, snapshot
+from conftest import TINY_BUDGETS, FixedEmitter, snapshot
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
 
 GENERATIONS = 4  # the reference run: stops after 0 and 2, a SIGKILL inside 4, and children promoted
-SMALL = [*SEARCH_BUDGETS, "--front-cv", "none"]
+SMALL = [*TINY_BUDGETS, "--front-cv", "none"]
 
 
 def run(archive, generations, *extra, seed=3):

@@ -198,8 +198,14 @@ def _fl_append(b, nxt, prv, head_tail):
     head_tail[2] += 1
 
 
+# The helpers below take the KV cache's state as one tuple, kv = (block, nb, rtok, rblk, roff,
+# ref, key, keymap, nxt, prv, head_tail, no_prompt), and the prompts' content keys as another,
+# keys = (pgroup, gblocks, goff, pkey) (the arrays are shared: what a helper writes, all see).
+
+
 @njit(cache=True, nogil=True)
-def _key_of(r, i, pgroup, gblocks, goff, pkey):
+def _key_of(r, i, keys):
+    pgroup, gblocks, goff, pkey = keys
     g = pgroup[r]
     if g >= 0 and i < gblocks[g]:
         return goff[g] + i
@@ -207,13 +213,14 @@ def _key_of(r, i, pgroup, gblocks, goff, pkey):
 
 
 @njit(cache=True, nogil=True)
-def _cached_prefix(r, max_blocks, pgroup, gblocks, goff, pkey, keymap, ref):
+def _cached_prefix(r, max_blocks, keys, kv):
     """(blocks at the start of r's prompt whose content is in the cache, stopping at the first
     miss; how many of those sit on the free list, unreferenced, so claiming them uses free blocks)."""
+    ref, keymap = kv[5], kv[7]
     n = 0
     on_free_list = 0
     while n < max_blocks:
-        b = keymap[_key_of(r, n, pgroup, gblocks, goff, pkey)]
+        b = keymap[_key_of(r, n, keys)]
         if b < 0:
             break
         if ref[b] == 0:
@@ -223,8 +230,9 @@ def _cached_prefix(r, max_blocks, pgroup, gblocks, goff, pkey, keymap, ref):
 
 
 @njit(cache=True, nogil=True)
-def _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt):
+def _release(r, kv):
     """Free r's blocks (last first, so the prompt's first blocks are evicted last)."""
+    block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail, no_prompt = kv
     for j in range(nb[r] - 1, -1, -1):
         b = rblk[roff[r] + j]
         ref[b] -= 1
@@ -236,31 +244,11 @@ def _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt):
 
 
 @njit(cache=True, nogil=True)
-def _allocate(
-    r,
-    tok,
-    in_prefill,
-    inputs,
-    block,
-    nb,
-    rtok,
-    rblk,
-    roff,
-    ref,
-    key,
-    keymap,
-    nxt,
-    prv,
-    head_tail,
-    pgroup,
-    gblocks,
-    goff,
-    pkey,
-    no_prompt,
-):
+def _allocate(r, tok, in_prefill, inputs, kv, keys):
     """Store tok more tokens of r: fill its last block, then take blocks from the free list's head
     (dropping the content they held). Full prompt blocks written during prefill get their key
     (none when no_prompt[r]: its blocks start at its first output token)."""
+    block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail, no_prompt = kv
     spare = nb[r] * block - rtok[r]
     if spare > 0:
         fill = min(spare, tok)
@@ -268,7 +256,7 @@ def _allocate(
         tok -= fill
         last = nb[r] - 1
         if rtok[r] == nb[r] * block and nb[r] * block <= inputs[r] and not no_prompt[r]:
-            kk = _key_of(r, last, pgroup, gblocks, goff, pkey)
+            kk = _key_of(r, last, keys)
             b = rblk[roff[r] + last]
             key[b] = kk
             keymap[kk] = b
@@ -285,21 +273,33 @@ def _allocate(
         rtok[r] += fill
         tok -= fill
         if fill == block and in_prefill and not no_prompt[r]:
-            kk = _key_of(r, nb[r] - 1, pgroup, gblocks, goff, pkey)
+            kk = _key_of(r, nb[r] - 1, keys)
             key[b] = kk
             keymap[kk] = b
 
 
 @njit(cache=True, nogil=True)
-def _claim_cached(r, n_cached, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup, gblocks, goff, pkey):
+def _claim_cached(r, n_cached, kv, keys):
+    block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail, no_prompt = kv
     for i in range(n_cached):
-        b = keymap[_key_of(r, i, pgroup, gblocks, goff, pkey)]
+        b = keymap[_key_of(r, i, keys)]
         ref[b] += 1
         if ref[b] == 1:
             _fl_remove(b, nxt, prv, head_tail)
         rblk[roff[r] + nb[r]] = b
         nb[r] += 1
     return n_cached * block
+
+
+@njit(cache=True, nogil=True)
+def _finish(r, acc, post_decode, e2e, state, blis, inputs, kv, keys):
+    """r got its last token: its E2E, done, and its blocks freed (BLIS first stores the last
+    token's KV, taking a block if its last one is full)."""
+    e2e[r] = acc[r] + post_decode
+    state[r] = FINISHED
+    if blis and kv[10][2] > 0:
+        _allocate(r, 1, False, inputs, kv, keys)
+    _release(r, kv)
 
 
 @njit(cache=True, nogil=True)
@@ -337,22 +337,8 @@ def _decode_stretch(
     n_heap,
     blis,
     inputs,
-    block,
-    nb,
-    rtok,
-    rblk,
-    roff,
-    ref,
-    key,
-    keymap,
-    nxt,
-    prv,
-    head_tail,
-    pgroup,
-    gblocks,
-    goff,
-    pkey,
-    no_prompt,
+    kv,
+    keys,
     members,
     starts,
     remaining,
@@ -390,6 +376,7 @@ def _decode_stretch(
     order the ordinary step takes them: in a step, by the requests whose last block is full, in
     batch order (bucketed by the steps until that happens). The other requests' progress, tokens
     and E2E are brought up to date when the stretch ends."""
+    block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail, no_prompt = kv
     n_live = n_running
     ctx_sum = 0.0
     ctx_max = 0.0
@@ -492,34 +479,9 @@ def _decode_stretch(
             generated[r] += done
             rtok[r] += done
             acc[r] += total_dt + done * out_tok
-            e2e[r] = acc[r] + post_decode
-            state[r] = FINISHED
+            _finish(r, acc, post_decode, e2e, state, blis, inputs, kv, keys)
             if record:
                 _close_run(runs, open_run, r, steps - 1)
-            if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
-                _allocate(
-                    r,
-                    1,
-                    False,
-                    inputs,
-                    block,
-                    nb,
-                    rtok,
-                    rblk,
-                    roff,
-                    ref,
-                    key,
-                    keymap,
-                    nxt,
-                    prv,
-                    head_tail,
-                    pgroup,
-                    gblocks,
-                    goff,
-                    pkey,
-                    no_prompt,
-                )
-            _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
             if r < horizon:
                 pending -= 1
             n_live -= 1
@@ -650,6 +612,8 @@ def _simulate(
     nxt[kv_blocks - 1] = -1
     prv = np.arange(-1, kv_blocks - 1, dtype=np.int64)
     head_tail = np.array([0, kv_blocks - 1, kv_blocks], np.int64)  # free list head, tail, length
+    kv = (block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail, no_prompt)
+    keys = (pgroup, gblocks, goff, pkey)
 
     qcap = 2 * n + 2  # waiting deque as a ring buffer
     queue = np.zeros(qcap, np.int64)
@@ -702,7 +666,7 @@ def _simulate(
                 if deadline[r] <= clock:
                     state[r] = TIMED_OUT
                     unopened = _leave(runs, open_run, r, steps - 1, unopened)
-                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
+                    _release(r, kv)
                     if r < horizon:
                         pending -= 1
                 else:
@@ -759,22 +723,8 @@ def _simulate(
                 n_heap,
                 blis,
                 inputs,
-                block,
-                nb,
-                rtok,
-                rblk,
-                roff,
-                ref,
-                key,
-                keymap,
-                nxt,
-                prv,
-                head_tail,
-                pgroup,
-                gblocks,
-                goff,
-                pkey,
-                no_prompt,
+                kv,
+                keys,
                 members,
                 starts,
                 remaining,
@@ -828,7 +778,7 @@ def _simulate(
                 victim = running[n_running - 1]
                 n_running -= 1
                 unopened = _leave(runs, open_run, victim, steps - 1, unopened)
-                _release(victim, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
+                _release(victim, kv)
                 progress[victim] = 0
                 generated[victim] = 0
                 ttft[victim] = -1
@@ -846,28 +796,7 @@ def _simulate(
             if need == 0 and (rtok[r] + tok < nb[r] * block or nb[r] * block > inputs[r] or no_prompt[r]):
                 rtok[r] += tok  # fits in the last block, which stays partial or holds output tokens (no key)
             else:
-                _allocate(
-                    r,
-                    tok,
-                    progress[r] < inputs[r],
-                    inputs,
-                    block,
-                    nb,
-                    rtok,
-                    rblk,
-                    roff,
-                    ref,
-                    key,
-                    keymap,
-                    nxt,
-                    prv,
-                    head_tail,
-                    pgroup,
-                    gblocks,
-                    goff,
-                    pkey,
-                    no_prompt,
-                )
+                _allocate(r, tok, progress[r] < inputs[r], inputs, kv, keys)
             sched[i] = tok
             budget -= tok
             c = float(progress[r])
@@ -910,38 +839,15 @@ def _simulate(
                     continue
                 # prompt blocks already cached; vLLM always computes the prompt's last token, BLIS need not
                 hit_limit = inputs[r] // block if blis else (inputs[r] - 1) // block
-                hits, from_free = _cached_prefix(r, hit_limit, pgroup, gblocks, goff, pkey, keymap, ref)
+                hits, from_free = _cached_prefix(r, hit_limit, keys, kv)
                 start = hits * block
                 tok = min(inputs[r] - start, budget)
                 if _ceil_div(tok, block) + from_free > head_tail[2]:
                     break
                 qhead += 1
                 if tok > 0:  # BLIS claims cached blocks only along with new tokens
-                    rtok[r] = _claim_cached(
-                        r, hits, block, nb, rblk, roff, ref, keymap, nxt, prv, head_tail, pgroup, gblocks, goff, pkey
-                    )
-                    _allocate(
-                        r,
-                        tok,
-                        True,
-                        inputs,
-                        block,
-                        nb,
-                        rtok,
-                        rblk,
-                        roff,
-                        ref,
-                        key,
-                        keymap,
-                        nxt,
-                        prv,
-                        head_tail,
-                        pgroup,
-                        gblocks,
-                        goff,
-                        pkey,
-                        no_prompt,
-                    )
+                    rtok[r] = _claim_cached(r, hits, kv, keys)
+                    _allocate(r, tok, True, inputs, kv, keys)
                 else:
                     admitted_empty = True
                     no_prompt[r] = True
@@ -1021,7 +927,7 @@ def _simulate(
                 if gave_up and not blis:
                     state[r] = TIMED_OUT
                     unopened = _leave(runs, open_run, r, steps - 1, unopened)
-                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
+                    _release(r, kv)
                     if r < horizon:
                         pending -= 1
                     continue
@@ -1036,40 +942,15 @@ def _simulate(
                     generated[r] += 1
                     acc[r] += dt + out_tok
                 if generated[r] >= outputs[r]:
-                    e2e[r] = acc[r] + post_decode
-                    state[r] = FINISHED
+                    _finish(r, acc, post_decode, e2e, state, blis, inputs, kv, keys)
                     unopened = _leave(runs, open_run, r, steps - 1, unopened)
-                    if blis and head_tail[2] > 0:  # BLIS stores the last token's KV before freeing the request
-                        _allocate(
-                            r,
-                            1,
-                            False,
-                            inputs,
-                            block,
-                            nb,
-                            rtok,
-                            rblk,
-                            roff,
-                            ref,
-                            key,
-                            keymap,
-                            nxt,
-                            prv,
-                            head_tail,
-                            pgroup,
-                            gblocks,
-                            goff,
-                            pkey,
-                            no_prompt,
-                        )
-                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
                     if r < horizon:
                         pending -= 1
                     continue
                 if gave_up:
                     state[r] = TIMED_OUT
                     unopened = _leave(runs, open_run, r, steps - 1, unopened)
-                    _release(r, nb, rtok, rblk, roff, ref, nxt, prv, head_tail, no_prompt)
+                    _release(r, kv)
                     if r < horizon:
                         pending -= 1
                     continue

@@ -32,6 +32,7 @@ def main() -> None:
     outcomes: collections.Counter = collections.Counter()
     ratios = []
     promoted = [p for p in programs if p.operator != "seed" and p.stage == "full"]
+    by_id = {p.id: p for p in programs}
     for p in promoted:
         before = [q for q in programs if q.generation < p.generation]
         elite = elites(before).get(cell_of(p.complexity, p.n_components))
@@ -43,8 +44,15 @@ def main() -> None:
         outcomes[kind, "entered the front"] += not front or p.val_loss < min(front)
         outcomes[kind, "new best"] += p.val_loss < best
         if elite is not None and elite.quick_loss and elite.screen_loss:
+            parent = min((by_id[i].val_loss for i in p.parents if by_id[i].val_loss is not None), default=np.nan)
             ratios.append(
-                (p.quick_loss / elite.screen_loss, p.quick_loss / elite.quick_loss, p.val_loss / elite.val_loss)
+                (
+                    p.quick_loss / elite.screen_loss,
+                    p.quick_loss / elite.quick_loss,
+                    p.val_loss / elite.val_loss,
+                    parent / elite.val_loss,
+                    p.screen_loss / elite.screen_loss,
+                )
             )
     print(f"{len(promoted)} promoted children")
     for kind in ("against an elite", "opened a cell"):
@@ -55,7 +63,7 @@ def main() -> None:
                 for what in ("promoted", "beat the elite", "entered the front", "new best")
             )
         )
-    r = np.array(ratios).reshape(-1, 3)
+    r = np.array(ratios).reshape(-1, 5)
     print(
         f"{len(r)} against an elite with a quick loss of its own: child quick / elite screening loss, median "
         f"{np.median(r[:, 0]):.2f}; child quick / elite quick, median {np.median(r[:, 1]):.2f}"
@@ -67,6 +75,20 @@ def main() -> None:
                 f"  child quick / elite quick in [{lo}, {hi}): {m.sum()} promoted, {int((r[m, 2] < 1).sum())} beat "
                 f"the elite, median validation loss {np.median(r[m, 2]):.2f}x the elite's"
             )
+
+    print("rank correlation with the child's validation loss over its elite's:")
+    for i, what in (
+        (1, "child quick / elite quick (what screening knows, like with like)"),
+        (0, "child quick / elite screening loss (what promotion compares)"),
+        (3, "best parent's validation loss / elite's (known before screening)"),
+        (4, "child's screening loss at its full-fit constants / elite's (known after the full fit)"),
+    ):
+        print(f"  {_rank_correlation(r[:, i], r[:, 2]):+.2f}  {what}")
+
+
+def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (no ties among these losses)."""
+    return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
 
 
 if __name__ == "__main__":

@@ -632,8 +632,8 @@ def _simulate(
     open_run = np.full(n if record else 0, -1, np.int64)  # each request's open run of steps (index into runs; -1: none)
     unopened = 0  # running requests without an open run (see _open_run)
     all_decode = False  # the last step scheduled every running request and preempted none
-    members = np.zeros(max_seqs, np.int64)  # _decode_stretch's buckets, and steps to each one's last token
-    remaining = np.zeros(max_seqs, np.int64)
+    members = np.zeros(max_seqs, np.int64)  # _decode_stretch's buckets
+    remaining = np.zeros(max_seqs, np.int64)  # and each running request's steps to its last token
     starts = np.zeros(block + 1, np.int64)
 
     while pending > 0:

@@ -228,7 +228,9 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     res = CliRunner().invoke(app, legacy)  # and the trust region of a promoted child's fit
     assert res.exit_code == 2, res.output
     assert "full-fit-candidates: run 3, now 1; full-fit-surrogate: run None, now 150" in res.stderr, res.output
-    res = CliRunner().invoke(app, [*legacy, "--full-fit-candidates", "3", "--full-fit-surrogate", "0", "--json"])
+    assert "quick-surrogate: run None, now 80" in res.stderr, res.output  # the screening fits' budget before 80
+    budgets = ["--full-fit-candidates", "3", "--full-fit-surrogate", "0", "--quick-surrogate", "0"]
+    res = CliRunner().invoke(app, [*legacy, *budgets, "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["generations"] == 1
     after = snapshot(d)

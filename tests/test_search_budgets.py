@@ -83,3 +83,28 @@ def test_the_runs_linear_setting_reaches_its_screening_and_full_fits(synthetic):
             assert full.constants == direct.constants["all"]
             fits[mode] = (cand.constants, full.constants)
     assert fits["solve"][0] != fits["sample"][0]  # the screening fits differ: the test can fail
+
+
+def test_screening_fits_search_their_surrogate_with_80_evaluations_unless_told_otherwise(synthetic):
+    """The default screening budget (80 surrogate evaluations per trust-region iteration) reaches
+    the screening fit, and --quick-surrogate 0 (None) gives the earlier 200 + 40 n, which screens
+    the same child to other constants."""
+    program = load_program(seed_path("roofline"))
+    screened = {}
+    with Engine(synthetic.experiments) as engine:
+        for budget in (SearchConfig.quick_surrogate, None):
+            cascade = Cascade(synthetic, engine, SearchConfig(seed=3, quick_surrogate=budget))
+            assert cascade.quick.surrogate_evals == budget
+            cand = Candidate(program, Proposal(program.source, "seed", []), None, 0)
+            cascade.screen([(cand, (1, 0))])
+            direct = fit(
+                program,
+                synthetic.experiments,
+                engine,
+                dataclasses.replace(cascade.quick, seed=cascade._seed(1, 0, 1)),
+                start=program.constants,
+            )
+            assert cand.constants == direct.constants["all"] and cand.quick_loss == direct.loss
+            screened[budget] = cand.constants
+    assert SearchConfig.quick_surrogate == 80
+    assert screened[80] != screened[None]

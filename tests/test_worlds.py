@@ -13,9 +13,11 @@ from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.catalog import catalog
+from stepml_evolve.evaluator.crossval import make_folds
 from stepml_evolve.evaluator.datasets import load_data
-from stepml_evolve.evaluator.dsl import parse_program
+from stepml_evolve.evaluator.dsl import load_program, parse_program
 from stepml_evolve.evaluator.dsl.units import check_units
+from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.worlds import (
     SPLITS,
     WORKLOADS,
@@ -26,11 +28,13 @@ from stepml_evolve.evaluator.worlds import (
     make_inner_splits,
     make_splits,
     world_names,
+    write_world,
 )
 from stepml_evolve.evaluator.worlds.grid import KNOBS, TRAINED_SEQS, TRAINED_TOKENS, kv_blocks
 from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.commands.bench_worlds import _held_out
 from stepml_evolve.evolve.search.cascade import structure_hash
-from stepml_evolve.seeds import seed_paths
+from stepml_evolve.seeds import seed_path, seed_paths
 
 
 def cli(*args):
@@ -259,3 +263,22 @@ def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):
     res = cli("bench", "--worlds", "--quick", "--select", "best", "--out", tmp_path / "b")
     assert res.exit_code == 2 and "--select must be one of validation, inner, not 'best'" in res.output
     assert not (tmp_path / "b").exists()
+
+
+def test_a_programs_held_out_score_can_be_the_median_of_several_fits(tmp_path):
+    """--held-out-fits N: the program fitted with fit seeds seed .. seed + N - 1, its scores the
+    median fit's, every fit's loss kept; one fit is the fit the benchmark always made."""
+    world = load_world("launch_bound")
+    _, split_files = write_world(world, tmp_path, seed=1, size="small")
+    loaded = load_data(tmp_path)
+    protocol = f"groups:{split_files['by-gpu']}"
+    folds = make_folds(protocol, loaded.experiments)
+    program = load_program(seed_path("roofline"))
+    with Engine(loaded.experiments) as engine:
+        three = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4)
+        ones = [_held_out("roofline", program, loaded, engine, protocol, folds, s, max_evals=4) for s in (5, 6, 7)]
+    assert [o.losses for o in ones] == [(), (), ()]
+    assert three.losses == tuple(o.loss for o in ones)  # fit seeds 5, 6, 7
+    assert len(set(three.losses)) > 1  # the fits end apart: the test can fail
+    median = sorted(ones, key=lambda o: o.loss)[1]
+    assert (three.loss, three.e2e_ape, three.ttft_ape) == (median.loss, median.e2e_ape, median.ttft_ape)

@@ -851,6 +851,13 @@ def bench_cmd(
         "run) or inner (the search runs --cv groups:split-NAME.inner.yaml, the split's kind of "
         "extrapolation inside its train configurations, and the lowest such CV loss wins).",
     ),
+    held_out_fits: int = typer.Option(
+        1,
+        "--held-out-fits",
+        min=1,
+        help="With --worlds: fit each program this many times (fit seeds --seed, --seed + 1, ...) and "
+        "score the median fit held out (one fit's held-out loss depends on where it ended).",
+    ),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",
@@ -869,6 +876,7 @@ def bench_cmd(
             selection=select,
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
+            fits=held_out_fits,
             say=say,
         )
         report = {"results": [r.to_json() for r in results], "summary": worlds_summary(results)}

@@ -215,6 +215,7 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     errors = [ln for ln in lines if ln.startswith("error:")]
     assert len(errors) == 1 and lines[-1] == errors[0], res.stderr
     assert "fit-method: run cmaes, now trust-region" in errors[0] and str(d) in errors[0], errors[0]
+    assert "--fit-method cmaes" in errors[0].rsplit("(", 1)[1], errors[0]  # the flag that gives it
     assert "objective" not in errors[0] and "weights" not in errors[0]  # the legacy values of those match
 
     res = CliRunner().invoke(app, [*base, "--fit-method", "cmaes", "--objective", "worst3"])
@@ -229,8 +230,11 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     assert res.exit_code == 2, res.output
     assert "full-fit-candidates: run 3, now 1; full-fit-surrogate: run None, now 150" in res.stderr, res.output
     assert "quick-surrogate: run None, now 80" in res.stderr, res.output  # the screening fits' budget before 80
-    budgets = ["--full-fit-candidates", "3", "--full-fit-surrogate", "0", "--quick-surrogate", "0"]
-    res = CliRunner().invoke(app, [*legacy, *budgets, "--json"])
+    # the error ends with the flags that give the run's settings, and they resume it
+    hint = res.stderr.strip().rsplit("(", 1)[1].rstrip(")").split()
+    pairs = dict(zip(hint[::2], hint[1::2]))
+    assert pairs == {"--quick-surrogate": "0", "--full-fit-candidates": "3", "--full-fit-surrogate": "0"}, hint
+    res = CliRunner().invoke(app, [*legacy, *hint, "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["generations"] == 1
     after = snapshot(d)

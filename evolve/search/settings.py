@@ -110,6 +110,30 @@ class SearchConfig:
 
 
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
+# the settings `evolve run` sets by a flag of the same name taking one value, and how a stored None
+# is given on the command line (absent: None cannot be given, it is the flag's default)
+RUN_FLAGS = (
+    "children",
+    "islands",
+    "llm_ratio",
+    "quick_evals",
+    "quick_surrogate",
+    "full_fit_evals",
+    "seed_fit_evals",
+    "full_fit_candidates",
+    "full_fit_surrogate",
+    "linear",
+    "max_promotions",
+    "migration_interval",
+    "semantics",
+    "prompt_reuse",
+    "fit_method",
+    "objective",
+    "units",
+    "cv",
+    "cv_fit_evals",
+)
+NONE_AS = {"quick_surrogate": "0", "full_fit_surrogate": "0"}
 # settings added after runs were first stored: an archive without them ran with these values
 LEGACY_SETTINGS = {
     "fit_method": "cmaes",
@@ -178,6 +202,19 @@ class RunSettings:
             if a.get(k) != b.get(k)
         )
 
+    def flags_of(self, saved: RunSettings) -> str:
+        """The `evolve run` flags that give the settings of `saved` where these differ from them
+        ('--quick-surrogate 0 --units off'), for those a flag can give."""
+        flags = []
+        for k in RUN_FLAGS:
+            value = saved.search.get(k)
+            if value == self.search.get(k) or (value is None and k not in NONE_AS):
+                continue
+            if k == "cv" and value not in CV_MODES:  # groups: the file the run was given is not stored
+                continue
+            flags.append(f"--{k.replace('_', '-')} {NONE_AS[k] if value is None else value}")
+        return " ".join(flags)
+
     def check_resume(self, archive: Archive, run: RunRecord, data: LoadedData, resume: bool) -> None:
         """Whether `run`, the run in `archive`, may go on with these settings on `data`: a one-line
         SearchError saying why not."""
@@ -192,9 +229,10 @@ class RunSettings:
             )
         saved = RunSettings.stored(run.config)
         if saved != self:
+            flags = self.flags_of(saved)
             raise SearchError(
                 f"{archive.dir}: the run used other search settings ({self.differences(saved)}); "
-                "resume with the settings it started with"
+                "resume with the settings it started with" + (f" ({flags})" if flags else "")
             )
 
 

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evolve.search.settings import NONE_AS
 
 TOOLS = Path(__file__).resolve().parent
 CUT = ("programs", "rejections", "llm_calls", "generations")  # rows with a generation column
@@ -57,13 +58,12 @@ def cut_back(src: Path, dst: Path, generation: int, settings: dict) -> None:
 
 
 def settings_of(flags: list[str]) -> dict:
-    """The stored search settings a variant's flags give (as `evolve run` stores them: a surrogate
-    budget of 0 is None)."""
+    """The stored search settings a variant's numeric flags give (as `evolve run` stores them: the
+    value NONE_AS names for a setting is None)."""
     out: dict = {}
     for flag, value in zip(flags[::2], flags[1::2]):
         key = flag.removeprefix("--").replace("-", "_")
-        number = float(value) if "." in value else int(value)
-        out[key] = None if key.endswith("surrogate") and number == 0 else number
+        out[key] = None if NONE_AS.get(key) == value else float(value) if "." in value else int(value)
     return out
 
 

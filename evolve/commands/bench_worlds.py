@@ -110,8 +110,8 @@ def _held_out(
         cv = cross_validate(
             program, loaded.experiments, engine, protocol, folds, FitConfig(seed=seed + k, max_evals=max_evals)
         )
-        means = {m: cv.summary().get(m, {}).get("mean", math.inf) for m in ("e2e", "ttft")}
-        scored.append((cv.loss, means["e2e"], means["ttft"]))
+        summary = cv.summary()
+        scored.append((cv.loss, *(summary.get(m, {}).get("mean", math.inf) for m in ("e2e", "ttft"))))
     ranked = sorted(scored, key=lambda x: (math.isnan(x[0]), x[0]))  # a NaN loss ranks last
     loss, e2e, ttft = ranked[(fits - 1) // 2]  # the median, the lower middle one of an even count
     return HeldOut(name, loss, e2e, ttft, tuple(x[0] for x in scored) if fits > 1 else ())

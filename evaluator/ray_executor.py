@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -82,9 +83,30 @@ def _worker_fingerprint() -> str:
     return importlib.import_module(__name__).code_fingerprint()
 
 
+def _quiet_closed_channels() -> None:
+    """gRPC polls a channel's state from a thread of its own; when the head goes away, that thread
+    dies with "Channel closed" and Python prints its traceback, after or around the one-line
+    ClusterError the run stops with. Drop exactly that exception; any other goes to the old hook."""
+    previous = threading.excepthook
+    if getattr(previous, "_drops_closed_channels", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        tb, in_grpc = args.exc_traceback, False
+        while tb is not None:
+            in_grpc = in_grpc or "/grpc/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
+            tb = tb.tb_next
+        if not (in_grpc and args.exc_type is ValueError and "Channel closed" in str(args.exc_value)):
+            previous(args)
+
+    hook._drops_closed_channels = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class RayExecutor:
     def __init__(self, experiments: list[Experiment], cluster: str, remote_workers: int | None = None):
         self.cluster = cluster
+        _quiet_closed_channels()
         logging.getLogger("ray").setLevel(
             logging.ERROR
         )  # its notices; what goes wrong reaches the user as a ClusterError

@@ -176,6 +176,32 @@ def test_a_lost_head_stops_the_run_in_one_line_and_resume_finishes_it_locally(re
 
 
 @needs_ray
+def test_a_closed_grpc_channel_in_a_background_thread_prints_nothing(monkeypatch):
+    """What made a lost head print a traceback beside its one line: gRPC's connectivity-poll thread
+    dies with "Channel closed". That exception is dropped; any other thread's error still reaches
+    the hook that was there before (Python's, which prints it)."""
+    from stepml_evolve.evaluator.ray_executor import _quiet_closed_channels
+
+    shown = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: shown.append(str(args.exc_value)))
+    _quiet_closed_channels()
+    _quiet_closed_channels()  # idempotent: one hook, not a chain of them
+
+    def raise_in(filename, message):
+        code = compile(f"def poll():\n    raise ValueError({message!r})\n", filename, "exec")
+        space: dict = {}
+        exec(code, space)  # a function whose frame claims to be in FILENAME, as gRPC's are
+        t = threading.Thread(target=space["poll"])
+        t.start()
+        t.join()
+        return shown.pop() if shown else None
+
+    assert raise_in("/venv/site-packages/grpc/_channel.py", "Cannot invoke RPC: Channel closed!") is None
+    assert raise_in("/venv/site-packages/other/poll.py", "Channel closed!") == "Channel closed!"
+    assert raise_in("/venv/site-packages/grpc/_channel.py", "bad state") == "bad state"
+
+
+@needs_ray
 def test_bench_compares_threads_and_each_count_of_remote_workers(cluster):
     res = CliRunner().invoke(
         app,

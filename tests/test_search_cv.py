@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from stepml_evolve.archive.grid import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
+from stepml_evolve.evolve.search.settings import SearchConfig
 
 TINY = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "3", "--children", "3", "--seed", "4"]
 
@@ -55,7 +56,7 @@ def independent_cv(tmp_path_factory):
 
 def test_cv_folds_are_warm_started_from_the_full_fit_unless_asked_to_be_independent(plain_and_cv, independent_cv):
     """By default a fold's fit starts from the full fit's constants and closed loop and spends
-    --cv-fit-evals (3) evaluations on steps; --cv-fit-evals 0 fits every fold from the child's own
+    --cv-fit-evals (2) evaluations on steps; --cv-fit-evals 0 fits every fold from the child's own
     start with the full-fit budget, as `evolve cv` does. Both are stored as what they are, so a
     front CV at the end never takes a warm score for an independent one."""
     _, warm = plain_and_cv
@@ -66,8 +67,8 @@ def test_cv_folds_are_warm_started_from_the_full_fit_unless_asked_to_be_independ
     ]  # the fit on every experiment is the same either way
     for p in warm_progs:
         for score in warm_scores[p.id]:
-            assert score.method == "trust-region-warm" and score.max_evals == 3
-            assert all(f["evaluations"] <= 3 for f in score.folds)
+            assert score.method == "trust-region-warm" and score.max_evals == SearchConfig.cv_fit_evals
+            assert all(f["evaluations"] <= SearchConfig.cv_fit_evals for f in score.folds)
     ind = [s for p in ind_progs for s in ind_scores[p.id]]
     assert ind and all(s.method == "trust-region" and s.max_evals == 6 for s in ind)
     seeds_warm = sum(s.evaluations for p in warm_progs if p.stage == "seed" for s in warm_scores[p.id])
@@ -162,7 +163,7 @@ def test_resume_with_other_cv_is_refused_and_old_archives_resume_as_none(tmp_pat
     forget_setting(copy, "cv_fit_evals")
     only_error_line(
         invoke("run", "--generations", 2, "--archive", copy, *TINY, "--resume", "--cv", "lomo"),
-        "cv-fit-evals: run 0, now 3",
+        f"cv-fit-evals: run 0, now {SearchConfig.cv_fit_evals}",
     )
 
 

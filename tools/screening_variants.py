@@ -58,13 +58,22 @@ def cut_back(src: Path, dst: Path, generation: int, settings: dict) -> None:
 
 
 def settings_of(flags: list[str]) -> dict:
-    """The stored search settings a variant's numeric flags give (as `evolve run` stores them: the
+    """The stored search settings a variant's flags give (as `evolve run` stores them: the
     value NONE_AS names for a setting is None)."""
     out: dict = {}
     for flag, value in zip(flags[::2], flags[1::2]):
         key = flag.removeprefix("--").replace("-", "_")
-        out[key] = None if NONE_AS.get(key) == value else float(value) if "." in value else int(value)
+        out[key] = None if NONE_AS.get(key) == value else _number(value)
     return out
+
+
+def _number(value: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value  # a mode, e.g. --cv lomo
 
 
 def promoted(db: Path, generation: int) -> dict[str, tuple[float, float, float]]:

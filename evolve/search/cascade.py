@@ -277,6 +277,23 @@ class Cascade:
         with self._counting:
             self._evaluations += evaluations
 
+    def full_fit_config(self, seed: int, max_evals: int | None, sigma: float, promoted: bool = True) -> FitConfig:
+        config = FitConfig(
+            seed=seed,
+            max_evals=max_evals,
+            sigma0=sigma,
+            method=self.cfg.fit_method,
+            objective=self.goal,
+        )
+        if not promoted:  # a seed's fit in generation 0: the standard trust region
+            return config
+        return dataclasses.replace(
+            config,
+            candidates=self.cfg.full_fit_candidates,
+            surrogate_evals=self.cfg.full_fit_surrogate,
+            linear_solve=self.cfg.linear == "solve",
+        )
+
     def _full_fit(
         self,
         program: Program,
@@ -289,20 +306,7 @@ class Cascade:
         """The fit on every experiment, scored on every split; with --cv also the fold fits (by
         default warm-started from it, see SearchConfig.cv_fit_evals), whose CV loss becomes the
         validation loss."""
-        config = FitConfig(
-            seed=seed,
-            max_evals=max_evals,
-            sigma0=sigma,
-            method=self.cfg.fit_method,
-            objective=self.goal,
-        )
-        if promoted:  # a promoted child's trust region (seed fits: the standard fit's)
-            config = dataclasses.replace(
-                config,
-                candidates=self.cfg.full_fit_candidates,
-                surrogate_evals=self.cfg.full_fit_surrogate,
-                linear_solve=self.cfg.linear == "solve",
-            )
+        config = self.full_fit_config(seed, max_evals, sigma, promoted)
         cv: CrossValidation | None = None
         fold_config = config  # the folds' fit settings, as the CV score stores them
         if self.folds and self.cfg.cv_fit_evals:  # the fit on every experiment, then folds warm-started from it

@@ -85,7 +85,7 @@ class SearchConfig:
     cv: str = CV_MODES[0]  # lomo/lowo: a full fit is the fold fits too, and its validation loss is the CV loss
     # closed-loop evaluations of each fold's fit, warm-started from the fit on every experiment
     # (0: independent folds from the child's screening constants, each with the full-fit budget)
-    cv_fit_evals: int = 3
+    cv_fit_evals: int = 2
     # cv GROUPS: (fold name, the experiment names it holds out) of the --cv groups:FILE given
     cv_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)

@@ -21,6 +21,7 @@ import hashlib
 import logging
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -92,10 +93,10 @@ def _quiet_closed_channels() -> None:
         return
 
     def hook(args: threading.ExceptHookArgs) -> None:
-        tb, in_grpc = args.exc_traceback, False
-        while tb is not None:
-            in_grpc = in_grpc or "/grpc/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
-            tb = tb.tb_next
+        in_grpc = any(
+            "/grpc/" in frame.f_code.co_filename.replace("\\", "/")
+            for frame, _ in traceback.walk_tb(args.exc_traceback)
+        )
         if not (in_grpc and args.exc_type is ValueError and "Channel closed" in str(args.exc_value)):
             previous(args)
 

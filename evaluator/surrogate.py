@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 from numba import njit
 
 from .components import COMPONENT_NAMES, component_values
@@ -280,16 +281,21 @@ def _class_hash(comps, mix, log_width):
 
 
 @njit(cache=True, nogil=True)
-def _class_sums(cls, n_cls, w, comps):
-    """Per class: its steps' summed weight and weighted component sums, added in step order as
-    np.bincount adds them."""
-    total = np.zeros(n_cls)
-    sums = np.zeros((comps.shape[0], n_cls))
+def _class_sums(cls, n_cls, weight, comps):
+    """Per weight row and class: its steps' summed weight (W, C) and weighted component sums
+    (W, R, C), each added in step order as np.bincount adds them (one pass over the components
+    for every weight row)."""
+    n_w = weight.shape[0]
+    total = np.zeros((n_w, n_cls))
+    sums = np.zeros((n_w, comps.shape[0], n_cls))
     for j in range(len(cls)):
-        total[cls[j]] += w[j]
+        for r in range(n_w):
+            total[r, cls[j]] += weight[r, j]
     for i in range(comps.shape[0]):
         for j in range(len(cls)):
-            sums[i, cls[j]] += w[j] * comps[i, j]
+            c, k = comps[i, j], cls[j]
+            for r in range(n_w):
+                sums[r, i, k] += weight[r, j] * c
     return total, sums
 
 
@@ -308,16 +314,16 @@ def _classes(
     # one 64-bit hash per column of its keys' log-width bins, instead of a unique over columns
     # (10x faster; a collision merely merges two classes)
     mix = np.random.default_rng(0).integers(1, 2**62, size=len(keyed), dtype=np.int64) | 1
-    _, cls = np.unique(_class_hash(keyed, mix, np.log(CLASS_WIDTH)), return_inverse=True)
-    cls = cls.ravel()
-    n_cls = int(cls.max()) + 1 if len(cls) else 0
+    # pandas' hash table labels them as np.unique(return_inverse=True) does (classes in the order of
+    # their hashes), several times faster
+    cls, hashes = pd.factorize(_class_hash(keyed, mix, np.log(CLASS_WIDTH)), sort=True)
+    total, sums = _class_sums(cls, len(hashes), weight.astype(np.float64), comps)
     cols, weights = [], []
-    for i, w in enumerate(weight):
-        total, sums = _class_sums(cls, n_cls, w.astype(np.float64), comps)
-        keep = total > 0
-        cols.append(sums[:, keep] / total[keep])
+    for i in range(len(weight)):
+        keep = total[i] > 0
+        cols.append(sums[i][:, keep] / total[i][keep])
         row = np.zeros((len(weight), keep.sum()))
-        row[i] = total[keep]
+        row[i] = total[i][keep]
         weights.append(row)
     return np.concatenate(cols, axis=1), np.concatenate(weights, axis=1)
 

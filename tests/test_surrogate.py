@@ -266,3 +266,33 @@ def test_a_pending_model_is_the_recorded_model_built_on_demand_with_the_gain_it_
     for name in ("weight", "queued_count", "out_tok_count", "linear0", "request_weight"):
         assert np.array_equal(getattr(built, name), getattr(eager, name)), name
     assert all(np.array_equal(built.components[k], eager.components[k]) for k in eager.components)
+
+
+@pytest.mark.parametrize("keys", [None, (0, 2)])
+def test_classes_are_the_plain_numpy_grouping_to_the_last_bit(keys):
+    """Classes labelled by pandas' hash table and summed for every weight row in one pass are the
+    grouping np.unique(return_inverse=True) and np.bincount give, bit for bit: the same classes in
+    the same order, the same sums (the search's archive does not move with the implementation)."""
+    from stepml_evolve.evaluator.surrogate import CLASS_WIDTH, _class_hash, _classes
+
+    rng = np.random.default_rng(3)
+    # few distinct rows, repeated and scaled inside one class width, with zeros and negatives
+    base = rng.choice([0.0, -2.0, 1.0, 7.5, 1e4, 3e6], size=(4, 40))
+    comps = np.repeat(base, 50, axis=1) * rng.uniform(1.0, 1.01, (4, 2000))
+    weight = np.stack([rng.random(2000) * (rng.random(2000) < 0.7), rng.random(2000) < 0.5])
+    reps, w = _classes(comps, weight, keys)
+
+    keyed = comps if keys is None else comps[list(keys)]
+    mix = np.random.default_rng(0).integers(1, 2**62, size=len(keyed), dtype=np.int64) | 1
+    _, cls = np.unique(_class_hash(keyed, mix, np.log(CLASS_WIDTH)), return_inverse=True)
+    cols, weights = [], []
+    for i, row in enumerate(weight.astype(np.float64)):
+        total = np.bincount(cls, weights=row)
+        keep = total > 0
+        sums = np.stack([np.bincount(cls, weights=row * c, minlength=len(total)) for c in comps])
+        cols.append(sums[:, keep] / total[keep])
+        weights.append(np.zeros((len(weight), keep.sum())))
+        weights[-1][i] = total[keep]
+    np.testing.assert_array_equal(reps, np.concatenate(cols, axis=1))
+    np.testing.assert_array_equal(w, np.concatenate(weights, axis=1))
+    assert 1 < w.shape[1] < 2 * comps.shape[1]

@@ -477,6 +477,59 @@ def diff(archive: Archive, a: ProgramRecord, b: ProgramRecord) -> dict:
     }
 
 
+def generation_history(archive: Archive, every: int | None = None) -> dict:
+    """The latest run's generations as `evolve archive history` shows them: the run's pace (wall
+    seconds, generation 0 apart, generations per hour after it) and one row per `every`-th
+    generation, per generation whose best validation loss (the CV loss of a --cv run) improved
+    (with the program that did it) and for the last. `every` None: about 25 rows."""
+    run, programs = run_programs(archive)
+    gens = archive.generations(run.id)
+    if every is not None and every < 1:
+        raise BrowseError(f"--every must be at least 1, not {every}")
+    if not gens:
+        raise BrowseError(f"{archive.dir}: the run has completed no generation yet")
+    step = every or max(1, math.ceil(len(gens) / 25))
+    full = [p for p in programs if p.stage in ("seed", "full") and _finite(p.val_loss)]
+    rows, best = [], math.inf
+    for i, g in enumerate(gens):
+        improved = _finite(g.best_val) and g.best_val < best
+        if improved:
+            best = g.best_val
+        if not (improved or g.generation % step == 0 or i == len(gens) - 1):
+            continue
+        new_best = None
+        if improved:
+            mine = [p for p in full if p.generation == g.generation]
+            new_best = min(mine, key=lambda p: p.val_loss).id if mine else None
+        rows.append(
+            {
+                "generation": g.generation,
+                "elapsed_s": sum(x.seconds for x in gens[: i + 1]),
+                "seconds": g.seconds,
+                "promoted": g.n_promoted,
+                "evaluations": g.evaluations,
+                "best_train": g.best_train,
+                "best_val": g.best_val,
+                "improved": improved,
+                "new_best": new_best,
+            }
+        )
+    later = [g.seconds for g in gens if g.generation > 0]
+    zero = [g.seconds for g in gens if g.generation == 0]
+    cv = ((run.config or {}).get("search") or {}).get("cv", "none")
+    return {
+        "archive": str(archive.dir),
+        "cv": cv,
+        "generations": gens[-1].generation,
+        "wall_s": sum(g.seconds for g in gens),
+        "generation0_s": zero[0] if zero else None,
+        "mean_s": sum(later) / len(later) if later else None,
+        "per_hour": 3600 * len(later) / sum(later) if later and sum(later) > 0 else None,
+        "evaluations": sum(g.evaluations for g in gens),
+        "rows": rows,
+    }
+
+
 # ---- one function per command, from the archive directory ----
 
 
@@ -547,3 +600,9 @@ def compare_programs(directory: Path | None, a: str, b: str) -> dict:
     """`evolve archive diff`."""
     with opened(directory) as archive:
         return diff(archive, resolve(archive, a), resolve(archive, b))
+
+
+def run_history(directory: Path | None, every: int | None = None) -> dict:
+    """`evolve archive history`."""
+    with opened(directory) as archive:
+        return generation_history(archive, every)

@@ -513,3 +513,37 @@ def test_browsing_works_while_a_run_holds_the_write_lock(archive_dir, records):
     finally:
         writer.execute("ROLLBACK")
         writer.close()
+
+
+# ---- history ----
+
+
+def test_history_has_the_runs_pace_and_every_improvement_with_the_program_that_made_it(archive_dir, records):
+    programs, _ = records
+    a = Archive.open(archive_dir)
+    gens = a.generations(a.run().id)
+    a.close()
+    h = as_json("history", "--archive", archive_dir, "--every", 2)
+    assert h["generations"] == gens[-1].generation and h["wall_s"] == pytest.approx(sum(g.seconds for g in gens))
+    assert h["generation0_s"] == pytest.approx(gens[0].seconds)
+    later = [g.seconds for g in gens[1:]]
+    assert h["per_hour"] == pytest.approx(3600 * len(later) / sum(later))
+    shown = [r["generation"] for r in h["rows"]]
+    improving = [
+        g.generation for i, g in enumerate(gens) if g.best_val < min([math.inf] + [x.best_val for x in gens[:i]])
+    ]
+    assert set(shown) == {g.generation for g in gens if g.generation % 2 == 0} | set(improving) | {gens[-1].generation}
+    for r in h["rows"]:
+        assert r["improved"] == (r["generation"] in improving)
+        if r["improved"]:  # the program that set the new best was made in that generation and has that loss
+            made = next(p for p in programs if p.id == r["new_best"])
+            assert made.generation == r["generation"] and made.val_loss == pytest.approx(r["best_val"])
+    assert [r["elapsed_s"] for r in h["rows"]] == sorted(r["elapsed_s"] for r in h["rows"])
+    table = invoke("history", "--archive", archive_dir).stdout
+    assert f"{len(gens)} generations in" in table and "best val" in table
+
+
+def test_history_refuses_a_zero_step(archive_dir):
+    from conftest import only_error_line
+
+    only_error_line(invoke("history", "--archive", archive_dir, "--every", 0, ok=False), "--every")

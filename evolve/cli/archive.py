@@ -1,4 +1,4 @@
-"""`evolve archive ...`: browse a search archive (list, show, pareto, diff), write the HTML report,
+"""`evolve archive ...`: browse a search archive (list, show, pareto, diff, history), write the HTML report,
 cross-validate programs and store their scores (cv), and upgrade an older archive (migrate).
 
 Thin wiring: each command calls one query of archive.browse (or a backend of evolve.commands)
@@ -22,6 +22,7 @@ from stepml_evolve.archive.browse import (
     front_programs,
     list_programs,
     protocol_order,
+    run_history,
     show_program,
     show_source,
 )
@@ -246,6 +247,51 @@ def pareto_cmd(archive_dir: Path | None = ArchiveOpt, as_json: bool = JsonOpt):
     """The Pareto front: validation loss vs complexity, by increasing complexity."""
     listing = front_programs(archive_dir)
     _print_rows(listing.rows, f"Pareto front of {listing.archive_dir} (validation loss vs complexity)", as_json)
+
+
+@archive_app.command("history")
+def history_cmd(
+    archive_dir: Path | None = ArchiveOpt,
+    every: int | None = typer.Option(
+        None, "--every", help="A row every N generations, besides each that improved the best (default: ~25 rows)."
+    ),
+    as_json: bool = JsonOpt,
+):
+    """The run by generation: its pace, and the best losses with the programs that set them."""
+    h = run_history(archive_dir, every)
+    if as_json:
+        print(dumps(h))
+        return
+    val = "best val" if h["cv"] == "none" else f"best cv {h['cv']}"
+    t = Table(title=f"{h['archive']}: generations 0..{h['generations']}")
+    for col in ("gen", "elapsed", "seconds", "promoted", "evals", val, "its train", "new best"):
+        t.add_column(col, justify="right")
+    for r in h["rows"]:
+        t.add_row(
+            str(r["generation"]),
+            _clock(r["elapsed_s"]),
+            f"{r['seconds']:.1f}",
+            str(r["promoted"]),
+            str(r["evaluations"]),
+            Text(fmt(r["best_val"]), style="bold" if r["improved"] else ""),
+            fmt(r["best_train"]),
+            f"#{r['new_best']}" if r["new_best"] is not None else "",
+        )
+    out.print(t)
+    pace = (
+        f"; generation 0 {h['generation0_s']:.1f} s, then {h['mean_s']:.1f} s a generation ({h['per_hour']:.0f} an hour)"
+        if h["mean_s"] is not None
+        else ""
+    )
+    out.print(
+        f"{h['generations'] + 1} generations in {_clock(h['wall_s'])}{pace}; {h['evaluations']} closed-loop evaluations"
+    )
+
+
+def _clock(seconds: float) -> str:
+    """h:mm:ss"""
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 @archive_app.command("diff")

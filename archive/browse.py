@@ -14,6 +14,7 @@ Every failure a user can cause is a `BrowseError` with a one-line message (or th
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -490,6 +491,7 @@ def generation_history(archive: Archive, every: int | None = None) -> dict:
         raise BrowseError(f"{archive.dir}: the run has completed no generation yet")
     step = every or max(1, math.ceil(len(gens) / 25))
     full = [p for p in programs if p.stage in ("seed", "full") and _finite(p.val_loss)]
+    elapsed = list(itertools.accumulate(g.seconds for g in gens))
     rows, best = [], math.inf
     for i, g in enumerate(gens):
         improved = _finite(g.best_val) and g.best_val < best
@@ -504,7 +506,7 @@ def generation_history(archive: Archive, every: int | None = None) -> dict:
         rows.append(
             {
                 "generation": g.generation,
-                "elapsed_s": sum(x.seconds for x in gens[: i + 1]),
+                "elapsed_s": elapsed[i],
                 "seconds": g.seconds,
                 "promoted": g.n_promoted,
                 "evaluations": g.evaluations,
@@ -521,7 +523,7 @@ def generation_history(archive: Archive, every: int | None = None) -> dict:
         "archive": str(archive.dir),
         "cv": cv,
         "generations": gens[-1].generation,
-        "wall_s": sum(g.seconds for g in gens),
+        "wall_s": elapsed[-1],
         "generation0_s": zero[0] if zero else None,
         "mean_s": sum(later) / len(later) if later else None,
         "per_hour": 3600 * len(later) / sum(later) if later and sum(later) > 0 else None,

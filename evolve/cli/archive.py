@@ -273,8 +273,8 @@ def history_cmd(
             f"{r['seconds']:.1f}",
             str(r["promoted"]),
             str(r["evaluations"]),
-            Text(fmt(r["best_val"]), style="bold" if r["improved"] else ""),
-            fmt(r["best_train"]),
+            Text(fmt(r["best_val"], ".3f"), style="bold" if r["improved"] else ""),
+            fmt(r["best_train"], ".3f"),
             f"#{r['new_best']}" if r["new_best"] is not None else "",
         )
     out.print(t)

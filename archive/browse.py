@@ -29,7 +29,7 @@ from stepml_evolve.evaluator.prompt_reuse import LEGACY_POLICY
 
 from .grid import best as best_program
 from .grid import cell_label, cell_of, pareto_front, scored
-from .records import CVScoreRecord, ProgramRecord, RunRecord
+from .records import CVScoreRecord, ProgramRecord, RunRecord, generation_pace
 from .store import Archive
 
 SORT_KEYS = ("id", "generation", "train", "val", "complexity", "cv")
@@ -516,17 +516,16 @@ def generation_history(archive: Archive, every: int | None = None) -> dict:
                 "new_best": new_best,
             }
         )
-    later = [g.seconds for g in gens if g.generation > 0]
-    zero = [g.seconds for g in gens if g.generation == 0]
+    zero, mean, per_hour = generation_pace(gens)
     cv = ((run.config or {}).get("search") or {}).get("cv", "none")
     return {
         "archive": str(archive.dir),
         "cv": cv,
         "generations": gens[-1].generation,
         "wall_s": elapsed[-1],
-        "generation0_s": zero[0] if zero else None,
-        "mean_s": sum(later) / len(later) if later else None,
-        "per_hour": 3600 * len(later) / sum(later) if later and sum(later) > 0 else None,
+        "generation0_s": zero,
+        "mean_s": mean,
+        "per_hour": per_hour,
         "evaluations": sum(g.evaluations for g in gens),
         "rows": rows,
     }

@@ -240,6 +240,19 @@ class GenerationRecord:
     evaluations: int = column("INTEGER NOT NULL", default=0)
 
 
+def generation_pace(gens: list[GenerationRecord]) -> tuple[float | None, float | None, float | None]:
+    """A run's pace from its generations: generation 0's seconds, the mean seconds of a generation
+    after it, and those generations per hour (None where there is no such generation)."""
+    zero = [g.seconds for g in gens if g.generation == 0]
+    later = [g.seconds for g in gens if g.generation > 0]
+    total = sum(later)
+    return (
+        zero[0] if zero else None,
+        total / len(later) if later else None,
+        3600 * len(later) / total if later and total > 0 else None,
+    )
+
+
 CV_METRICS = ("e2e", "ttft", "itl")  # the summary columns of a CV score: <metric>_mean, _median, _max (APE %)
 CV_STATS = ("mean", "median", "max")
 

@@ -47,6 +47,7 @@ def timed_search(loaded, engine: Engine, generations: int, say: Say, **settings)
     fits) and the mean of generations 1..N (the front's CV at the end is not run)."""
     import tempfile
 
+    from stepml_evolve.archive.records import generation_pace
     from stepml_evolve.archive.store import Archive
     from stepml_evolve.evolve.search import Search, SearchConfig
 
@@ -71,11 +72,11 @@ def timed_search(loaded, engine: Engine, generations: int, say: Say, **settings)
         finally:
             archive.close()
     later = [g for g in gens if g.generation >= 1]
-    seconds = sum(g.seconds for g in later)
+    zero, mean, per_hour = generation_pace(gens)
     return {
-        "generation_0_s": round(gens[0].seconds, 2),
-        "generation_s_mean": round(seconds / len(later), 2),
-        "generations_per_hour": round(len(later) / seconds * 3600, 1),
+        "generation_0_s": round(zero, 2),
+        "generation_s_mean": round(mean, 2),
+        "generations_per_hour": round(per_hour, 1),
         "generations_timed": len(later),
         "full_fits": sum(g.n_promoted for g in later),
     }

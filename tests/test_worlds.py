@@ -235,11 +235,21 @@ def test_data_worlds_lists_every_world():
 # ---- the benchmark ----------------------------------------------------------------------------
 
 
-def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(tmp_path):
-    out = tmp_path / "bench"
-    res = CliRunner().invoke(app, ["bench", "--worlds", "--quick", "--out", str(out), "--json"])
+def _bench_report(res) -> dict:
     assert res.exit_code == 0, res.output
-    report = json.loads(res.output[res.output.index("{") :])
+    return json.loads(res.output[res.output.index("{") :])
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    """One quick benchmark for the tests below (minutes): its directory and report."""
+    out = tmp_path_factory.mktemp("bench") / "bench"
+    report = _bench_report(CliRunner().invoke(app, ["bench", "--worlds", "--quick", "--out", str(out), "--json"]))
+    return out, report
+
+
+def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(quick_bench):
+    out, report = quick_bench
     assert report == json.loads((out / "bench-worlds.json").read_text())
     results = report["results"]
     assert [(r["world"], r["split"]) for r in results] == [("launch_bound", "by-gpu"), ("cuda_graph_buckets", "by-gpu")]
@@ -255,6 +265,33 @@ def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(tmp_path):
         train = sorted(p.name for p in (out / r["world"] / "by-gpu-train").iterdir())
         assert train and not any("l40s" in n for n in train)  # the search never saw the held-out GPU
     assert report["summary"]["of"] == 2
+
+
+def test_a_resumed_benchmark_keeps_what_it_finished_and_redoes_only_what_is_missing(quick_bench):
+    """--resume: finished splits are kept as they are; a split killed after its search (no result
+    file) is scored again from its archive, to the same numbers; the settings must be the same,
+    and a search cannot be shortened."""
+    out, report = quick_bench
+    resume = ["bench", "--worlds", "--quick", "--out", str(out), "--resume", "--json"]
+    res = CliRunner().invoke(app, resume)
+    assert "done before (2 generations), kept" in res.output
+    assert _bench_report(res)["results"] == report["results"]
+
+    killed = out / "cuda_graph_buckets" / "by-gpu-result.json"
+    killed.unlink()
+    res = CliRunner().invoke(app, resume)
+    assert "its search is at generation 2; nothing to run" in res.output  # the search was not run again
+    assert _bench_report(res)["results"] == report["results"]  # its winner scored again, the same
+    assert killed.is_file()
+
+    for args, message in [
+        (["--seed", "1"], "the benchmark started with seed 0, not 1; resume it with the same settings"),
+        (["--generations", "1"], "its search is at generation 2, past --generations 1"),
+    ]:
+        res = cli(*resume, *args)
+        assert res.exit_code == 2 and message in res.output, res.output
+    assert cli("bench", "--worlds", "--quick", "--out", out.parent / "new", "--resume").exit_code == 2
+    assert not (out.parent / "new").exists()
 
 
 def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):

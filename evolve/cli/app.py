@@ -825,6 +825,9 @@ def bench_cmd(
     world: list[str] | None = typer.Option(
         None, "--world", help="With --worlds: only this world (repeatable; default all, or two with --quick)."
     ),
+    split: list[str] | None = typer.Option(
+        None, "--split", help="With --worlds: only this split (repeatable; default all, or by-gpu with --quick)."
+    ),
     quick: bool = typer.Option(
         False, "--quick", help="With --worlds: two worlds, small grids, one split, a few generations (minutes)."
     ),
@@ -863,12 +866,19 @@ def bench_cmd(
         "--out",
         help="With --worlds: a new directory for the worlds' data, split files, search archives and results.",
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="With --worlds: continue the benchmark in --out (same settings; a larger --generations "
+        "extends every search), keeping what it finished.",
+    ),
 ):
     """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
-    if worlds or world or quick or world_size or llm:
+    if worlds or world or split or quick or world_size or llm or resume:
         results = bench_worlds(
             bench_out,
             worlds=world,
+            splits=split,
             quick=quick,
             size=world_size,
             generations=generations,
@@ -877,6 +887,7 @@ def bench_cmd(
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
             fits=held_out_fits,
+            resume=resume,
             say=say,
         )
         report = {"results": [r.to_json() for r in results], "summary": worlds_summary(results)}

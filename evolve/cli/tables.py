@@ -245,7 +245,7 @@ def worlds_bench_table(results, summary: dict) -> Table:
     """`evolve bench --worlds`: held-out loss (E2E / TTFT APE %) of the best seed, the search's winner and the law."""
     t = Table(
         title="known-truth worlds: held-out loss (mean E2E / TTFT APE %)",
-        caption="with several fits a program (--held-out-fits): the median fit, [the range of the fits' losses]. "
+        caption="with several fits a program (--held-out-fits): the median fit, \\[the range of the fits' losses]. "
         f"recovered: the winner within 1.5x of the law's held-out loss. The winner beats the best seed on "
         f"{summary['beats_seed']} of {summary['of']} worlds and recovers the law on {summary['recovered']} "
         "(per world: mean over its splits; recovered on every split)",

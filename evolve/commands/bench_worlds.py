@@ -8,12 +8,20 @@ Every program is scored the one way `evolve cv --protocol groups:split-<name>.ya
 constants fitted on the configurations the split trains on, then all requests of the held-out
 ones replayed. The best seed is the one with the lowest held-out loss: the strongest baseline the
 seeds offer, chosen with hindsight no user has.
+
+The benchmark is many searches, more than one sitting at the default budget, so it keeps its work
+in --out as it goes and `--resume` continues it: each world's data once generated (world.json is
+written last), each split's seed and law scores, each search's archive (resumed from its last
+completed generation), each split's result. A resumed benchmark with more --generations extends
+every search and scores its new winner; the other settings must be the ones it started with.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,8 +35,9 @@ from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evaluator.objectives import DEFAULT
-from stepml_evolve.evaluator.outputs import check_output_dir
+from stepml_evolve.evaluator.outputs import check_output_dir, write_atomic
 from stepml_evolve.evaluator.worlds import SPLITS, load_world, world_names, write_world
+from stepml_evolve.evaluator.worlds.generate import GENERATOR_VERSION
 from stepml_evolve.evaluator.worlds.splits import split_file
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
@@ -41,6 +50,7 @@ QUICK_WORLDS = ("launch_bound", "cuda_graph_buckets")
 QUICK_GENERATIONS = 2
 QUICK_SPLITS = ("by-gpu",)
 SELECTIONS = ("validation", "inner")  # how a search picks its winner (see bench_world)
+SETTINGS_FILE = "bench-worlds.settings.json"  # what a resumed benchmark must match
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,31 @@ class SplitResult:
             "beats_seed": self.beats_seed,
             "recovered": self.recovered,
         }
+
+    @classmethod
+    def from_json(cls, d: dict) -> SplitResult:
+        fields = {k: d[k] for k in ("world", "split", "held_out", "generations", "winner_origin", "selection")}
+        return cls(
+            **fields,
+            seeds=tuple(_held_out_of(s) for s in d["seeds"]),
+            winner=_held_out_of(d["winner"]),
+            law=_held_out_of(d["law"]),
+        )
+
+
+def _held_out_of(d: dict) -> HeldOut:
+    return HeldOut(d["program"], d["loss"], d["e2e_ape"], d["ttft_ape"], tuple(d.get("losses", ())))
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot be read as the benchmark's JSON ({e}); remove it to redo that part") from None
+
+
+def _write_json(path: Path, value) -> None:
+    write_atomic(path, json.dumps(value, indent=1) + "\n")
 
 
 def _held_out(
@@ -146,31 +181,37 @@ def bench_world(
     its train configurations) without a front CV, so the winner is the lowest such CV loss."""
     world = load_world(name)
     data_dir = workdir / world.name / "data"
-    say(f"world {world.name}: generating its {size} grid into {data_dir}")
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
-    _, split_files = write_world(world, data_dir, seed=seed, size=size)
+    split_files = _world_data(world, data_dir, seed, size, say)
     loaded = load_data(data_dir)
     if loaded.errors:
         raise UserError(f"world {world.name}: {loaded.errors[0]}")
     results = []
     with Engine(loaded.experiments) as pool:
         for split in [s for s in SPLITS if splits is None or s.name in splits]:
+            result_file = workdir / world.name / f"{split.name}-result.json"
+            if result_file.exists():
+                done = SplitResult.from_json(_read_json(result_file))
+                if done.generations == generations:
+                    say(f"  {world.name} {split.name}: done before ({generations} generations), kept")
+                    results.append(done)
+                    continue
             protocol = f"{GROUPS_PREFIX}{split_files[split.name]}"
             folds = make_folds(protocol, loaded.experiments)
             held = {n for f in folds for n in f.held_out}
-            # the seeds and the law fit at once (each fit hands its replays to the engine's pool)
-            programs = [(p.stem, parse_program(p.read_text())) for p in seed_paths()] + [("law", world.program)]
-            with ThreadPoolExecutor(len(programs)) as threads:
-                jobs = [
-                    threads.submit(_held_out, n, prog, loaded, pool, protocol, folds, seed, fits)
-                    for n, prog in programs
-                ]
-                scored = [j.result() for j in jobs]
-            seeds, law = scored[:-1], scored[-1]
-            for s in scored:
-                say(f"  {world.name} {split.name}: {s.program} held-out loss {s.loss:.2f}")
-            train = _train_view(data_dir, held, workdir / world.name / f"{split.name}-train", loaded)
+            seeds, law = _baselines(world, split.name, workdir, loaded, pool, protocol, folds, seed, fits, say)
+            train_dir = workdir / world.name / f"{split.name}-train"
+            train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
             archive_dir = workdir / world.name / f"{split.name}-archive"
+            resume = (archive_dir / Archive.FILE).exists()
+            if resume:
+                last = _last_generation(archive_dir)
+                if last > generations:
+                    raise UserError(
+                        f"{archive_dir}: its search is at generation {last}, past --generations {generations}; "
+                        "a resumed benchmark can extend its searches, not shorten them"
+                    )
+                left = f"continues to {generations}" if last < generations else "nothing to run"
+                say(f"  {world.name} {split.name}: its search is at generation {last}; {left}")
             inner = selection == "inner"
             config = SearchConfig(
                 generations=generations,
@@ -178,7 +219,7 @@ def bench_world(
                 cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
                 front_cv="none" if inner else front_cv,
             )
-            run_search(config, EvaluationSetup(data=train), archive_dir, llm=llm, engine=engine)
+            run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
             archive = Archive.open(archive_dir)
             try:
                 chosen = choose(archive, "best").program
@@ -187,12 +228,64 @@ def bench_world(
             winner = _held_out(f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, folds, seed, fits)
             say(f"  {world.name} {split.name}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
             origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
-            results.append(
-                SplitResult(
-                    world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin, selection
-                )
+            result = SplitResult(
+                world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin, selection
             )
+            _write_json(result_file, result.to_json())
+            results.append(result)
     return results
+
+
+def _world_data(world, data_dir: Path, seed: int, size: str, say: Say) -> dict[str, Path]:
+    """The world's experiments and split files: those in data_dir when a generation of the same
+    world, seed and size finished there (its world.json is written last), else generated anew
+    (over what a killed generation left)."""
+    meta = {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION}
+    done = data_dir / "world.json"
+    if done.exists():
+        found = _read_json(done)
+        if {k: found.get(k) for k in meta} != meta:
+            raise UserError(
+                f"{done}: holds {found.get('world')} seed {found.get('seed')} {found.get('size')}, not {world.name} seed {seed} {size}"
+            )
+        say(f"world {world.name}: its {size} grid, generated before, in {data_dir}")
+        return {s.name: split_file(data_dir, s.name) for s in SPLITS}
+    if data_dir.exists():
+        shutil.rmtree(data_dir)  # a generation killed before its world.json: the benchmark's own files
+    say(f"world {world.name}: generating its {size} grid into {data_dir}")
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    return write_world(world, data_dir, seed=seed, size=size)[1]
+
+
+def _baselines(
+    world, split: str, workdir: Path, loaded, pool, protocol, folds, seed, fits, say
+) -> tuple[list, HeldOut]:
+    """Every seed's and the law's held-out scores on the split, kept in <split>-baselines.json (they
+    do not depend on the search's budget, so a resumed or extended benchmark reuses them)."""
+    keep = workdir / world.name / f"{split}-baselines.json"
+    if keep.exists():
+        scored = [_held_out_of(d) for d in _read_json(keep)]
+    else:
+        # the seeds and the law fit at once (each fit hands its replays to the engine's pool)
+        programs = [(p.stem, parse_program(p.read_text())) for p in seed_paths()] + [("law", world.program)]
+        with ThreadPoolExecutor(len(programs)) as threads:
+            jobs = [
+                threads.submit(_held_out, n, prog, loaded, pool, protocol, folds, seed, fits) for n, prog in programs
+            ]
+            scored = [j.result() for j in jobs]
+        _write_json(keep, [asdict(s) for s in scored])
+    for s in scored:
+        say(f"  {world.name} {split}: {s.program} held-out loss {s.loss:.2f}")
+    return scored[:-1], scored[-1]
+
+
+def _last_generation(archive_dir: Path) -> int:
+    archive = Archive.open(archive_dir)
+    try:
+        run = archive.run()
+        return archive.last_generation(run.id) if run else -1
+    finally:
+        archive.close()
 
 
 def bench_worlds(
@@ -202,35 +295,58 @@ def bench_worlds(
     quick: bool = False,
     size: str | None = None,
     generations: int | None = None,
+    splits: list[str] | None = None,
     seed: int = 0,
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
     fits: int = 1,
+    resume: bool = False,
     say: Say = quiet,
 ) -> list[SplitResult]:
     """Every world (quick: QUICK_WORLDS on the small grid, the by-gpu split, QUICK_GENERATIONS and
     no CV of the search's front, so the winner is its best validation loss) into out_dir: per world
-    its data, split files, and one search archive per split."""
+    its data, split files, one search archive and one result per split. resume: continue the
+    benchmark in out_dir, which must have been started with the same settings but --generations."""
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))
     check_engine(engine, llm)
     if selection not in SELECTIONS:
         raise UserError(f"--select must be one of {', '.join(SELECTIONS)}, not {selection!r}")
     for n in names:
         load_world(n)  # an unknown name or a bad law fails before anything is written
-    check_output_dir(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    known = [s.name for s in SPLITS]
+    for name in splits or ():
+        if name not in known:
+            raise UserError(f"--split: unknown split {name!r} (the splits are {', '.join(known)})")
+    settings = {
+        "worlds": names,
+        "size": size or ("small" if quick else "full"),
+        "splits": [n for n in known if n in splits] if splits else list(QUICK_SPLITS) if quick else known,
+        "seed": seed,
+        "select": selection,
+        "engine": engine,
+        "llm": llm.model if llm else None,
+        "held_out_fits": fits,
+        "front_cv": "none" if quick else SearchConfig.front_cv,
+    }
+    out_dir = Path(out_dir)
+    if resume:
+        _check_resumable(out_dir, settings)
+    else:
+        check_output_dir(out_dir)
+        os.makedirs(out_dir, exist_ok=True)
+        _write_json(out_dir / SETTINGS_FILE, settings)
     gens = generations if generations is not None else (QUICK_GENERATIONS if quick else SearchConfig.generations)
     results = []
     for n in names:
         results += bench_world(
             n,
-            Path(out_dir),
-            size=size or ("small" if quick else "full"),
+            out_dir,
+            size=settings["size"],
             generations=gens,
             seed=seed,
-            splits=QUICK_SPLITS if quick else None,
-            front_cv="none" if quick else SearchConfig.front_cv,
+            splits=settings["splits"],
+            front_cv=settings["front_cv"],
             selection=selection,
             engine=engine,
             llm=llm,
@@ -238,6 +354,20 @@ def bench_worlds(
             say=say,
         )
     return results
+
+
+def _check_resumable(out_dir: Path, settings: dict) -> None:
+    """out_dir holds a benchmark started with these settings (--generations may differ)."""
+    keep = out_dir / SETTINGS_FILE
+    if not keep.is_file():
+        raise UserError(f"{out_dir}: no {SETTINGS_FILE}, so not a worlds benchmark to resume; run without --resume")
+    started = _read_json(keep)
+    for key, value in settings.items():
+        if started.get(key) != value:
+            raise UserError(
+                f"{out_dir}: the benchmark started with {key} {started.get(key)!r}, not {value!r}; "
+                "resume it with the same settings (only --generations may change)"
+            )
 
 
 def summary(results: list[SplitResult]) -> dict:

@@ -299,6 +299,8 @@ def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):
     assert res.exit_code == 2 and "unknown world 'nope'" in res.output
     res = cli("bench", "--worlds", "--quick", "--select", "best", "--out", tmp_path / "b")
     assert res.exit_code == 2 and "--select must be one of validation, inner, not 'best'" in res.output
+    res = cli("bench", "--worlds", "--split", "by-colour", "--out", tmp_path / "b")
+    assert res.exit_code == 2 and "--split: unknown split 'by-colour' (the splits are by-gpu," in res.output
     assert not (tmp_path / "b").exists()
 
 

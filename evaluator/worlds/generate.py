@@ -28,6 +28,7 @@ from .splits import make_inner_splits, make_splits, split_file
 from .workloads import WORKLOADS
 
 GENERATOR_VERSION = 1
+WORLD_FILE = "world.json"  # written last: a directory with it holds a finished generation
 REQUEST_NOISE_SIGMA = 0.03
 RUN_NOISE_SIGMA = 0.01
 PILOT_TIMEOUT_S = 1e6
@@ -122,6 +123,11 @@ def write_world(world: World, out_dir: Path, seed: int, size: str) -> tuple[list
         files[name] = split_file(out_dir, name)
         files[name].write_text(yaml.safe_dump(folds, sort_keys=False))
         split_file(out_dir, name, inner=True).write_text(yaml.safe_dump(inner[name], sort_keys=False))
-    meta = {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION, "experiments": len(dirs)}
-    (out_dir / "world.json").write_text(json.dumps(meta, indent=1) + "\n")
+    meta = {**world_identity(world, seed, size), "experiments": len(dirs)}
+    (out_dir / WORLD_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return dirs, files
+
+
+def world_identity(world: World, seed: int, size: str) -> dict:
+    """What makes a generated world the same one: its WORLD_FILE holds these (and the count)."""
+    return {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION}

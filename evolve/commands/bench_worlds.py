@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stepml_evolve.archive.browse import choose
+from stepml_evolve.archive.browse import choose, opened
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
@@ -37,7 +37,7 @@ from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evaluator.objectives import DEFAULT
 from stepml_evolve.evaluator.outputs import check_output_dir, write_atomic
 from stepml_evolve.evaluator.worlds import SPLITS, load_world, world_names, write_world
-from stepml_evolve.evaluator.worlds.generate import GENERATOR_VERSION
+from stepml_evolve.evaluator.worlds.generate import WORLD_FILE, world_identity
 from stepml_evolve.evaluator.worlds.splits import split_file
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
@@ -220,11 +220,8 @@ def bench_world(
                 front_cv="none" if inner else front_cv,
             )
             run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
-            archive = Archive.open(archive_dir)
-            try:
+            with opened(archive_dir) as archive:
                 chosen = choose(archive, "best").program
-            finally:
-                archive.close()
             winner = _held_out(f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, folds, seed, fits)
             say(f"  {world.name} {split.name}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
             origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
@@ -240,8 +237,8 @@ def _world_data(world, data_dir: Path, seed: int, size: str, say: Say) -> dict[s
     """The world's experiments and split files: those in data_dir when a generation of the same
     world, seed and size finished there (its world.json is written last), else generated anew
     (over what a killed generation left)."""
-    meta = {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION}
-    done = data_dir / "world.json"
+    meta = world_identity(world, seed, size)
+    done = data_dir / WORLD_FILE
     if done.exists():
         found = _read_json(done)
         if {k: found.get(k) for k in meta} != meta:
@@ -280,12 +277,9 @@ def _baselines(
 
 
 def _last_generation(archive_dir: Path) -> int:
-    archive = Archive.open(archive_dir)
-    try:
+    with opened(archive_dir) as archive:
         run = archive.run()
         return archive.last_generation(run.id) if run else -1
-    finally:
-        archive.close()
 
 
 def bench_worlds(

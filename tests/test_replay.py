@@ -307,6 +307,44 @@ def test_invariants_hold_on_random_workloads(seed):
     assert plain.stretch_steps > 0 or seed < 40  # a crowded batch decodes alone between events
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_stretches_admit_arrivals_as_the_step_by_step_replay_does(seed):
+    """A request that arrives while the batch only decodes is admitted inside the stretch. With
+    prompts resent and a scarce cache, the blocks that step's decodes take can evict the cached
+    prefix the admitted request would hit, and deadlines, seats and a queue of several cut
+    stretches short: the replay without rows (stretches) must still be the step-by-step one."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(150, 400))
+    prompt = rng.integers(0, 8, n)
+    exp = _exp(
+        np.sort(rng.integers(0, 12_000_000, n)),
+        rng.integers(40, 1200, 8)[prompt],
+        rng.integers(1, 300, n),
+        prompt=prompt,
+        kv_blocks=int(rng.integers(250, 700)),
+        block_size=16,
+        max_num_seqs=int(rng.integers(8, 48)),
+        max_num_batched_tokens=int(rng.choice([512, 2048])),
+        timeout_s=float(rng.choice([4.0, 300.0])),
+        arch=LLAMA7,
+    )
+    _, cp, c = _program(
+        "c.base + c.k * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc) + f.weights + f.kv_read",
+        queue="c.q + 0.5 * r.last_step_us",
+        out_tok="20.0",
+        consts='{"base": 2000.0, "k": 1.5, "q": 300.0}',
+    )
+    for semantics in ("blis", "vllm"):
+        steps = replay(exp, cp, c, record=True, semantics=semantics)
+        lean = replay(exp, cp, c, record=True, rows=False, semantics=semantics)
+        assert steps.stretch_steps == 0 and lean.stretch_steps > 0
+        assert (lean.n_steps, lean.clock_us, lean.cached_tokens) == (steps.n_steps, steps.clock_us, steps.cached_tokens)
+        for name in ("ttft_us", "e2e_us", "state", "preemptions"):
+            assert np.array_equal(getattr(lean, name), getattr(steps, name)), name
+        for name in ("runs", "totals", "step_start_us", "step_us", "kv_blocks_used", "running"):
+            assert np.array_equal(getattr(lean.trajectory, name), getattr(steps.trajectory, name)), name
+
+
 def _runs_of(request, step) -> list[tuple[int, int, int]]:
     """(request, first step, last step) of every run of consecutive steps a request was scheduled in."""
     out = []

@@ -572,6 +572,14 @@ def run_cmd(
         help="When the run ends, cross-validate the Pareto front members "
         "with this protocol and store the scores (none: skip).",
     ),
+    modulate: float = typer.Option(
+        SEARCH.modulate,
+        "--modulate",
+        min=0.0,
+        max=0.99,
+        help="Share of the symbolic children made by `modulate`: a time component f.T becomes "
+        "f.T * (1 + k * f.n) or f.T * (1 + k / f.n) for a count n of the step (0: not used).",
+    ),
     units: Literal["check", "off"] = typer.Option(
         SEARCH.units,
         "--units",
@@ -631,6 +639,7 @@ def run_cmd(
         cv=cv,
         cv_fit_evals=cv_fit_evals,
         front_cv=front_cv,
+        modulate=modulate,
     )
     llm_settings = (
         LLMSettings(
@@ -861,6 +870,13 @@ def bench_cmd(
         help="With --worlds: fit each program this many times (fit seeds --seed, --seed + 1, ...) and "
         "score the median fit held out (one fit's held-out loss depends on where it ended).",
     ),
+    bench_modulate: float = typer.Option(
+        SEARCH.modulate,
+        "--modulate",
+        min=0.0,
+        max=0.99,
+        help="With --worlds: the searches' share of children made by `modulate`, as for evolve run.",
+    ),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",
@@ -887,6 +903,7 @@ def bench_cmd(
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
             fits=held_out_fits,
+            modulate=bench_modulate,
             resume=resume,
             say=say,
         )

@@ -174,6 +174,7 @@ def bench_world(
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
     fits: int = 1,
+    modulate: float = SearchConfig.modulate,
     say: Say = quiet,
 ) -> list[SplitResult]:
     """selection "validation": the winner is `emit-go best` of a run with `front_cv`; "inner": the
@@ -218,6 +219,7 @@ def bench_world(
                 seed=seed,
                 cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
                 front_cv="none" if inner else front_cv,
+                modulate=modulate,
             )
             run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
             with opened(archive_dir) as archive:
@@ -295,6 +297,7 @@ def bench_worlds(
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
     fits: int = 1,
+    modulate: float = SearchConfig.modulate,
     resume: bool = False,
     say: Say = quiet,
 ) -> list[SplitResult]:
@@ -322,6 +325,7 @@ def bench_worlds(
         "llm": llm.model if llm else None,
         "held_out_fits": fits,
         "front_cv": "none" if quick else SearchConfig.front_cv,
+        "modulate": modulate,
     }
     out_dir = Path(out_dir)
     if resume:
@@ -345,9 +349,14 @@ def bench_worlds(
             engine=engine,
             llm=llm,
             fits=fits,
+            modulate=modulate,
             say=say,
         )
     return results
+
+
+# settings added after benchmarks were first stored: one stored without them ran with these
+LEGACY_SETTINGS = {"modulate": 0.0}
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:
@@ -355,7 +364,7 @@ def _check_resumable(out_dir: Path, settings: dict) -> None:
     keep = out_dir / SETTINGS_FILE
     if not keep.is_file():
         raise UserError(f"{out_dir}: no {SETTINGS_FILE}, so not a worlds benchmark to resume; run without --resume")
-    started = _read_json(keep)
+    started = {**LEGACY_SETTINGS, **_read_json(keep)}
     for key, value in settings.items():
         if started.get(key) != value:
             raise UserError(

@@ -36,6 +36,15 @@ OPERATOR_WEIGHTS = {
     "add_term": 0.2,
 }
 
+
+def operator_weights(modulate: float = 0.0) -> dict[str, float]:
+    """The symbolic operators' weights with `modulate` taking that share of the children (0: the
+    operators and draws of the runs before it existed)."""
+    if modulate <= 0.0:
+        return dict(OPERATOR_WEIGHTS)
+    return {**{k: w * (1.0 - modulate) for k, w in OPERATOR_WEIGHTS.items()}, "modulate": modulate}
+
+
 # Outcomes the loop tells an emitter about a proposal with a source.
 INVALID, DUPLICATE, EVALUATION_FAILED, ARCHIVED = "invalid_program", "duplicate", "evaluation_failed", "archived"
 
@@ -87,6 +96,9 @@ class SymbolicEmitter:
 
     share = 1.0
 
+    def __init__(self, modulate: float = 0.0):
+        self.weights = operator_weights(modulate)
+
     def available(self) -> bool:
         return True
 
@@ -98,7 +110,7 @@ class SymbolicEmitter:
 
     def ask(self, ctx: AskContext) -> Proposal:
         rng = ctx.rng
-        operator = rng.choices(list(OPERATOR_WEIGHTS), weights=list(OPERATOR_WEIGHTS.values()))[0]
+        operator = rng.choices(list(self.weights), weights=list(self.weights.values()))[0]
         parents = [ctx.parent.id]
         other = other_prog = None
         if operator == "crossover":
@@ -223,9 +235,9 @@ def _signed_error(predicted: float | None, observed: float | None) -> float:
     return (predicted - observed) / observed * 100 if observed and predicted is not None else math.nan
 
 
-def build_emitters(llm: LLMOperator | None = None, llm_share: float = 0.0) -> list[Emitter]:
+def build_emitters(llm: LLMOperator | None = None, llm_share: float = 0.0, modulate: float = 0.0) -> list[Emitter]:
     """The emitters of a run: symbolic operators by default, plus the LLM for its share of children."""
-    emitters: list[Emitter] = [SymbolicEmitter()]
+    emitters: list[Emitter] = [SymbolicEmitter(modulate)]
     if llm is not None:
         emitters.append(LLMEmitter(llm, llm_share))
     return emitters

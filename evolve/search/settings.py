@@ -89,6 +89,8 @@ class SearchConfig:
     # cv GROUPS: (fold name, the experiment names it holds out) of the --cv groups:FILE given
     cv_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
+    # share of symbolic children made by `modulate` (f.T -> f.T * (1 + k * f.n)); 0: not used
+    modulate: float = 0.0
 
     def __post_init__(self):
         if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
@@ -100,6 +102,8 @@ class SearchConfig:
         ):
             if getattr(self, name) not in modes:
                 raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
+        if not 0.0 <= self.modulate < 1.0:
+            raise SearchError(f"--modulate is a share of the children, from 0 up to 1: not {self.modulate}")
 
     def goal(self) -> Objective:
         return Objective(self.objective, self.weights)
@@ -132,6 +136,7 @@ RUN_FLAGS = (
     "units",
     "cv",
     "cv_fit_evals",
+    "modulate",
 )
 NONE_AS = {"quick_surrogate": "0", "full_fit_surrogate": "0"}
 # settings added after runs were first stored: an archive without them ran with these values
@@ -148,6 +153,7 @@ LEGACY_SETTINGS = {
     "quick_surrogate": None,
     "linear": "sample",
     "prompt_reuse": LEGACY_PROMPT_REUSE,
+    "modulate": 0.0,
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed

@@ -27,8 +27,23 @@ from stepml_evolve.evaluator.dsl.program import clip_to, literal_number, render_
 MAX_TREE_HEIGHT = 12
 # the exponents GP writes, each its own primitive (pow2, pow0_5, powm1, ...); others are left to the LLM
 POWER_EXPONENTS = (2.0, 3.0, 0.5, 1.5, -1.0, -0.5, -2.0)
-OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term")
+OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term", "modulate")
 TIME_COMPONENTS = {"gemm_pf", "gemm_dc", "attn_pf", "attn_dc", "weights", "kv_read", "kv_write", "allreduce"}
+COUNT_COMPONENTS = [c for c in COMPONENT_NAMES if c not in TIME_COMPONENTS]
+# a count's order of magnitude in one serving step: `modulate` starts its new constant where the
+# factor it adds is about 1.1, so the child starts near its parent and the fit moves it
+TYPICAL_COUNT = {
+    "experts": 4.0,
+    "n_req": 32.0,
+    "n_pf": 1.0,
+    "n_dc": 32.0,
+    "tok_pf": 256.0,
+    "tokens": 256.0,
+    "ctx_sum": 32768.0,
+    "ctx_max": 1024.0,
+    "layers": 48.0,
+    "tp": 2.0,
+}
 MUTABLE_FUNCTIONS = {"step_time": 0.8, "queueing_time": 0.2}  # which function a structural operator edits
 
 
@@ -233,6 +248,31 @@ def _flatten_minmax(text: str) -> str:
 SIGNATURES = {"step_time": "step_time(f, c)", "queueing_time": "queueing_time(r, c)"}
 
 
+def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -> tuple[gp.PrimitiveTree, str]:
+    """One time component f.T of the tree becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n), n a
+    count of the step: an efficiency that changes with the step's size (tiles a GEMM fills, the
+    experts a batch touches, a kernel's fixed cost spread over its tokens). Subtree mutations
+    rarely build this shape; the laws of serving kernels are full of it."""
+    spots = [
+        i
+        for i, node in enumerate(tree)
+        if isinstance(node, gp.Terminal) and isinstance(node.value, str) and node.value[2:] in TIME_COMPONENTS
+    ]
+    if not spots:
+        raise NotRepresentable("step_time has no time component to modulate")
+    i = rng.choice(spots)
+    count = rng.choice(COUNT_COMPONENTS)
+    n = pset.mapping[f"f_{count}"]
+    if rng.random() < 0.5:
+        factor, shape = [pset.mapping["mul"], _NamedNew(0.1 / TYPICAL_COUNT[count]), n], f"k * f.{count}"
+    else:
+        factor, shape = [pset.mapping["div"], _NamedNew(0.1 * TYPICAL_COUNT[count]), n], f"k / f.{count}"
+    one = gp.Terminal(1.0, False, object)
+    modulated = [pset.mapping["mul"], tree[i], pset.mapping["add"], one, *factor]
+    detail = f"modulate on step_time: f.{tree[i].value[2:]} * (1 + {shape})"
+    return gp.PrimitiveTree(tree[:i] + modulated + tree[i + 1 :]), detail
+
+
 def assemble(
     parent: Program,
     function: str,
@@ -280,6 +320,8 @@ def mutate(
     all_names = names + ([n for n in other.constants if n not in names] if crossing else [])
     choices = [f for f in MUTABLE_FUNCTIONS if f in parent.functions and (not crossing or f in other.functions)]
     function = rng.choices(choices, weights=[MUTABLE_FUNCTIONS[f] for f in choices])[0]
+    if operator == "modulate":
+        function = "step_time"  # the only function with time components
     pset = primitive_set(all_names, function)
     tree = to_tree(parent, pset, function)
     constants = dict(parent_constants)
@@ -305,6 +347,8 @@ def mutate(
         scale = 1.0 if term.value[2:] in TIME_COMPONENTS else 10.0
         tree = gp.PrimitiveTree([pset.mapping["add"], *tree, pset.mapping["mul"], _NamedNew(scale), term])
         detail = f"add_term on {function}: + k * {term.value[0]}.{term.value[2:]}"
+    elif operator == "modulate":
+        tree, detail = _modulate(tree, pset, rng)
     elif operator == "crossover":
         if other is None:
             raise ValueError("crossover needs a second parent")

@@ -256,7 +256,10 @@ def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random)
     spots = [
         i
         for i, node in enumerate(tree)
-        if isinstance(node, gp.Terminal) and isinstance(node.value, str) and node.value[2:] in TIME_COMPONENTS
+        if isinstance(node, gp.Terminal)
+        and isinstance(node.value, str)
+        and node.value[0] == "f"
+        and node.value[2:] in TIME_COMPONENTS
     ]
     if not spots:
         raise NotRepresentable("step_time has no time component to modulate")

@@ -34,6 +34,7 @@ RUN_OPTIONS = {
     "--full-fit-candidates": "full_fit_candidates",
     "--full-fit-surrogate": "full_fit_surrogate",
     "--linear": "linear",
+    "--modulate": "modulate",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 

@@ -35,6 +35,7 @@ RUN_OPTIONS = {
     "--full-fit-surrogate": "full_fit_surrogate",
     "--linear": "linear",
     "--modulate": "modulate",
+    "--switch": "switch",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 

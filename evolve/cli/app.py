@@ -580,6 +580,15 @@ def run_cmd(
         help="Share of the symbolic children made by `modulate`: a time component f.T becomes "
         "f.T * (1 + k * f.n) or f.T * (1 + k / f.n) for a count n of the step (0: not used).",
     ),
+    switch: float = typer.Option(
+        SEARCH.switch,
+        "--switch",
+        min=0.0,
+        max=0.99,
+        help="Share of the symbolic children made by `switch`, a change of regime at a fitted threshold t "
+        "of a step's count n: f.T becomes (f.T * k if f.n > t else f.T), or the step time gains "
+        "+ (k * X if f.n > t else 0) (0: not used).",
+    ),
     units: Literal["check", "off"] = typer.Option(
         SEARCH.units,
         "--units",
@@ -640,6 +649,7 @@ def run_cmd(
         cv_fit_evals=cv_fit_evals,
         front_cv=front_cv,
         modulate=modulate,
+        switch=switch,
     )
     llm_settings = (
         LLMSettings(
@@ -877,6 +887,13 @@ def bench_cmd(
         max=0.99,
         help="With --worlds: the searches' share of children made by `modulate`, as for evolve run.",
     ),
+    bench_switch: float = typer.Option(
+        SEARCH.switch,
+        "--switch",
+        min=0.0,
+        max=0.99,
+        help="With --worlds: the searches' share of children made by `switch`, as for evolve run.",
+    ),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",
@@ -904,6 +921,7 @@ def bench_cmd(
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
             fits=held_out_fits,
             modulate=bench_modulate,
+            switch=bench_switch,
             resume=resume,
             say=say,
         )

@@ -175,6 +175,7 @@ def bench_world(
     llm: LLMSettings | None = None,
     fits: int = 1,
     modulate: float = SearchConfig.modulate,
+    switch: float = SearchConfig.switch,
     say: Say = quiet,
 ) -> list[SplitResult]:
     """selection "validation": the winner is `emit-go best` of a run with `front_cv`; "inner": the
@@ -220,6 +221,7 @@ def bench_world(
                 cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
                 front_cv="none" if inner else front_cv,
                 modulate=modulate,
+                switch=switch,
             )
             run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
             with opened(archive_dir) as archive:
@@ -298,6 +300,7 @@ def bench_worlds(
     llm: LLMSettings | None = None,
     fits: int = 1,
     modulate: float = SearchConfig.modulate,
+    switch: float = SearchConfig.switch,
     resume: bool = False,
     say: Say = quiet,
 ) -> list[SplitResult]:
@@ -326,6 +329,7 @@ def bench_worlds(
         "held_out_fits": fits,
         "front_cv": "none" if quick else SearchConfig.front_cv,
         "modulate": modulate,
+        "switch": switch,
     }
     out_dir = Path(out_dir)
     if resume:
@@ -350,13 +354,14 @@ def bench_worlds(
             llm=llm,
             fits=fits,
             modulate=modulate,
+            switch=switch,
             say=say,
         )
     return results
 
 
 # settings added after benchmarks were first stored: one stored without them ran with these
-LEGACY_SETTINGS = {"modulate": 0.0}
+LEGACY_SETTINGS = {"modulate": 0.0, "switch": 0.0}
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:

@@ -223,7 +223,7 @@ def run_search(
                 loaded,
                 pool,
                 config,
-                build_emitters(operator, config.llm_ratio, config.modulate),
+                build_emitters(operator, config.llm_ratio, config.modulate, config.switch),
                 resume=resume,
                 run_config=run_config,
                 seeds=seed_programs,

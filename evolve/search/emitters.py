@@ -37,12 +37,14 @@ OPERATOR_WEIGHTS = {
 }
 
 
-def operator_weights(modulate: float = 0.0) -> dict[str, float]:
-    """The symbolic operators' weights with `modulate` taking that share of the children (0: the
-    operators and draws of the runs before it existed)."""
-    if modulate <= 0.0:
+def operator_weights(modulate: float = 0.0, switch: float = 0.0) -> dict[str, float]:
+    """The symbolic operators' weights with the opt-in `modulate` and `switch` taking those shares
+    of the children (0: not drawn, so the operators and draws of the runs before they existed)."""
+    opt_in = {name: share for name, share in (("modulate", modulate), ("switch", switch)) if share > 0.0}
+    if not opt_in:
         return dict(OPERATOR_WEIGHTS)
-    return {**{k: w * (1.0 - modulate) for k, w in OPERATOR_WEIGHTS.items()}, "modulate": modulate}
+    rest = 1.0 - sum(opt_in.values())
+    return {**{k: w * rest for k, w in OPERATOR_WEIGHTS.items()}, **opt_in}
 
 
 # Outcomes the loop tells an emitter about a proposal with a source.
@@ -96,8 +98,8 @@ class SymbolicEmitter:
 
     share = 1.0
 
-    def __init__(self, modulate: float = 0.0):
-        self.weights = operator_weights(modulate)
+    def __init__(self, modulate: float = 0.0, switch: float = 0.0):
+        self.weights = operator_weights(modulate, switch)
 
     def available(self) -> bool:
         return True
@@ -235,9 +237,11 @@ def _signed_error(predicted: float | None, observed: float | None) -> float:
     return (predicted - observed) / observed * 100 if observed and predicted is not None else math.nan
 
 
-def build_emitters(llm: LLMOperator | None = None, llm_share: float = 0.0, modulate: float = 0.0) -> list[Emitter]:
+def build_emitters(
+    llm: LLMOperator | None = None, llm_share: float = 0.0, modulate: float = 0.0, switch: float = 0.0
+) -> list[Emitter]:
     """The emitters of a run: symbolic operators by default, plus the LLM for its share of children."""
-    emitters: list[Emitter] = [SymbolicEmitter(modulate)]
+    emitters: list[Emitter] = [SymbolicEmitter(modulate, switch)]
     if llm is not None:
         emitters.append(LLMEmitter(llm, llm_share))
     return emitters

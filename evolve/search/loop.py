@@ -67,7 +67,7 @@ class Search:
         checked already (`evolve run` checks --seeds files as it reads them, naming the file)."""
         self.archive, self.cfg = archive, config
         self.seeds = seeds if seeds is not None else [(p.stem, p.read_text()) for p in seed_paths()]
-        self.emitters: list[Emitter] = emitters or [SymbolicEmitter(config.modulate)]
+        self.emitters: list[Emitter] = emitters or [SymbolicEmitter(config.modulate, config.switch)]
         self.progress = progress or (lambda info: None)
         self.cascade = Cascade(data, engine, config)
         settings = RunSettings.of(config, (run_config or {}).get("llm"), seeds)

@@ -91,6 +91,8 @@ class SearchConfig:
     front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
     # share of symbolic children made by `modulate` (f.T -> f.T * (1 + k * f.n)); 0: not used
     modulate: float = 0.0
+    # share made by `switch` (f.T -> (f.T * k if f.n > t else f.T), or + (k * X if f.n > t else 0))
+    switch: float = 0.0
 
     def __post_init__(self):
         if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
@@ -102,8 +104,14 @@ class SearchConfig:
         ):
             if getattr(self, name) not in modes:
                 raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
-        if not 0.0 <= self.modulate < 1.0:
-            raise SearchError(f"--modulate is a share of the children, from 0 up to 1: not {self.modulate}")
+        for flag, share in (("--modulate", self.modulate), ("--switch", self.switch)):
+            if not 0.0 <= share < 1.0:
+                raise SearchError(f"{flag} is a share of the children, from 0 up to 1: not {share}")
+        if self.modulate + self.switch >= 1.0:
+            raise SearchError(
+                f"--modulate {self.modulate} and --switch {self.switch} leave no children to the other "
+                "operators: their shares must add up to less than 1"
+            )
 
     def goal(self) -> Objective:
         return Objective(self.objective, self.weights)
@@ -137,6 +145,7 @@ RUN_FLAGS = (
     "cv",
     "cv_fit_evals",
     "modulate",
+    "switch",
 )
 NONE_AS = {"quick_surrogate": "0", "full_fit_surrogate": "0"}
 # settings added after runs were first stored: an archive without them ran with these values
@@ -154,6 +163,7 @@ LEGACY_SETTINGS = {
     "linear": "sample",
     "prompt_reuse": LEGACY_PROMPT_REUSE,
     "modulate": 0.0,
+    "switch": 0.0,
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed

@@ -27,7 +27,7 @@ from stepml_evolve.evaluator.dsl.program import clip_to, literal_number, render_
 MAX_TREE_HEIGHT = 12
 # the exponents GP writes, each its own primitive (pow2, pow0_5, powm1, ...); others are left to the LLM
 POWER_EXPONENTS = (2.0, 3.0, 0.5, 1.5, -1.0, -0.5, -2.0)
-OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term", "modulate")
+OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term", "modulate", "switch")
 TIME_COMPONENTS = {"gemm_pf", "gemm_dc", "attn_pf", "attn_dc", "weights", "kv_read", "kv_write", "allreduce"}
 COUNT_COMPONENTS = [c for c in COMPONENT_NAMES if c not in TIME_COMPONENTS]
 # a count's order of magnitude in one serving step: `modulate` starts its new constant where the
@@ -44,6 +44,9 @@ TYPICAL_COUNT = {
     "layers": 48.0,
     "tp": 2.0,
 }
+# the counts of a step a kernel or a code path changes with: `switch` conditions on one of them
+# (not layers, tp or experts, which one deployment holds fixed)
+SWITCH_COUNTS = ("n_req", "n_pf", "n_dc", "tok_pf", "tokens", "ctx_sum", "ctx_max")
 MUTABLE_FUNCTIONS = {"step_time": 0.8, "queueing_time": 0.2}  # which function a structural operator edits
 
 
@@ -276,6 +279,41 @@ def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random)
     return gp.PrimitiveTree(tree[:i] + modulated + tree[i + 1 :]), detail
 
 
+def _switch(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -> tuple[gp.PrimitiveTree, str]:
+    """A change of regime at a threshold t of a step's count n (a new constant the fit moves): half
+    the time one time component f.T of the tree becomes (f.T * k if f.n > t else f.T), a kernel
+    that is faster or slower above a size; else the tree gains + (k * X if f.n > t else 0), X a
+    count or 1, a code path taken only above it (a split-KV reduction per layer past a context
+    length, eager launches once a step holds a prefill). Neither subtree mutation nor add_term
+    builds a condition on a threshold; kernels and schedulers are full of them."""
+    count = rng.choice(SWITCH_COUNTS)
+    threshold = _NamedNew(round(TYPICAL_COUNT[count] * 2.0 ** rng.uniform(-2.0, 2.0), 4))
+    ifgt = pset.mapping[_COMPARISONS[">"].gp]
+    condition = [pset.mapping[f"f_{count}"], threshold]
+    spots = [
+        i
+        for i, node in enumerate(tree)
+        if isinstance(node, gp.Terminal)
+        and isinstance(node.value, str)
+        and node.value[0] == "f"
+        and node.value[2:] in TIME_COMPONENTS
+    ]
+    if spots and rng.random() < 0.5:
+        i = rng.choice(spots)
+        component = tree[i]
+        scaled = [ifgt, *condition, pset.mapping["mul"], component, _NamedNew(1.1), component]
+        detail = f"switch on step_time: f.{component.value[2:]} * k above f.{count} > t"
+        return gp.PrimitiveTree(tree[:i] + scaled + tree[i + 1 :]), detail
+    extra = rng.choice([*COUNT_COMPONENTS, None])
+    zero = gp.Terminal(0.0, False, object)
+    if extra is None:
+        gated, what = [_NamedNew(10.0)], "k"
+    else:
+        gated, what = [pset.mapping["mul"], _NamedNew(1.0), pset.mapping[f"f_{extra}"]], f"k * f.{extra}"
+    detail = f"switch on step_time: + {what} above f.{count} > t"
+    return gp.PrimitiveTree([pset.mapping["add"], *tree, ifgt, *condition, *gated, zero]), detail
+
+
 def assemble(
     parent: Program,
     function: str,
@@ -323,8 +361,8 @@ def mutate(
     all_names = names + ([n for n in other.constants if n not in names] if crossing else [])
     choices = [f for f in MUTABLE_FUNCTIONS if f in parent.functions and (not crossing or f in other.functions)]
     function = rng.choices(choices, weights=[MUTABLE_FUNCTIONS[f] for f in choices])[0]
-    if operator == "modulate":
-        function = "step_time"  # the only function with time components
+    if operator in ("modulate", "switch"):
+        function = "step_time"  # the only function with time components and step counts
     pset = primitive_set(all_names, function)
     tree = to_tree(parent, pset, function)
     constants = dict(parent_constants)
@@ -352,6 +390,8 @@ def mutate(
         detail = f"add_term on {function}: + k * {term.value[0]}.{term.value[2:]}"
     elif operator == "modulate":
         tree, detail = _modulate(tree, pset, rng)
+    elif operator == "switch":
+        tree, detail = _switch(tree, pset, rng)
     elif operator == "crossover":
         if other is None:
             raise ValueError("crossover needs a second parent")

@@ -18,6 +18,7 @@ from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import load_program, parse_program
 from stepml_evolve.evaluator.dsl.units import check_units
 from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.worlds import (
     SPLITS,
     WORKLOADS,
@@ -32,7 +33,7 @@ from stepml_evolve.evaluator.worlds import (
 )
 from stepml_evolve.evaluator.worlds.grid import KNOBS, TRAINED_SEQS, TRAINED_TOKENS, kv_blocks
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.commands.bench_worlds import _held_out
+from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out
 from stepml_evolve.evolve.search.cascade import structure_hash
 from stepml_evolve.seeds import seed_path, seed_paths
 
@@ -304,9 +305,10 @@ def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-def test_a_programs_held_out_score_can_be_the_median_of_several_fits(tmp_path):
-    """--held-out-fits N: the program fitted with fit seeds seed .. seed + N - 1, its scores the
-    median fit's, every fit's loss kept; one fit is the fit the benchmark always made."""
+def test_a_programs_held_out_score_is_the_fit_with_the_lowest_train_loss_or_the_median(tmp_path):
+    """--held-out-fits N: the program fitted with fit seeds seed .. seed + N - 1, every fit's held-out
+    and train loss kept; its scores those of the fit with the lowest train loss (the default), or
+    the median held-out fit's (--held-out-pick median); one fit is the fit the benchmark always made."""
     world = load_world("launch_bound")
     _, split_files = write_world(world, tmp_path, seed=1, size="small")
     loaded = load_data(tmp_path)
@@ -314,10 +316,24 @@ def test_a_programs_held_out_score_can_be_the_median_of_several_fits(tmp_path):
     folds = make_folds(protocol, loaded.experiments)
     program = load_program(seed_path("roofline"))
     with Engine(loaded.experiments) as engine:
-        three = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4)
+        by_train = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4)
+        median = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4, pick="median")
         ones = [_held_out("roofline", program, loaded, engine, protocol, folds, s, max_evals=4) for s in (5, 6, 7)]
-    assert [o.losses for o in ones] == [(), (), ()]
-    assert three.losses == tuple(o.loss for o in ones)  # fit seeds 5, 6, 7
-    assert len(set(three.losses)) > 1  # the fits end apart: the test can fail
-    median = sorted(ones, key=lambda o: o.loss)[1]
-    assert (three.loss, three.e2e_ape, three.ttft_ape) == (median.loss, median.e2e_ape, median.ttft_ape)
+    assert [(o.losses, o.train_losses) for o in ones] == [((), ())] * 3
+    assert by_train.losses == median.losses == tuple(o.loss for o in ones)  # fit seeds 5, 6, 7
+    assert by_train.train_losses == median.train_losses and len(by_train.train_losses) == 3
+    assert len(set(by_train.losses)) > 1  # the fits end apart: the test can fail
+    picked = ones[int(np.argmin(by_train.train_losses))]
+    assert (by_train.loss, by_train.e2e_ape, by_train.ttft_ape) == (picked.loss, picked.e2e_ape, picked.ttft_ape)
+    middle = sorted(ones, key=lambda o: o.loss)[1]
+    assert (median.loss, median.e2e_ape, median.ttft_ape) == (middle.loss, middle.e2e_ape, middle.ttft_ape)
+
+
+def test_a_benchmark_started_before_the_pick_rule_resumes_with_the_median_it_used(tmp_path):
+    started = {"worlds": ["launch_bound"], "seed": 0, "held_out_fits": 3}  # stored without held_out_pick
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(started))
+    _check_resumable(tmp_path, {**started, "held_out_pick": "median"})
+    with pytest.raises(UserError, match="started with held_out_pick 'median', not 'train'"):
+        _check_resumable(tmp_path, {**started, "held_out_pick": "train"})
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({**started, "held_out_fits": 1}))
+    _check_resumable(tmp_path, {**started, "held_out_fits": 1, "held_out_pick": None})  # one fit: no rule

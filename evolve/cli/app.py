@@ -878,7 +878,14 @@ def bench_cmd(
         "--held-out-fits",
         min=1,
         help="With --worlds: fit each program this many times (fit seeds --seed, --seed + 1, ...) and "
-        "score the median fit held out (one fit's held-out loss depends on where it ended).",
+        "score one of them held out (--held-out-pick): one fit's held-out loss depends on where it ended.",
+    ),
+    held_out_pick: str = typer.Option(
+        "train",
+        "--held-out-pick",
+        help="With --worlds and several fits: score the fit with the lowest train loss (train: a "
+        "multi-start fit, the held-out data never chooses) or the median held-out loss (median, the "
+        "rule of benchmarks started before this option).",
     ),
     bench_modulate: float = typer.Option(
         SEARCH.modulate,
@@ -920,6 +927,7 @@ def bench_cmd(
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
             fits=held_out_fits,
+            pick=held_out_pick,
             modulate=bench_modulate,
             switch=bench_switch,
             resume=resume,

@@ -245,7 +245,8 @@ def worlds_bench_table(results, summary: dict) -> Table:
     """`evolve bench --worlds`: held-out loss (E2E / TTFT APE %) of the best seed, the search's winner and the law."""
     t = Table(
         title="known-truth worlds: held-out loss (mean E2E / TTFT APE %)",
-        caption="with several fits a program (--held-out-fits): the median fit, \\[the range of the fits' losses]. "
+        caption="with several fits a program (--held-out-fits): the picked fit (--held-out-pick), \\[the range of "
+        "the fits' held-out losses]. "
         f"recovered: the winner within 1.5x of the law's held-out loss. The winner beats the best seed on "
         f"{summary['beats_seed']} of {summary['of']} worlds and recovers the law on {summary['recovered']} "
         "(per world: mean over its splits; recovered on every split)",
@@ -264,7 +265,7 @@ def worlds_bench_table(results, summary: dict) -> Table:
     ):
         t.add_column(col, justify="left" if col in ("world", "split", "best seed", "made by") else "right")
 
-    def cell(s) -> str:  # with several fits: the median fit's, and the range of their losses
+    def cell(s) -> str:  # with several fits: the picked fit's, and the range of their held-out losses
         spread = f" [{fmt(min(s.losses), '.2f')}-{fmt(max(s.losses), '.2f')}]" if s.losses else ""
         return f"{fmt(s.loss, '.2f')} ({fmt(s.e2e_ape, '.1f')} / {fmt(s.ttft_ape, '.1f')}){spread}"
 

@@ -187,6 +187,27 @@ SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-e
 # for tests of where and how a search runs (islands, a cluster), not of what it finds: the smallest
 # fits that still promote children, a third of the time of SEARCH_BUDGETS
 TINY_BUDGETS = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "4", "--children", "5"]
+
+
+def tiny_run(archive, generations: int, *extra):
+    """`evolve run` with TINY_BUDGETS, seed 3 and no front CV into `archive` (a CliRunner result)."""
+    from typer.testing import CliRunner
+
+    from stepml_evolve.evolve.cli.app import app
+
+    args = ["run", "--generations", str(generations), "--seed", "3", "--archive", str(archive)]
+    return CliRunner().invoke(app, [*args, *TINY_BUDGETS, "--front-cv", "none", *extra])
+
+
+def archived_children(archive, operator: str) -> list[tuple[str, str]]:
+    """(source, operator detail) of every program `operator` made in the archive in `archive`."""
+    db = sqlite3.connect(Path(archive) / "archive.sqlite")
+    try:
+        return db.execute("SELECT source, operator_detail FROM programs WHERE operator = ?", (operator,)).fetchall()
+    finally:
+        db.close()
+
+
 SEARCHED = ["run", "--generations", "3", "--seed", "3", *SEARCH_BUDGETS, "--front-cv", "lomo"]
 
 

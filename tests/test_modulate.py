@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import random
 import re
-import sqlite3
 
 import numpy as np
 import pytest
-from conftest import TINY_BUDGETS
-from typer.testing import CliRunner
+from conftest import archived_children, tiny_run
 
 from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS
 from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
-from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.emitters import OPERATOR_WEIGHTS, operator_weights
 from stepml_evolve.evolve.search.symbolic import TYPICAL_COUNT, mutate
 from stepml_evolve.seeds import seed_path
@@ -57,22 +54,15 @@ def test_modulate_is_off_unless_a_run_asks_for_a_share_of_the_children():
     )
 
 
-def _run(archive, generations, *extra):
-    args = ["run", "--generations", str(generations), "--seed", "3", "--archive", str(archive)]
-    return CliRunner().invoke(app, [*args, *TINY_BUDGETS, "--front-cv", "none", *extra])
-
-
 def test_a_run_with_modulate_archives_modulated_children_and_resumes_only_with_the_same_share(tmp_path):
-    res = _run(tmp_path, 2, "--modulate", "0.8")
+    res = tiny_run(tmp_path, 2, "--modulate", "0.8")
     assert res.exit_code == 0, res.output
-    db = sqlite3.connect(tmp_path / "archive.sqlite")
-    rows = db.execute("SELECT source, operator_detail FROM programs WHERE operator = 'modulate'").fetchall()
-    db.close()
+    rows = archived_children(tmp_path, "modulate")
     assert rows, "no modulated child reached the archive"
     for source, detail in rows:
         component, shape, count, k = DETAIL.search(detail).groups()
         assert f"f.{component} * (1.0 + c.{k} {shape} f.{count})" in source
-    res = _run(tmp_path, 3, "--modulate", "0.3", "--resume")
+    res = tiny_run(tmp_path, 3, "--modulate", "0.3", "--resume")
     assert res.exit_code == 2 and "modulate: run 0.8, now 0.3" in res.stderr
-    res = _run(tmp_path, 3, "--modulate", "1.5")
+    res = tiny_run(tmp_path, 3, "--modulate", "1.5")
     assert res.exit_code == 2 and "--modulate" in res.stderr

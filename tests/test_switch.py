@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import random
 import re
-import sqlite3
 
 import numpy as np
 import pytest
-from conftest import TINY_BUDGETS
-from typer.testing import CliRunner
+from conftest import archived_children, tiny_run
 
 from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS
 from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
-from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.emitters import OPERATOR_WEIGHTS, operator_weights
 from stepml_evolve.evolve.search.symbolic import SWITCH_COUNTS, TYPICAL_COUNT, mutate
 from stepml_evolve.seeds import seed_path
@@ -69,24 +66,17 @@ def test_switch_is_off_unless_a_run_asks_for_a_share_and_shares_with_modulate():
     assert operator_weights(0.15) == {**operator_weights(0.15, 0.0)} and "switch" not in operator_weights(0.15)
 
 
-def _run(archive, generations, *extra):
-    args = ["run", "--generations", str(generations), "--seed", "3", "--archive", str(archive)]
-    return CliRunner().invoke(app, [*args, *TINY_BUDGETS, "--front-cv", "none", *extra])
-
-
 def test_a_run_with_switch_archives_switched_children_and_resumes_only_with_the_same_share(tmp_path):
-    res = _run(tmp_path, 2, "--switch", "0.8")
+    res = tiny_run(tmp_path, 2, "--switch", "0.8")
     assert res.exit_code == 0, res.output
-    db = sqlite3.connect(tmp_path / "archive.sqlite")
-    rows = db.execute("SELECT source, operator_detail FROM programs WHERE operator = 'switch'").fetchall()
-    db.close()
+    rows = archived_children(tmp_path, "switch")
     assert rows, "no switched child reached the archive"
     for source, detail in rows:
         m = SCALED.search(detail) or GATED.search(detail)
         count, t = (m.group(2), m.group(3)) if m.re is SCALED else (m.group(3), m.group(4))
         assert f"if f.{count} > c.{t} else" in source
-    res = _run(tmp_path, 3, "--switch", "0.3", "--resume")
+    res = tiny_run(tmp_path, 3, "--switch", "0.3", "--resume")
     assert res.exit_code == 2 and "switch: run 0.8, now 0.3" in res.stderr
-    res = _run(tmp_path / "both", 1, "--switch", "0.6", "--modulate", "0.5")
+    res = tiny_run(tmp_path / "both", 1, "--switch", "0.6", "--modulate", "0.5")
     assert res.exit_code == 2 and "--switch" in res.stderr and "less than 1" in res.stderr
     assert not (tmp_path / "both" / "archive.sqlite").exists()

@@ -97,6 +97,24 @@ def _surrogate_budget(default: int | None, flag: str, whose: str):
     )
 
 
+def _operator_share(operator: str, what: str):
+    """An opt-in symbolic operator's share of the children, as an option of `evolve run` and `evolve bench`."""
+    return typer.Option(
+        getattr(SEARCH, operator),
+        f"--{operator}",
+        min=0.0,
+        max=0.99,
+        help=f"Share of the symbolic children made by `{operator}`: {what} (0: not used).",
+    )
+
+
+OPERATOR_SHAPES = {
+    "modulate": "a time component f.T becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n) for a count n of the step",
+    "switch": "a change of regime at a fitted threshold t of a step's count n: f.T becomes "
+    "(f.T * k if f.n > t else f.T), or the step time gains + (k * X if f.n > t else 0)",
+}
+
+
 Split = Literal[SCORED_SPLITS]
 Scope = Literal[SCOPES]
 GoTarget = Literal[tuple(TARGETS)]
@@ -572,23 +590,8 @@ def run_cmd(
         help="When the run ends, cross-validate the Pareto front members "
         "with this protocol and store the scores (none: skip).",
     ),
-    modulate: float = typer.Option(
-        SEARCH.modulate,
-        "--modulate",
-        min=0.0,
-        max=0.99,
-        help="Share of the symbolic children made by `modulate`: a time component f.T becomes "
-        "f.T * (1 + k * f.n) or f.T * (1 + k / f.n) for a count n of the step (0: not used).",
-    ),
-    switch: float = typer.Option(
-        SEARCH.switch,
-        "--switch",
-        min=0.0,
-        max=0.99,
-        help="Share of the symbolic children made by `switch`, a change of regime at a fitted threshold t "
-        "of a step's count n: f.T becomes (f.T * k if f.n > t else f.T), or the step time gains "
-        "+ (k * X if f.n > t else 0) (0: not used).",
-    ),
+    modulate: float = _operator_share("modulate", OPERATOR_SHAPES["modulate"]),
+    switch: float = _operator_share("switch", OPERATOR_SHAPES["switch"]),
     units: Literal["check", "off"] = typer.Option(
         SEARCH.units,
         "--units",
@@ -887,20 +890,8 @@ def bench_cmd(
         "multi-start fit, the held-out data never chooses) or the median held-out loss (median, the "
         "rule of benchmarks started before this option).",
     ),
-    bench_modulate: float = typer.Option(
-        SEARCH.modulate,
-        "--modulate",
-        min=0.0,
-        max=0.99,
-        help="With --worlds: the searches' share of children made by `modulate`, as for evolve run.",
-    ),
-    bench_switch: float = typer.Option(
-        SEARCH.switch,
-        "--switch",
-        min=0.0,
-        max=0.99,
-        help="With --worlds: the searches' share of children made by `switch`, as for evolve run.",
-    ),
+    bench_modulate: float = _operator_share("modulate", "with --worlds, for every search, as for evolve run"),
+    bench_switch: float = _operator_share("switch", "with --worlds, for every search, as for evolve run"),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",

@@ -251,12 +251,9 @@ def _flatten_minmax(text: str) -> str:
 SIGNATURES = {"step_time": "step_time(f, c)", "queueing_time": "queueing_time(r, c)"}
 
 
-def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -> tuple[gp.PrimitiveTree, str]:
-    """One time component f.T of the tree becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n), n a
-    count of the step: an efficiency that changes with the step's size (tiles a GEMM fills, the
-    experts a batch touches, a kernel's fixed cost spread over its tokens). Subtree mutations
-    rarely build this shape; the laws of serving kernels are full of it."""
-    spots = [
+def _time_component_spots(tree: gp.PrimitiveTree) -> list[int]:
+    """Where the tree holds a time component f.T."""
+    return [
         i
         for i, node in enumerate(tree)
         if isinstance(node, gp.Terminal)
@@ -264,6 +261,14 @@ def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random)
         and node.value[0] == "f"
         and node.value[2:] in TIME_COMPONENTS
     ]
+
+
+def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -> tuple[gp.PrimitiveTree, str]:
+    """One time component f.T of the tree becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n), n a
+    count of the step: an efficiency that changes with the step's size (tiles a GEMM fills, the
+    experts a batch touches, a kernel's fixed cost spread over its tokens). Subtree mutations
+    rarely build this shape; the laws of serving kernels are full of it."""
+    spots = _time_component_spots(tree)
     if not spots:
         raise NotRepresentable("step_time has no time component to modulate")
     i = rng.choice(spots)
@@ -290,14 +295,7 @@ def _switch(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -
     threshold = _NamedNew(round(TYPICAL_COUNT[count] * 2.0 ** rng.uniform(-2.0, 2.0), 4))
     ifgt = pset.mapping[_COMPARISONS[">"].gp]
     condition = [pset.mapping[f"f_{count}"], threshold]
-    spots = [
-        i
-        for i, node in enumerate(tree)
-        if isinstance(node, gp.Terminal)
-        and isinstance(node.value, str)
-        and node.value[0] == "f"
-        and node.value[2:] in TIME_COMPONENTS
-    ]
+    spots = _time_component_spots(tree)
     if spots and rng.random() < 0.5:
         i = rng.choice(spots)
         component = tree[i]

@@ -51,6 +51,7 @@ COMPONENTS: list[tuple[str, str, str]] = [
     ("tp", "count", "tensor-parallel degree"),
 ]
 COMPONENT_NAMES: list[str] = [c[0] for c in COMPONENTS]
+TIME_COMPONENTS: frozenset[str] = frozenset(c[0] for c in COMPONENTS if c[1] == "us")
 COMPONENT_INDEX: dict[str, int] = {n: i for i, n in enumerate(COMPONENT_NAMES)}
 N_COMPONENTS = len(COMPONENTS)
 

@@ -40,7 +40,7 @@ from stepml_evolve.evolve.commands.bench_worlds import bench_worlds
 from stepml_evolve.evolve.commands.bench_worlds import summary as worlds_summary
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
-from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, SearchConfig
+from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, TIME_COMPONENT_MODES, SearchConfig
 
 from .archive import archive_app
 from .console import CommandGroup, err, error, out, say
@@ -105,6 +105,16 @@ def _operator_share(operator: str, what: str):
         min=0.0,
         max=0.99,
         help=f"Share of the symbolic children made by `{operator}`: {what} (0: not used).",
+    )
+
+
+def _time_components_option(what: str = ""):
+    """--time-components, as an option of `evolve run` and `evolve bench`."""
+    return typer.Option(
+        SEARCH.time_components,
+        "--time-components",
+        help=f"{what}keep: reject a child that drops a time component (f.gemm_pf ... f.allreduce) its "
+        "first parent uses, rule 'time-components'; free: children may drop them.",
     )
 
 
@@ -598,6 +608,7 @@ def run_cmd(
         help="check: reject a seed or child whose step time is not a time "
         "(e.g. microseconds plus a count), rule 'units'; off: no units check.",
     ),
+    time_components: Literal[TIME_COMPONENT_MODES] = _time_components_option(),
     engine: Literal[ENGINES] = typer.Option(
         ENGINES[0],
         "--engine",
@@ -653,6 +664,7 @@ def run_cmd(
         front_cv=front_cv,
         modulate=modulate,
         switch=switch,
+        time_components=time_components,
     )
     llm_settings = (
         LLMSettings(
@@ -892,6 +904,9 @@ def bench_cmd(
     ),
     bench_modulate: float = _operator_share("modulate", "with --worlds, for every search, as for evolve run"),
     bench_switch: float = _operator_share("switch", "with --worlds, for every search, as for evolve run"),
+    bench_time_components: Literal[TIME_COMPONENT_MODES] = _time_components_option(
+        "With --worlds, for every search, as for evolve run. "
+    ),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",
@@ -921,6 +936,7 @@ def bench_cmd(
             pick=held_out_pick,
             modulate=bench_modulate,
             switch=bench_switch,
+            time_components=bench_time_components,
             resume=resume,
             say=say,
         )

@@ -197,6 +197,7 @@ def bench_world(
     pick: str = PICKS[0],
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
+    time_components: str = SearchConfig.time_components,
     say: Say = quiet,
 ) -> list[SplitResult]:
     """selection "validation": the winner is `emit-go best` of a run with `front_cv`; "inner": the
@@ -243,6 +244,7 @@ def bench_world(
                 front_cv="none" if inner else front_cv,
                 modulate=modulate,
                 switch=switch,
+                time_components=time_components,
             )
             run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
             with opened(archive_dir) as archive:
@@ -326,6 +328,7 @@ def bench_worlds(
     pick: str = PICKS[0],
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
+    time_components: str = SearchConfig.time_components,
     resume: bool = False,
     say: Say = quiet,
 ) -> list[SplitResult]:
@@ -358,6 +361,7 @@ def bench_worlds(
         "front_cv": "none" if quick else SearchConfig.front_cv,
         "modulate": modulate,
         "switch": switch,
+        "time_components": time_components,
     }
     out_dir = Path(out_dir)
     if resume:
@@ -384,13 +388,14 @@ def bench_worlds(
             pick=pick,
             modulate=modulate,
             switch=switch,
+            time_components=time_components,
             say=say,
         )
     return results
 
 
 # settings added after benchmarks were first stored: one stored without them ran with these
-LEGACY_SETTINGS = {"modulate": 0.0, "switch": 0.0}
+LEGACY_SETTINGS = {"modulate": 0.0, "switch": 0.0, "time_components": "free"}
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:

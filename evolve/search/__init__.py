@@ -9,6 +9,7 @@ from .settings import (
     CV_MODES,
     FRONT_CV_MODES,
     LEGACY_SETTINGS,
+    TIME_COMPONENT_MODES,
     UNITS_MODES,
     RunSettings,
     SearchConfig,
@@ -20,6 +21,7 @@ from .settings import (
 __all__ = [
     "CV_MODES",
     "FRONT_CV_MODES",
+    "TIME_COMPONENT_MODES",
     "LEGACY_SETTINGS",
     "PATIENCE_GAIN",
     "UNITS_MODES",

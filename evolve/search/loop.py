@@ -28,6 +28,7 @@ from collections.abc import Callable
 from stepml_evolve.archive.grid import Elites, best, pareto_front
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.components import TIME_COMPONENTS
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
@@ -219,6 +220,8 @@ class Search:
                 check_units(child)
         except ProgramError as e:
             return RejectionRecord(**reject, rule=e.rule, reason=str(e))
+        if self.cfg.time_components == "keep" and (dropped := self._dropped_time_components(child, proposal)):
+            return RejectionRecord(**reject, rule="time-components", reason=dropped)
         h = structure_hash(child)
         if h in self.structures and not proposal.reuses_structure:
             return RejectionRecord(
@@ -226,6 +229,18 @@ class Search:
             )
         self.structures.add(h)
         return child
+
+    def _dropped_time_components(self, child: Program, proposal: Proposal) -> str:
+        """Why the child may not be admitted with --time-components keep: the time components its
+        first parent uses and it does not ("" when none). A step on new hardware still does that
+        work; a term fitted in its place carries the trained hardware's speed to the new one."""
+        parent = next((p for p in self.programs if p.id == proposal.parents[0]), None) if proposal.parents else None
+        if parent is None:
+            return ""
+        dropped = [c for c in parent.components if c in TIME_COMPONENTS and c not in child.components_used]
+        if not dropped:
+            return ""
+        return f"drops {', '.join('f.' + c for c in dropped)}, which its parent #{parent.id} uses"
 
     def _migrants(self) -> list[NewProgram]:
         """Each island's best program, copied into the next island."""

@@ -38,6 +38,8 @@ CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (n
 FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
 LINEAR_MODES = ("sample", "solve")  # --linear: how a fit's surrogate step finds the constants a program is affine in
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
+# keep: a child must use every time component (f.gemm_pf ... f.allreduce) its first parent uses
+TIME_COMPONENT_MODES = ("free", "keep")
 
 
 class SearchError(UserError, RuntimeError):
@@ -93,6 +95,7 @@ class SearchConfig:
     modulate: float = 0.0
     # share made by `switch` (f.T -> (f.T * k if f.n > t else f.T), or + (k * X if f.n > t else 0))
     switch: float = 0.0
+    time_components: str = TIME_COMPONENT_MODES[0]
 
     def __post_init__(self):
         if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
@@ -101,6 +104,7 @@ class SearchConfig:
             ("units", UNITS_MODES),
             ("front_cv", FRONT_CV_MODES),
             ("linear", LINEAR_MODES),
+            ("time_components", TIME_COMPONENT_MODES),
         ):
             if getattr(self, name) not in modes:
                 raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
@@ -146,6 +150,7 @@ RUN_FLAGS = (
     "cv_fit_evals",
     "modulate",
     "switch",
+    "time_components",
 )
 NONE_AS = {"quick_surrogate": "0", "full_fit_surrogate": "0"}
 # settings added after runs were first stored: an archive without them ran with these values
@@ -164,6 +169,7 @@ LEGACY_SETTINGS = {
     "prompt_reuse": LEGACY_PROMPT_REUSE,
     "modulate": 0.0,
     "switch": 0.0,
+    "time_components": "free",
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed

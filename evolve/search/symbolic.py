@@ -18,7 +18,7 @@ import random
 
 from deap import gp
 
-from stepml_evolve.evaluator.components import COMPONENT_NAMES
+from stepml_evolve.evaluator.components import COMPONENT_NAMES, TIME_COMPONENTS
 from stepml_evolve.evaluator.dsl import REQUEST_FIELDS, Program
 from stepml_evolve.evaluator.dsl.operators import OPERATORS as DSL_OPERATORS
 from stepml_evolve.evaluator.dsl.operators import Kind, Operator, operands, operator_of
@@ -28,7 +28,6 @@ MAX_TREE_HEIGHT = 12
 # the exponents GP writes, each its own primitive (pow2, pow0_5, powm1, ...); others are left to the LLM
 POWER_EXPONENTS = (2.0, 3.0, 0.5, 1.5, -1.0, -0.5, -2.0)
 OPERATORS = ("subtree", "node_replace", "insert", "shrink", "crossover", "constants", "add_term", "modulate", "switch")
-TIME_COMPONENTS = {"gemm_pf", "gemm_dc", "attn_pf", "attn_dc", "weights", "kv_read", "kv_write", "allreduce"}
 COUNT_COMPONENTS = [c for c in COMPONENT_NAMES if c not in TIME_COMPONENTS]
 # a count's order of magnitude in one serving step: `modulate` starts its new constant where the
 # factor it adds is about 1.1, so the child starts near its parent and the fit moves it

@@ -1,0 +1,88 @@
+"""`--time-components keep`: a child may not drop a time component its first parent uses."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from conftest import tiny_run
+from typer.testing import CliRunner
+
+from stepml_evolve.evaluator.components import COMPONENTS, TIME_COMPONENTS
+from stepml_evolve.evolve.cli.app import app
+
+
+def _children(archive) -> list[tuple[set[str], set[str]]]:
+    """(time components of the child, of its first parent) for every archived child."""
+    db = sqlite3.connect(archive / "archive.sqlite")
+    try:
+        rows = db.execute(
+            "SELECT c.components, p.components FROM programs c "
+            "JOIN programs p ON p.id = json_extract(c.parents, '$[0]') WHERE c.operator != 'seed'"
+        ).fetchall()
+        return [(set(json.loads(c)) & TIME_COMPONENTS, set(json.loads(p)) & TIME_COMPONENTS) for c, p in rows]
+    finally:
+        db.close()
+
+
+def _rejections(archive, rule: str) -> list[tuple[str, str]]:
+    db = sqlite3.connect(archive / "archive.sqlite")
+    try:
+        return db.execute("SELECT parents, reason FROM rejections WHERE rule = ?", (rule,)).fetchall()
+    finally:
+        db.close()
+
+
+def test_the_time_components_are_the_components_measured_in_microseconds():
+    assert TIME_COMPONENTS == {
+        "gemm_pf",
+        "gemm_dc",
+        "attn_pf",
+        "attn_dc",
+        "weights",
+        "kv_read",
+        "kv_write",
+        "allreduce",
+    }
+    assert all(unit == "count" for name, unit, _ in COMPONENTS if name not in TIME_COMPONENTS)
+
+
+def test_keep_rejects_every_child_that_drops_a_time_component_and_free_admits_them(tmp_path):
+    free, keep = tmp_path / "free", tmp_path / "keep"
+    assert tiny_run(free, 3).exit_code == 0
+    assert any(parent - child for child, parent in _children(free)), "no child dropped a time component"
+    assert not _rejections(free, "time-components")
+
+    res = tiny_run(keep, 3, "--time-components", "keep")
+    assert res.exit_code == 0, res.output
+    children = _children(keep)
+    assert children and all(parent <= child for child, parent in children)
+    rejected = _rejections(keep, "time-components")
+    assert rejected, "the same search proposed no child that drops one"
+    for parents, reason in rejected:
+        first = json.loads(parents)[0]
+        assert reason.startswith("drops f.") and reason.endswith(f"which its parent #{first} uses"), reason
+
+    res = tiny_run(keep, 4, "--resume")
+    assert res.exit_code == 2 and "time-components: run keep, now free" in res.stderr
+
+
+def test_keep_is_refused_with_openevolve_before_anything_is_written(tmp_path):
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--engine",
+            "openevolve",
+            "--llm",
+            "openai/m",
+            "--time-components",
+            "keep",
+            "--archive",
+            str(tmp_path / "a"),
+        ],
+    )
+    assert res.exit_code == 2
+    assert "--time-components keep works with --engine mapelites only" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists()

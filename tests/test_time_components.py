@@ -6,10 +6,8 @@ import json
 import sqlite3
 
 from conftest import tiny_run
-from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.components import COMPONENTS, TIME_COMPONENTS
-from stepml_evolve.evolve.cli.app import app
 
 
 def _children(archive) -> list[tuple[set[str], set[str]]]:
@@ -49,11 +47,11 @@ def test_the_time_components_are_the_components_measured_in_microseconds():
 
 def test_keep_rejects_every_child_that_drops_a_time_component_and_free_admits_them(tmp_path):
     free, keep = tmp_path / "free", tmp_path / "keep"
-    assert tiny_run(free, 3).exit_code == 0
+    assert tiny_run(free, 3, "--time-components", "free").exit_code == 0
     assert any(parent - child for child, parent in _children(free)), "no child dropped a time component"
     assert not _rejections(free, "time-components")
 
-    res = tiny_run(keep, 3, "--time-components", "keep")
+    res = tiny_run(keep, 3)  # keep is the default
     assert res.exit_code == 0, res.output
     children = _children(keep)
     assert children and all(parent <= child for child, parent in children)
@@ -63,26 +61,5 @@ def test_keep_rejects_every_child_that_drops_a_time_component_and_free_admits_th
         first = json.loads(parents)[0]
         assert reason.startswith("drops f.") and reason.endswith(f"which its parent #{first} uses"), reason
 
-    res = tiny_run(keep, 4, "--resume")
+    res = tiny_run(keep, 4, "--resume", "--time-components", "free")
     assert res.exit_code == 2 and "time-components: run keep, now free" in res.stderr
-
-
-def test_keep_is_refused_with_openevolve_before_anything_is_written(tmp_path):
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--engine",
-            "openevolve",
-            "--llm",
-            "openai/m",
-            "--time-components",
-            "keep",
-            "--archive",
-            str(tmp_path / "a"),
-        ],
-    )
-    assert res.exit_code == 2
-    assert "--time-components keep works with --engine mapelites only" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "a").exists()

@@ -114,7 +114,7 @@ def _time_components_option(what: str = ""):
         SEARCH.time_components,
         "--time-components",
         help=f"{what}keep: reject a child that drops a time component (f.gemm_pf ... f.allreduce) its "
-        "first parent uses, rule 'time-components'; free: children may drop them.",
+        "first parent uses, rule 'time-components'; free: children may drop them (--engine openevolve: always free).",
     )
 
 

@@ -180,10 +180,8 @@ def run_search(
     SEARCH/REPLACE diffs, its default, or full rewrites)."""
     _check_setup(config, setup)
     check_engine(engine, llm)
-    if engine == "openevolve" and config.time_components == "keep":
-        raise SearchError(
-            "--time-components keep works with --engine mapelites only: OpenEvolve's candidates reach our judge without their parent"
-        )
+    if engine == "openevolve":  # its candidates reach our judge without their parent: nothing to keep
+        config = dataclasses.replace(config, time_components="free")
     if archive_dir is not None:
         check_engine_resumable(engine, archive_dir, resume)  # before any data is loaded
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded

@@ -199,13 +199,18 @@ def tiny_run(archive, generations: int, *extra):
     return CliRunner().invoke(app, [*args, *TINY_BUDGETS, "--front-cv", "none", *extra])
 
 
-def archived_children(archive, operator: str) -> list[tuple[str, str]]:
-    """(source, operator detail) of every program `operator` made in the archive in `archive`."""
-    db = sqlite3.connect(Path(archive) / "archive.sqlite")
+def archive_rows(archive, sql: str, *params) -> list[tuple]:
+    """The rows of one query on the archive in directory `archive`."""
+    db = sqlite3.connect(Path(archive) / Archive.FILE)
     try:
-        return db.execute("SELECT source, operator_detail FROM programs WHERE operator = ?", (operator,)).fetchall()
+        return db.execute(sql, params).fetchall()
     finally:
         db.close()
+
+
+def archived_children(archive, operator: str) -> list[tuple[str, str]]:
+    """(source, operator detail) of every program `operator` made in the archive in `archive`."""
+    return archive_rows(archive, "SELECT source, operator_detail FROM programs WHERE operator = ?", operator)
 
 
 SEARCHED = ["run", "--generations", "3", "--seed", "3", *SEARCH_BUDGETS, "--front-cv", "lomo"]

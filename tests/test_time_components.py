@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
-from conftest import tiny_run
+from conftest import archive_rows, tiny_run
 
 from stepml_evolve.evaluator.components import COMPONENTS, TIME_COMPONENTS
 
 
 def _children(archive) -> list[tuple[set[str], set[str]]]:
     """(time components of the child, of its first parent) for every archived child."""
-    db = sqlite3.connect(archive / "archive.sqlite")
-    try:
-        rows = db.execute(
-            "SELECT c.components, p.components FROM programs c "
-            "JOIN programs p ON p.id = json_extract(c.parents, '$[0]') WHERE c.operator != 'seed'"
-        ).fetchall()
-        return [(set(json.loads(c)) & TIME_COMPONENTS, set(json.loads(p)) & TIME_COMPONENTS) for c, p in rows]
-    finally:
-        db.close()
+    rows = archive_rows(
+        archive,
+        "SELECT c.components, p.components FROM programs c "
+        "JOIN programs p ON p.id = json_extract(c.parents, '$[0]') WHERE c.operator != 'seed'",
+    )
+    return [(set(json.loads(c)) & TIME_COMPONENTS, set(json.loads(p)) & TIME_COMPONENTS) for c, p in rows]
 
 
 def _rejections(archive, rule: str) -> list[tuple[str, str]]:
-    db = sqlite3.connect(archive / "archive.sqlite")
-    try:
-        return db.execute("SELECT parents, reason FROM rejections WHERE rule = ?", (rule,)).fetchall()
-    finally:
-        db.close()
+    return archive_rows(archive, "SELECT parents, reason FROM rejections WHERE rule = ?", rule)
 
 
 def test_the_time_components_are_the_components_measured_in_microseconds():

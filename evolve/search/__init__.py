@@ -21,9 +21,9 @@ from .settings import (
 __all__ = [
     "CV_MODES",
     "FRONT_CV_MODES",
-    "TIME_COMPONENT_MODES",
     "LEGACY_SETTINGS",
     "PATIENCE_GAIN",
+    "TIME_COMPONENT_MODES",
     "UNITS_MODES",
     "Judgement",
     "RunSettings",

@@ -43,7 +43,7 @@ def test_keep_rejects_every_child_that_drops_a_time_component_and_free_admits_th
     assert any(parent - child for child, parent in _children(free)), "no child dropped a time component"
     assert not _rejections(free, "time-components")
 
-    res = tiny_run(keep, 3, "--time-components", "keep")
+    res = tiny_run(keep, 3)  # keep is the default
     assert res.exit_code == 0, res.output
     children = _children(keep)
     assert children and all(parent <= child for child, parent in children)
@@ -53,5 +53,5 @@ def test_keep_rejects_every_child_that_drops_a_time_component_and_free_admits_th
         first = json.loads(parents)[0]
         assert reason.startswith("drops f.") and reason.endswith(f"which its parent #{first} uses"), reason
 
-    res = tiny_run(keep, 4, "--resume")  # free, the default
+    res = tiny_run(keep, 4, "--resume", "--time-components", "free")
     assert res.exit_code == 2 and "time-components: run keep, now free" in res.stderr

@@ -38,9 +38,9 @@ CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (n
 FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
 LINEAR_MODES = ("sample", "solve")  # --linear: how a fit's surrogate step finds the constants a program is affine in
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
-# keep: a child must use every time component (f.gemm_pf ... f.allreduce) its first parent uses
-# (docs/results.md "Keeping every time component"); free, the default
-TIME_COMPONENT_MODES = ("free", "keep")
+# keep: a child must use every time component (f.gemm_pf ... f.allreduce) its first parent uses;
+# the default since the worlds' benchmark (docs/results.md "Keeping every time component")
+TIME_COMPONENT_MODES = ("keep", "free")
 
 
 class SearchError(UserError, RuntimeError):

@@ -55,6 +55,14 @@ TIME_COMPONENTS: frozenset[str] = frozenset(c[0] for c in COMPONENTS if c[1] == 
 COMPONENT_INDEX: dict[str, int] = {n: i for i, n in enumerate(COMPONENT_NAMES)}
 N_COMPONENTS = len(COMPONENTS)
 
+
+def dropped_time_components(parent: list[str], child: list[str]) -> list[str]:
+    """The time components the parent uses and the child does not (`--time-components keep`
+    rejects such a child: a step on new hardware still does that work, and a term fitted in its
+    place carries the trained hardware's speed to the new one)."""
+    return [c for c in parent if c in TIME_COMPONENTS and c not in child]
+
+
 # Slots of the per-experiment coefficient vector consumed by `component_values`.
 K_GEMM_US_PER_TOKEN = 0
 K_ATTN_US_PER_PAIR = 1  # per (query token, key token) pair

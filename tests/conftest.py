@@ -14,6 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("NUMEXPR_NUM_THREADS", "1")
 
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.seeds import seed_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,8 +270,8 @@ class RooflineParent:
     val_loss = 12.5
     complexity = 25
     constants = {}
-    components = ["weights"]
     source = seed_path("roofline").read_text()
+    components = parse_program(source).components_used
 
 
 class FixedEmitter:

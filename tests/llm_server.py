@@ -66,7 +66,7 @@ def program_reply(extra_component: str = "n_req", note: str = "adds a per-reques
         "def step_time(f, c):\n"
         "    compute = f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc\n"
         "    memory = f.weights + f.kv_read + f.kv_write\n"
-        f"    return c.overhead_us + max(c.c_compute * compute, c.c_memory * memory) + c.k_extra * f.{extra_component}\n\n"
+        f"    return c.overhead_us + max(c.c_compute * compute, c.c_memory * memory) + f.allreduce + c.k_extra * f.{extra_component}\n\n"
         "def queueing_time(r, c):\n    return c.queue_us\n\n"
         "def output_token_time(c):\n    return c.out_tok_us\n```\n"
         f"It {note}."

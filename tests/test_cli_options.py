@@ -36,7 +36,6 @@ RUN_OPTIONS = {
     "--linear": "linear",
     "--modulate": "modulate",
     "--switch": "switch",
-    "--time-components": "time_components",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 
@@ -71,8 +70,11 @@ def test_run_help_shows_the_search_config_defaults():
         else:
             assert f"[default: {value}]" in rows[flag], (flag, rows[flag])
     # weights: --weights takes a file, the run stores the weights read from it; cv_groups: the
-    # folds of --cv groups:FILE, likewise
+    # folds of --cv groups:FILE, likewise; time_components: its default depends on --engine
+    assert "keep (the default)" in rows["--time-components"] and defaults.time_components == "keep"
+    assert params["--time-components"] is None
     assert set(RUN_OPTIONS.values()) | {
+        "time_components",
         "seed_fit_evals",
         "promote_margin",
         "sanity_factor",

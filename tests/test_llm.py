@@ -69,6 +69,26 @@ def test_a_reply_whose_step_time_is_not_a_time_is_retried_with_the_units_rule(tm
         assert p.source is not None and [a.outcome for a in p.attempts] == ["valid"]
 
 
+DROPS_ALLREDUCE = program_reply().replace(" + f.allreduce", "")
+
+
+def test_with_keep_a_reply_that_drops_a_time_component_of_its_parent_is_retried_and_the_prompt_says_so(tmp_path):
+    def operator(server, cache, keep):
+        client = LLMClient("openai/test-model", tmp_path / cache, base_url=server.base_url, timeout_s=2.0)
+        return LLMOperator(client, Budget(), keep_time_components=keep)
+
+    with ScriptedLLM([("reply", DROPS_ALLREDUCE), ("reply", program_reply())]) as server:
+        p = operator(server, "keep", True).propose(RooflineParent, ROWS, [])
+        assert p.source is not None and [a.outcome for a in p.attempts] == ["invalid_program", "valid"]
+        assert "Keep every time component" in server.requests[0]["messages"][0]["content"]
+        retry_msg = server.requests[1]["messages"][-1]["content"]
+        assert "drops f.allreduce, which the parent uses" in retry_msg and "[time-components]" in retry_msg
+    with ScriptedLLM([("reply", DROPS_ALLREDUCE)]) as server:  # --time-components free: the same reply is a child
+        p = operator(server, "free", False).propose(RooflineParent, ROWS, [])
+        assert p.source is not None and [a.outcome for a in p.attempts] == ["valid"]
+        assert "Keep every time component" not in server.requests[0]["messages"][0]["content"]
+
+
 def test_invalid_program_is_retried_with_the_rejection_fed_back(tmp_path):
     with ScriptedLLM([("reply", INVALID_REPLY), ("reply", program_reply())]) as server:
         p = _operator(server, tmp_path).propose(RooflineParent, ROWS, [])

@@ -233,7 +233,12 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     # the error ends with the flags that give the run's settings, and they resume it
     hint = res.stderr.strip().rsplit("(", 1)[1].rstrip(")").split()
     pairs = dict(zip(hint[::2], hint[1::2]))
-    assert pairs == {"--quick-surrogate": "0", "--full-fit-candidates": "3", "--full-fit-surrogate": "0"}, hint
+    assert pairs == {
+        "--quick-surrogate": "0",
+        "--full-fit-candidates": "3",
+        "--full-fit-surrogate": "0",
+        "--time-components": "free",  # a run stored before the setting kept no components
+    }, hint
     res = CliRunner().invoke(app, [*legacy, *hint, "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["generations"] == 1

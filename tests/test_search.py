@@ -274,7 +274,15 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter_and_programs(tmp_pa
     from stepml_evolve.evolve.search.emitters import SymbolicEmitter
 
     loaded = load_data(None)
-    cfg = SearchConfig(generations=2, seed=3, children=5, seed_fit_evals=16, full_fit_evals=12, quick_evals=8)
+    cfg = SearchConfig(
+        generations=2,
+        seed=3,
+        children=5,
+        seed_fit_evals=16,
+        full_fit_evals=12,
+        quick_evals=8,
+        time_components="free",  # the failing child below uses no time component
+    )
     # beside the symbolic children, one whose every step time is 0/0: it fails evaluation
     failing = FixedEmitter(
         'CONSTANTS = {"base_us": 2000.0}\n\n'
@@ -319,7 +327,15 @@ def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children
     )
     fixed = FixedEmitter(child)
     loaded = load_data(None)
-    cfg = SearchConfig(generations=2, seed=3, children=2, seed_fit_evals=16, full_fit_evals=8, quick_evals=8)
+    cfg = SearchConfig(
+        generations=2,
+        seed=3,
+        children=2,
+        seed_fit_evals=16,
+        full_fit_evals=8,
+        quick_evals=8,
+        time_components="free",  # the fixed child drops some of roofline's components
+    )
     seeds = [("roofline", seed_path("roofline").read_text())]
     with Engine(loaded.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)

@@ -191,7 +191,14 @@ def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless
     child = BAD.replace("return", "return c.k * f.tok_pf +")
     fixed = FixedEmitter(child)
     cfg = SearchConfig(
-        generations=1, seed=3, children=1, seed_fit_evals=6, full_fit_evals=6, quick_evals=4, units=units
+        generations=1,
+        seed=3,
+        children=1,
+        seed_fit_evals=6,
+        full_fit_evals=6,
+        quick_evals=4,
+        units=units,
+        time_components="free",  # the hand-made child drops roofline's components
     )
     with Engine(synthetic.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)

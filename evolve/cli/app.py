@@ -31,6 +31,7 @@ from stepml_evolve.evolve.commands import (
     cluster_bench,
     cross_validate_program,
     emit_program,
+    engine_time_components,
     evaluate_program,
     fit_program,
     run_bench,
@@ -111,10 +112,12 @@ def _operator_share(operator: str, what: str):
 def _time_components_option(what: str = ""):
     """--time-components, as an option of `evolve run` and `evolve bench`."""
     return typer.Option(
-        SEARCH.time_components,
+        None,
         "--time-components",
-        help=f"{what}keep: reject a child that drops a time component (f.gemm_pf ... f.allreduce) its "
-        "first parent uses, rule 'time-components'; free: children may drop them (--engine openevolve: always free).",
+        show_default=False,
+        help=f"{what}keep (the default): reject a child that drops a time component (f.gemm_pf ... "
+        "f.allreduce) its first parent uses, rule 'time-components'; free: children may drop them "
+        "(--engine openevolve runs with free and refuses keep).",
     )
 
 
@@ -608,7 +611,7 @@ def run_cmd(
         help="check: reject a seed or child whose step time is not a time "
         "(e.g. microseconds plus a count), rule 'units'; off: no units check.",
     ),
-    time_components: Literal[TIME_COMPONENT_MODES] = _time_components_option(),
+    time_components: Literal[TIME_COMPONENT_MODES] | None = _time_components_option(),
     engine: Literal[ENGINES] = typer.Option(
         ENGINES[0],
         "--engine",
@@ -664,7 +667,7 @@ def run_cmd(
         front_cv=front_cv,
         modulate=modulate,
         switch=switch,
-        time_components=time_components,
+        time_components=engine_time_components(engine, time_components),
     )
     llm_settings = (
         LLMSettings(
@@ -904,7 +907,7 @@ def bench_cmd(
     ),
     bench_modulate: float = _operator_share("modulate", "with --worlds, for every search, as for evolve run"),
     bench_switch: float = _operator_share("switch", "with --worlds, for every search, as for evolve run"),
-    bench_time_components: Literal[TIME_COMPONENT_MODES] = _time_components_option(
+    bench_time_components: Literal[TIME_COMPONENT_MODES] | None = _time_components_option(
         "With --worlds, for every search, as for evolve run. "
     ),
     bench_out: Path = typer.Option(

@@ -42,7 +42,7 @@ from stepml_evolve.evaluator.worlds.splits import split_file
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
 
-from .run import ENGINES, LLMSettings, check_engine, run_search
+from .run import ENGINES, LLMSettings, check_engine, engine_time_components, run_search
 from .setup import EvaluationSetup, Say, quiet
 
 RECOVERY_FACTOR = 1.5
@@ -328,7 +328,7 @@ def bench_worlds(
     pick: str = PICKS[0],
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
-    time_components: str = SearchConfig.time_components,
+    time_components: str | None = None,
     resume: bool = False,
     say: Say = quiet,
 ) -> list[SplitResult]:
@@ -338,6 +338,7 @@ def bench_worlds(
     benchmark in out_dir, which must have been started with the same settings but --generations."""
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))
     check_engine(engine, llm)
+    time_components = engine_time_components(engine, time_components)
     if pick not in PICKS:
         raise UserError(f"--held-out-pick must be one of {', '.join(PICKS)}, not {pick!r}")
     if selection not in SELECTIONS:

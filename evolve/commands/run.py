@@ -126,7 +126,13 @@ def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, confi
     from stepml_evolve.evolve.search.llm_operator import LLMOperator
 
     client, budget = _llm_client(llm, archive_dir)
-    return LLMOperator(client, budget, server=_server(loaded), units=config.units == "check")
+    return LLMOperator(
+        client,
+        budget,
+        server=_server(loaded),
+        units=config.units == "check",
+        keep_time_components=config.time_components == "keep",
+    )
 
 
 def check_engine(engine: str, llm: LLMSettings | None) -> None:
@@ -141,6 +147,20 @@ def check_engine(engine: str, llm: LLMSettings | None) -> None:
     require_openevolve()
     if llm is None:
         raise SearchError("--engine openevolve needs an LLM: pass --llm MODEL (and --llm-base-url for a local server)")
+
+
+def engine_time_components(engine: str, chosen: str | None) -> str:
+    """--time-components for an engine (chosen: None when the option was not given). OpenEvolve's
+    candidates reach our judge without their parent, so there is no parent's component to keep:
+    it runs with free and refuses an explicit keep."""
+    if engine != "openevolve":
+        return chosen or SearchConfig.time_components
+    if chosen == "keep":
+        raise SearchError(
+            "--time-components keep: --engine openevolve's candidates reach the judge without their "
+            "parent, so there is nothing to keep; leave the option out (openevolve runs with free)"
+        )
+    return "free"
 
 
 def _check_setup(config: SearchConfig, setup: EvaluationSetup) -> None:
@@ -180,8 +200,7 @@ def run_search(
     SEARCH/REPLACE diffs, its default, or full rewrites)."""
     _check_setup(config, setup)
     check_engine(engine, llm)
-    if engine == "openevolve":  # its candidates reach our judge without their parent: nothing to keep
-        config = dataclasses.replace(config, time_components="free")
+    engine_time_components(engine, config.time_components)  # openevolve refuses keep
     if archive_dir is not None:
         check_engine_resumable(engine, archive_dir, resume)  # before any data is loaded
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded

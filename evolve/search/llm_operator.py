@@ -11,7 +11,7 @@ from importlib import resources
 
 import jinja2
 
-from stepml_evolve.evaluator.components import COMPONENTS
+from stepml_evolve.evaluator.components import COMPONENTS, dropped_time_components
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, compile_program, parse_program
 
 from .llm_client import MAX_REPLY_CHARS, Attempt, LLMClient, LLMUnavailable
@@ -114,17 +114,27 @@ class LLMProposal:
 
 class LLMOperator:
     def __init__(
-        self, client: LLMClient, budget: Budget, max_attempts: int = 3, server: dict | None = None, units: bool = True
+        self,
+        client: LLMClient,
+        budget: Budget,
+        max_attempts: int = 3,
+        server: dict | None = None,
+        units: bool = True,
+        keep_time_components: bool = False,
     ):
         """units: a reply whose functions do not return times is a rejection fed back for a retry
-        (as the search would reject it; `evolve run --units check`)."""
+        (as the search would reject it; `evolve run --units check`); keep_time_components: so is a
+        reply that drops a time component of its parent (`--time-components keep`), and the system
+        prompt says so."""
         self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
+        self.keep_time_components = keep_time_components
         self.breaker = Breaker()
         env = prompt_templates()
         self.system = env.get_template("system.j2").render(
             components=COMPONENTS,
             budget_tokens=(server or {}).get("budget_tokens", 2048),
             max_seqs=(server or {}).get("max_seqs", 128),
+            keep_time_components=keep_time_components,
         )
         self.mutate_t = env.get_template("mutate.j2")
         self.retry_t = env.get_template("retry.j2")
@@ -180,6 +190,8 @@ class LLMOperator:
                     compile_program(program)
                     if self.units:
                         check_units(program)
+                    if self.keep_time_components:
+                        self._check_keeps(parent, program)
                     last.outcome = "valid"
                     proposal.source, proposal.reason, proposal.rule = code, "", ""
                     return proposal
@@ -193,6 +205,17 @@ class LLMOperator:
                 {"role": "user", "content": self.retry_t.render(reason=reason)},
             ]
         return proposal
+
+    @staticmethod
+    def _check_keeps(parent, program) -> None:
+        if dropped := dropped_time_components(parent.components, program.components_used):
+            names = ", ".join("f." + c for c in dropped)
+            raise ProgramError(
+                None,
+                "time-components",
+                f"drops {names}, which the parent uses; keep every time component of the parent "
+                "(scale it, gate it or add to it, but keep it)",
+            )
 
     def _may_retry(self, pending: list[Attempt]) -> bool:
         return self.budget.exhausted(pending) is None and not self.breaker.is_open(pending)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from stepml_evolve.archive.grid import Elites, best, pareto_front
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.components import TIME_COMPONENTS
+from stepml_evolve.evaluator.components import dropped_time_components
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
@@ -232,12 +232,11 @@ class Search:
 
     def _dropped_time_components(self, child: Program, proposal: Proposal) -> str:
         """Why the child may not be admitted with --time-components keep: the time components its
-        first parent uses and it does not ("" when none). A step on new hardware still does that
-        work; a term fitted in its place carries the trained hardware's speed to the new one."""
+        first parent uses and it does not ("" when none)."""
         parent = next((p for p in self.programs if p.id == proposal.parents[0]), None) if proposal.parents else None
         if parent is None:
             return ""
-        dropped = [c for c in parent.components if c in TIME_COMPONENTS and c not in child.components_used]
+        dropped = dropped_time_components(parent.components, child.components_used)
         if not dropped:
             return ""
         return f"drops {', '.join('f.' + c for c in dropped)}, which its parent #{parent.id} uses"

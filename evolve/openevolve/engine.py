@@ -416,7 +416,6 @@ def openevolve_config(
             budget_tokens=server["budget_tokens"],
             max_seqs=server["max_seqs"],
             reply_format=REPLY_FORMAT,
-            keep_time_components=False,  # its candidates reach the judge without their parent
         )
     )
     cfg.database.random_seed = seed

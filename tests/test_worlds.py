@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 from typer.testing import CliRunner
 
+from stepml_evolve.archive.browse import opened
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.catalog import catalog
 from stepml_evolve.evaluator.crossval import make_folds
@@ -293,6 +294,28 @@ def test_a_resumed_benchmark_keeps_what_it_finished_and_redoes_only_what_is_miss
         assert res.exit_code == 2 and message in res.output, res.output
     assert cli("bench", "--worlds", "--quick", "--out", out.parent / "new", "--resume").exit_code == 2
     assert not (out.parent / "new").exists()
+
+
+def test_archive_top_scores_the_archives_best_held_out_without_searching_again(quick_bench):
+    """--archive-top K on a finished benchmark: each split gains the best held-out loss among its
+    winner and the archive's K best by train loss (quick runs have no front CV), scored as the
+    winner was; nothing else in the result changes and no search runs again."""
+    out, report = quick_bench
+    resume = ["bench", "--worlds", "--quick", "--out", str(out), "--resume", "--archive-top", "2"]
+    res = CliRunner().invoke(app, [*resume, "--json"])
+    assert "nothing to run" not in res.output  # the searches were not resumed
+    after = _bench_report(res)["results"]
+    for before, r in zip(report["results"], after):
+        assert {k: v for k, v in r.items() if not k.startswith("archive_")} == before
+        assert 1 <= r["archive_scored"] <= 3
+        assert r["archive_best"]["loss"] <= r["winner"]["loss"]  # the winner is one of those scored
+        assert r["archive_recovers"] == (r["archive_best"]["loss"] <= 1.5 * r["law"]["loss"])
+        with opened(out / r["world"] / "by-gpu-archive") as archive:
+            ids = {f"#{p.id}" for p in archive.programs()}
+        assert r["archive_best"]["program"] in ids
+    res = CliRunner().invoke(app, resume, env={"COLUMNS": "250"})
+    assert res.exit_code == 0 and "done before (2 generations), kept" in res.output
+    assert "best in archive" in res.output
 
 
 def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):

@@ -910,6 +910,16 @@ def bench_cmd(
     bench_time_components: Literal[TIME_COMPONENT_MODES] | None = _time_components_option(
         "With --worlds, for every search, as for evolve run. "
     ),
+    archive_top: int = typer.Option(
+        0,
+        "--archive-top",
+        min=0,
+        help="With --worlds: also score held out, as the winner is, each search's K programs of lowest "
+        "CV loss and K of lowest train loss, and report the best of them and the winner: whether the "
+        "archive holds a program that generalizes which the selection rule did not pick (a diagnostic "
+        "the held-out data chooses, never the winner; on a finished benchmark with --resume, adds it).",
+        metavar="K",
+    ),
     bench_out: Path = typer.Option(
         Path("bench-worlds"),
         "--out",
@@ -940,6 +950,7 @@ def bench_cmd(
             modulate=bench_modulate,
             switch=bench_switch,
             time_components=bench_time_components,
+            archive_top=archive_top,
             resume=resume,
             say=say,
         )

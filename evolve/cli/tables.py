@@ -264,6 +264,9 @@ def worlds_bench_table(results, summary: dict) -> Table:
         "recovered",
     ):
         t.add_column(col, justify="left" if col in ("world", "split", "best seed", "made by") else "right")
+    diagnosed = any(r.archive_best is not None for r in results)
+    if diagnosed:  # --archive-top
+        t.add_column("best in archive", justify="right")
 
     def cell(s) -> str:  # with several fits: the picked fit's, and the range of their held-out losses
         spread = f" [{fmt(min(s.losses), '.2f')}-{fmt(max(s.losses), '.2f')}]" if s.losses else ""
@@ -282,5 +285,14 @@ def worlds_bench_table(results, summary: dict) -> Table:
             cell(r.law),
             "yes" if r.beats_seed else "no",
             "yes" if r.recovered else "no",
+            *([archive_cell(r)] if diagnosed else []),
         )
     return t
+
+
+def archive_cell(r) -> str:
+    """--archive-top: the best held out of the programs scored, and whether it is within 1.5x of the law."""
+    if r.archive_best is None:
+        return ""
+    recovers = ", recovers" if r.archive_recovers else ""
+    return f"{plain(r.archive_best.program)} {fmt(r.archive_best.loss, '.2f')} of {r.archive_scored}{recovers}"

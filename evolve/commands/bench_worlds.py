@@ -23,10 +23,10 @@ import math
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepml_evolve.archive.browse import choose, opened
+from stepml_evolve.archive.browse import choose, cv_by_program, opened, run_programs
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
@@ -81,6 +81,10 @@ class SplitResult:
     generations: int
     winner_origin: str = ""  # "seed NAME" when the search kept a seed, else the operator that made it
     selection: str = SELECTIONS[0]
+    # --archive-top K: the lowest held-out loss among the winner and the archive's K best by each
+    # rule (a diagnostic the held-out data chooses, never a winner), and how many were scored
+    archive_best: HeldOut | None = None
+    archive_scored: int = 0
 
     @property
     def best_seed(self) -> HeldOut:
@@ -94,6 +98,11 @@ class SplitResult:
     def recovered(self) -> bool:
         return self.winner.loss <= RECOVERY_FACTOR * self.law.loss
 
+    @property
+    def archive_recovers(self) -> bool | None:
+        """Whether a program of the archive is within 1.5x of the law held out (None: not scored)."""
+        return None if self.archive_best is None else self.archive_best.loss <= RECOVERY_FACTOR * self.law.loss
+
     def to_json(self) -> dict:
         return {
             **{k: v for k, v in asdict(self).items() if k not in ("seeds",)},
@@ -101,6 +110,7 @@ class SplitResult:
             "best_seed": asdict(self.best_seed),
             "beats_seed": self.beats_seed,
             "recovered": self.recovered,
+            "archive_recovers": self.archive_recovers,
         }
 
     @classmethod
@@ -111,6 +121,8 @@ class SplitResult:
             seeds=tuple(_held_out_of(s) for s in d["seeds"]),
             winner=_held_out_of(d["winner"]),
             law=_held_out_of(d["law"]),
+            archive_best=_held_out_of(d["archive_best"]) if d.get("archive_best") else None,
+            archive_scored=d.get("archive_scored", 0),
         )
 
 
@@ -198,11 +210,14 @@ def bench_world(
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
     time_components: str = SearchConfig.time_components,
+    archive_top: int = 0,
     say: Say = quiet,
 ) -> list[SplitResult]:
     """selection "validation": the winner is `emit-go best` of a run with `front_cv`; "inner": the
     search runs `--cv groups:split-<name>.inner.yaml` (the split's kind of extrapolation inside
-    its train configurations) without a front CV, so the winner is the lowest such CV loss."""
+    its train configurations) without a front CV, so the winner is the lowest such CV loss.
+    archive_top > 0: each split's result also holds the best held out of the archive's top programs
+    (`_with_archive_best`), added to a result finished before without it."""
     world = load_world(name)
     data_dir = workdir / world.name / "data"
     split_files = _world_data(world, data_dir, seed, size, say)
@@ -213,53 +228,146 @@ def bench_world(
     with Engine(loaded.experiments) as pool:
         for split in [s for s in SPLITS if splits is None or s.name in splits]:
             result_file = workdir / world.name / f"{split.name}-result.json"
-            if result_file.exists():
-                done = SplitResult.from_json(_read_json(result_file))
-                if done.generations == generations:
-                    say(f"  {world.name} {split.name}: done before ({generations} generations), kept")
-                    results.append(done)
-                    continue
+            done = SplitResult.from_json(_read_json(result_file)) if result_file.exists() else None
+            if done is not None and done.generations != generations:
+                done = None  # an extended search
+            if done is not None and (not archive_top or done.archive_best is not None):
+                say(f"  {world.name} {split.name}: done before ({generations} generations), kept")
+                results.append(done)
+                continue
             protocol = f"{GROUPS_PREFIX}{split_files[split.name]}"
             folds = make_folds(protocol, loaded.experiments)
             held = {n for f in folds for n in f.held_out}
-            seeds, law = _baselines(world, split.name, workdir, loaded, pool, protocol, folds, seed, fits, pick, say)
-            train_dir = workdir / world.name / f"{split.name}-train"
-            train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
             archive_dir = workdir / world.name / f"{split.name}-archive"
-            resume = (archive_dir / Archive.FILE).exists()
-            if resume:
-                last = _last_generation(archive_dir)
-                if last > generations:
-                    raise UserError(
-                        f"{archive_dir}: its search is at generation {last}, past --generations {generations}; "
-                        "a resumed benchmark can extend its searches, not shorten them"
-                    )
-                left = f"continues to {generations}" if last < generations else "nothing to run"
-                say(f"  {world.name} {split.name}: its search is at generation {last}; {left}")
-            inner = selection == "inner"
-            config = SearchConfig(
-                generations=generations,
-                seed=seed,
-                cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
-                front_cv="none" if inner else front_cv,
-                modulate=modulate,
-                switch=switch,
-                time_components=time_components,
-            )
-            run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
-            with opened(archive_dir) as archive:
-                chosen = choose(archive, "best").program
-            winner = _held_out(
-                f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, folds, seed, fits, pick=pick
-            )
-            say(f"  {world.name} {split.name}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
-            origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
-            result = SplitResult(
-                world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin, selection
-            )
-            _write_json(result_file, result.to_json())
-            results.append(result)
+            if done is None:
+                done = _search_split(
+                    world,
+                    split.name,
+                    workdir,
+                    loaded,
+                    pool,
+                    protocol,
+                    folds,
+                    held,
+                    data_dir,
+                    archive_dir,
+                    generations,
+                    seed,
+                    front_cv,
+                    selection,
+                    engine,
+                    llm,
+                    fits,
+                    pick,
+                    modulate,
+                    switch,
+                    time_components,
+                    say,
+                )
+            if archive_top:
+                say(f"  {world.name} {split.name}: scoring held out the archive's {archive_top} best by each rule")
+                done = _with_archive_best(
+                    done, archive_dir, archive_top, loaded, pool, protocol, folds, seed, fits, pick
+                )
+                say(
+                    f"  {world.name} {split.name}: best of {done.archive_scored} held out {done.archive_best.program} {done.archive_best.loss:.2f}"
+                )
+            _write_json(result_file, done.to_json())
+            results.append(done)
     return results
+
+
+def _search_split(
+    world,
+    split: str,
+    workdir: Path,
+    loaded,
+    pool,
+    protocol,
+    folds,
+    held,
+    data_dir: Path,
+    archive_dir: Path,
+    generations,
+    seed,
+    front_cv,
+    selection,
+    engine,
+    llm,
+    fits,
+    pick,
+    modulate,
+    switch,
+    time_components,
+    say,
+) -> SplitResult:
+    """The seeds' and the law's held-out scores, the search on the split's train configurations (or
+    its continuation) and its winner's held-out score."""
+    seeds, law = _baselines(world, split, workdir, loaded, pool, protocol, folds, seed, fits, pick, say)
+    train_dir = workdir / world.name / f"{split}-train"
+    train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
+    resume = (archive_dir / Archive.FILE).exists()
+    if resume:
+        last = _last_generation(archive_dir)
+        if last > generations:
+            raise UserError(
+                f"{archive_dir}: its search is at generation {last}, past --generations {generations}; "
+                "a resumed benchmark can extend its searches, not shorten them"
+            )
+        left = f"continues to {generations}" if last < generations else "nothing to run"
+        say(f"  {world.name} {split}: its search is at generation {last}; {left}")
+    inner = selection == "inner"
+    config = SearchConfig(
+        generations=generations,
+        seed=seed,
+        cv=f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}" if inner else "none",
+        front_cv="none" if inner else front_cv,
+        modulate=modulate,
+        switch=switch,
+        time_components=time_components,
+    )
+    run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
+    with opened(archive_dir) as archive:
+        chosen = choose(archive, "best").program
+    winner = _held_out(
+        f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, folds, seed, fits, pick=pick
+    )
+    say(f"  {world.name} {split}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
+    origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
+    return SplitResult(world.name, split, len(held), tuple(seeds), winner, law, generations, origin, selection)
+
+
+def _with_archive_best(
+    result: SplitResult, archive_dir: Path, top: int, loaded, pool, protocol, folds, seed, fits, pick
+) -> SplitResult:
+    """The result with the lowest held-out loss among its winner and the archive's `top` programs of
+    lowest CV loss and `top` of lowest train loss, each scored as the winner was: does the archive
+    hold what generalizes, and the selection rule did not pick it, or does it not hold it at all?"""
+    with opened(archive_dir) as archive:
+        run, programs = run_programs(archive)
+        cv = cv_by_program(archive, run.id)
+    fitted = [
+        p for p in programs if p.stage in ("seed", "full") and p.train_loss is not None and math.isfinite(p.train_loss)
+    ]
+    cv_loss = {
+        p.id: min(s.loss for s in cv[p.id].values() if s.loss is not None)
+        for p in fitted
+        if any(s.loss is not None for s in cv.get(p.id, {}).values())
+    }
+    by_cv = sorted((p for p in fitted if p.id in cv_loss), key=lambda p: (cv_loss[p.id], p.id))[:top]
+    by_train = sorted(fitted, key=lambda p: (p.train_loss, p.id))[:top]
+    winner = result.winner.program
+    chosen = {f"#{p.id}": p for p in [*by_cv, *by_train] if f"#{p.id}" != winner}
+    with ThreadPoolExecutor(max(1, len(chosen))) as threads:
+        jobs = [
+            threads.submit(
+                _held_out, name, parse_program(p.source), loaded, pool, protocol, folds, seed, fits, pick=pick
+            )
+            for name, p in chosen.items()
+        ]
+        scored = [result.winner, *(j.result() for j in jobs)]
+    best = min(scored, key=lambda h: (math.isnan(h.loss), h.loss))  # the winner on a tie: it comes first
+    return replace(result, archive_best=best, archive_scored=len(scored))
 
 
 def _world_data(world, data_dir: Path, seed: int, size: str, say: Say) -> dict[str, Path]:
@@ -329,6 +437,7 @@ def bench_worlds(
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
     time_components: str | None = None,
+    archive_top: int = 0,
     resume: bool = False,
     say: Say = quiet,
 ) -> list[SplitResult]:
@@ -339,6 +448,8 @@ def bench_worlds(
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))
     check_engine(engine, llm)
     time_components = engine_time_components(engine, time_components)
+    if archive_top < 0:
+        raise UserError(f"--archive-top must be 0 or more, not {archive_top}")
     if pick not in PICKS:
         raise UserError(f"--held-out-pick must be one of {', '.join(PICKS)}, not {pick!r}")
     if selection not in SELECTIONS:
@@ -390,6 +501,7 @@ def bench_worlds(
             modulate=modulate,
             switch=switch,
             time_components=time_components,
+            archive_top=archive_top,
             say=say,
         )
     return results
@@ -427,6 +539,10 @@ def summary(results: list[SplitResult]) -> dict:
             "law_loss": mean([r.law.loss for r in rs]),
             "beats_seed": mean([r.winner.loss for r in rs]) < mean([r.best_seed.loss for r in rs]),
             "recovered": all(r.recovered for r in rs),
+            # --archive-top: a program of the archive within 1.5x of the law on every split
+            "archive_recovers": all(r.archive_recovers for r in rs)
+            if all(r.archive_best is not None for r in rs)
+            else None,
         }
         for w, rs in worlds.items()
     }

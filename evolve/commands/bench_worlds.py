@@ -184,6 +184,29 @@ def _held_out(
     return HeldOut(name, loss, e2e, ttft, tuple(x[0] for x in scored), tuple(x[3] for x in scored))
 
 
+@dataclass(frozen=True)
+class SplitScorer:
+    """How a split scores every program held out (`_held_out` with the benchmark's fits and pick)."""
+
+    loaded: LoadedData
+    pool: Engine
+    protocol: str
+    folds: list[Fold]
+    seed: int
+    fits: int
+    pick: str
+
+    def __call__(self, name: str, program: Program) -> HeldOut:
+        return _held_out(
+            name, program, self.loaded, self.pool, self.protocol, self.folds, self.seed, self.fits, pick=self.pick
+        )
+
+    def all(self, named: list[tuple[str, Program]]) -> list[HeldOut]:
+        """Every (name, program) scored at once (each fit hands its replays to the engine's pool)."""
+        with ThreadPoolExecutor(max(1, len(named))) as threads:
+            return list(threads.map(lambda item: self(*item), named))
+
+
 def _train_view(data_dir: Path, held: set[str], out: Path, loaded: LoadedData) -> Path:
     """A directory of links to the experiments the split trains on: what the search may see."""
     out.mkdir(parents=True, exist_ok=True)
@@ -239,107 +262,61 @@ def bench_world(
             folds = make_folds(protocol, loaded.experiments)
             held = {n for f in folds for n in f.held_out}
             archive_dir = workdir / world.name / f"{split.name}-archive"
+            score = SplitScorer(loaded, pool, protocol, folds, seed, fits, pick)
             if done is None:
-                done = _search_split(
-                    world,
-                    split.name,
-                    workdir,
-                    loaded,
-                    pool,
-                    protocol,
-                    folds,
-                    held,
-                    data_dir,
-                    archive_dir,
-                    generations,
-                    seed,
-                    front_cv,
-                    selection,
-                    engine,
-                    llm,
-                    fits,
-                    pick,
-                    modulate,
-                    switch,
-                    time_components,
-                    say,
+                inner = selection == "inner"
+                config = SearchConfig(
+                    generations=generations,
+                    seed=seed,
+                    cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
+                    front_cv="none" if inner else front_cv,
+                    modulate=modulate,
+                    switch=switch,
+                    time_components=time_components,
+                )
+                train_dir = workdir / world.name / f"{split.name}-train"
+                train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
+                seeds, law = _baselines(world, split.name, workdir, score, say)
+                winner, origin = _search(world.name, split.name, train, archive_dir, config, score, engine, llm, say)
+                done = SplitResult(
+                    world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin, selection
                 )
             if archive_top:
                 say(f"  {world.name} {split.name}: scoring held out the archive's {archive_top} best by each rule")
-                done = _with_archive_best(
-                    done, archive_dir, archive_top, loaded, pool, protocol, folds, seed, fits, pick
-                )
+                done = _with_archive_best(done, archive_dir, archive_top, score)
+                best = done.archive_best
                 say(
-                    f"  {world.name} {split.name}: best of {done.archive_scored} held out {done.archive_best.program} {done.archive_best.loss:.2f}"
+                    f"  {world.name} {split.name}: best of {done.archive_scored} held out {best.program} {best.loss:.2f}"
                 )
             _write_json(result_file, done.to_json())
             results.append(done)
     return results
 
 
-def _search_split(
-    world,
-    split: str,
-    workdir: Path,
-    loaded,
-    pool,
-    protocol,
-    folds,
-    held,
-    data_dir: Path,
-    archive_dir: Path,
-    generations,
-    seed,
-    front_cv,
-    selection,
-    engine,
-    llm,
-    fits,
-    pick,
-    modulate,
-    switch,
-    time_components,
-    say,
-) -> SplitResult:
-    """The seeds' and the law's held-out scores, the search on the split's train configurations (or
-    its continuation) and its winner's held-out score."""
-    seeds, law = _baselines(world, split, workdir, loaded, pool, protocol, folds, seed, fits, pick, say)
-    train_dir = workdir / world.name / f"{split}-train"
-    train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
+def _search(
+    world: str, split: str, train: Path, archive_dir: Path, config: SearchConfig, score: SplitScorer, engine, llm, say
+) -> tuple[HeldOut, str]:
+    """The search on the split's train configurations (or its continuation), its winner scored held
+    out, and what made the winner."""
     resume = (archive_dir / Archive.FILE).exists()
     if resume:
         last = _last_generation(archive_dir)
-        if last > generations:
+        if last > config.generations:
             raise UserError(
-                f"{archive_dir}: its search is at generation {last}, past --generations {generations}; "
+                f"{archive_dir}: its search is at generation {last}, past --generations {config.generations}; "
                 "a resumed benchmark can extend its searches, not shorten them"
             )
-        left = f"continues to {generations}" if last < generations else "nothing to run"
-        say(f"  {world.name} {split}: its search is at generation {last}; {left}")
-    inner = selection == "inner"
-    config = SearchConfig(
-        generations=generations,
-        seed=seed,
-        cv=f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}" if inner else "none",
-        front_cv="none" if inner else front_cv,
-        modulate=modulate,
-        switch=switch,
-        time_components=time_components,
-    )
+        left = f"continues to {config.generations}" if last < config.generations else "nothing to run"
+        say(f"  {world} {split}: its search is at generation {last}; {left}")
     run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
     with opened(archive_dir) as archive:
         chosen = choose(archive, "best").program
-    winner = _held_out(
-        f"#{chosen.id}", parse_program(chosen.source), loaded, pool, protocol, folds, seed, fits, pick=pick
-    )
-    say(f"  {world.name} {split}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
-    origin = f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
-    return SplitResult(world.name, split, len(held), tuple(seeds), winner, law, generations, origin, selection)
+    winner = score(f"#{chosen.id}", parse_program(chosen.source))
+    say(f"  {world} {split}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
+    return winner, f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
 
 
-def _with_archive_best(
-    result: SplitResult, archive_dir: Path, top: int, loaded, pool, protocol, folds, seed, fits, pick
-) -> SplitResult:
+def _with_archive_best(result: SplitResult, archive_dir: Path, top: int, score: SplitScorer) -> SplitResult:
     """The result with the lowest held-out loss among its winner and the archive's `top` programs of
     lowest CV loss and `top` of lowest train loss, each scored as the winner was: does the archive
     hold what generalizes, and the selection rule did not pick it, or does it not hold it at all?"""
@@ -358,14 +335,7 @@ def _with_archive_best(
     by_train = sorted(fitted, key=lambda p: (p.train_loss, p.id))[:top]
     winner = result.winner.program
     chosen = {f"#{p.id}": p for p in [*by_cv, *by_train] if f"#{p.id}" != winner}
-    with ThreadPoolExecutor(max(1, len(chosen))) as threads:
-        jobs = [
-            threads.submit(
-                _held_out, name, parse_program(p.source), loaded, pool, protocol, folds, seed, fits, pick=pick
-            )
-            for name, p in chosen.items()
-        ]
-        scored = [result.winner, *(j.result() for j in jobs)]
+    scored = [result.winner, *score.all([(name, parse_program(p.source)) for name, p in chosen.items()])]
     best = min(scored, key=lambda h: (math.isnan(h.loss), h.loss))  # the winner on a tie: it comes first
     return replace(result, archive_best=best, archive_scored=len(scored))
 
@@ -391,23 +361,15 @@ def _world_data(world, data_dir: Path, seed: int, size: str, say: Say) -> dict[s
     return write_world(world, data_dir, seed=seed, size=size)[1]
 
 
-def _baselines(
-    world, split: str, workdir: Path, loaded, pool, protocol, folds, seed, fits, pick, say
-) -> tuple[list, HeldOut]:
+def _baselines(world, split: str, workdir: Path, score: SplitScorer, say) -> tuple[list, HeldOut]:
     """Every seed's and the law's held-out scores on the split, kept in <split>-baselines.json (they
     do not depend on the search's budget, so a resumed or extended benchmark reuses them)."""
     keep = workdir / world.name / f"{split}-baselines.json"
     if keep.exists():
         scored = [_held_out_of(d) for d in _read_json(keep)]
     else:
-        # the seeds and the law fit at once (each fit hands its replays to the engine's pool)
         programs = [(p.stem, parse_program(p.read_text())) for p in seed_paths()] + [("law", world.program)]
-        with ThreadPoolExecutor(len(programs)) as threads:
-            jobs = [
-                threads.submit(_held_out, n, prog, loaded, pool, protocol, folds, seed, fits, pick=pick)
-                for n, prog in programs
-            ]
-            scored = [j.result() for j in jobs]
+        scored = score.all(programs)
         _write_json(keep, [asdict(s) for s in scored])
     for s in scored:
         say(f"  {world.name} {split}: {s.program} held-out loss {s.loss:.2f}")

@@ -94,14 +94,18 @@ class SplitResult:
     def beats_seed(self) -> bool:
         return self.winner.loss < self.best_seed.loss
 
+    def recovers(self, scored: HeldOut) -> bool:
+        """Within RECOVERY_FACTOR of the law's held-out loss."""
+        return scored.loss <= RECOVERY_FACTOR * self.law.loss
+
     @property
     def recovered(self) -> bool:
-        return self.winner.loss <= RECOVERY_FACTOR * self.law.loss
+        return self.recovers(self.winner)
 
     @property
     def archive_recovers(self) -> bool | None:
-        """Whether a program of the archive is within 1.5x of the law held out (None: not scored)."""
-        return None if self.archive_best is None else self.archive_best.loss <= RECOVERY_FACTOR * self.law.loss
+        """Whether a program of the archive recovers the law (None: not scored)."""
+        return None if self.archive_best is None else self.recovers(self.archive_best)
 
     def to_json(self) -> dict:
         return {
@@ -326,10 +330,8 @@ def _with_archive_best(result: SplitResult, archive_dir: Path, top: int, score: 
     fitted = [
         p for p in programs if p.stage in ("seed", "full") and p.train_loss is not None and math.isfinite(p.train_loss)
     ]
-    cv_loss = {
-        p.id: min(s.loss for s in cv[p.id].values() if s.loss is not None)
-        for p in fitted
-        if any(s.loss is not None for s in cv.get(p.id, {}).values())
+    cv_loss = {  # a program's lowest loss over the protocols it was cross-validated with
+        pid: min(losses) for pid, by in cv.items() if (losses := [s.loss for s in by.values() if s.loss is not None])
     }
     by_cv = sorted((p for p in fitted if p.id in cv_loss), key=lambda p: (cv_loss[p.id], p.id))[:top]
     by_train = sorted(fitted, key=lambda p: (p.train_loss, p.id))[:top]

@@ -36,9 +36,11 @@ from .experiments import Experiment
 
 TASK_RETRIES = 5
 # Ray Client's server starts a process per client session, which now and then dies at start
-# with "Initialization failure from server": that failure, and any that comes back within
-# QUICK_FAILURE_S (the server answered), is retried; a timeout is not.
-CONNECT_ATTEMPTS, QUICK_FAILURE_S = 3, 10.0
+# with "Initialization failure from server", most often on a head started moments ago on a busy
+# machine (its services are still coming up): that failure, and any that comes back within
+# QUICK_FAILURE_S (the server answered), is retried with a doubling wait (2+4+8+16 s); a timeout
+# is not.
+CONNECT_ATTEMPTS, QUICK_FAILURE_S = 5, 10.0
 SESSION_FAILURE = "Initialization failure from server"  # Ray Client's message for that case
 # A task is a run of consecutive jobs, about this many tasks per worker and call: one replay per
 # task spends more on Ray's per-task cost than on the replay (measured through Ray Client on 2
@@ -128,7 +130,7 @@ class RayExecutor:
                         f"--cluster {cluster}: cannot connect to a Ray cluster there ({_one_line(e)}); "
                         "start one with `ray start --head` (see the README)"
                     ) from None
-                time.sleep(2 * attempt)
+                time.sleep(2**attempt)
         try:
             cpus = int(ray.cluster_resources().get("CPU", 0))
             if cpus < 1:

@@ -5,7 +5,9 @@ Ray's own multi-node test harness (ray.cluster_utils.Cluster) starts a head node
 node, each its own raylet with one CPU, in a child process of ours. Ray binds every server to the
 node's address; with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 that address is the loopback one, so
 nothing listens beyond 127.0.0.1. The child prints the addresses as one JSON line, removes the
-head node on SIGUSR1 (a lost head), and shuts the cluster down on SIGTERM.
+head node on SIGUSR1 (a lost head), and shuts the cluster down on SIGTERM. The cluster counts as
+started once a Ray Client session has opened on it: a head just up on a busy machine can refuse
+the first sessions while its services start, and the tests are about our runs, not that.
 """
 
 from __future__ import annotations
@@ -58,7 +60,24 @@ class LocalCluster:
             self.__exit__()
             raise RuntimeError(f"the local Ray cluster did not start in {self.timeout} s")
         self.info = json.loads(line)
+        self._wait_for_a_session(deadline)
         return self
+
+    def _wait_for_a_session(self, deadline: float) -> None:
+        probe = f"import ray; ray.init(address={self.client!r}); ray.shutdown()"
+        while True:
+            res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+            if res.returncode == 0:
+                return
+            if time.time() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"no Ray Client session opened on the local cluster: {res.stderr[-2000:]}")
+            time.sleep(2)
+
+    def client_server_logs(self, chars: int = 3000) -> str:
+        """The ends of the head's Ray Client server logs, for a failing test's message."""
+        logs = sorted(Path(self.info["session_dir"], "logs").glob("ray_client_server*"))
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in logs if p.stat().st_size)
 
     def lose_head(self) -> None:
         """Kill the head node's processes (GCS, raylet, Ray Client server); the worker node stays."""
@@ -107,7 +126,8 @@ def _serve(client_port: int, nodes: int, cpus: int) -> None:
 
     signal.signal(signal.SIGUSR1, lose_head)
     signal.signal(signal.SIGTERM, stop)
-    print(json.dumps({"gcs": cluster.address, "client_port": client_port}), flush=True)
+    info = {"gcs": cluster.address, "client_port": client_port, "session_dir": cluster.head_node.get_session_dir_path()}
+    print(json.dumps(info), flush=True)
     while True:
         time.sleep(1)
 

@@ -113,12 +113,14 @@ def cluster_run(cluster, tmp_path_factory):
     thread.start()
     out, err = proc.communicate(timeout=900)
     thread.join()
+    if proc.returncode:
+        err = f"{err[-3000:]}\n{cluster.client_server_logs()}"
     return {"returncode": proc.returncode, "err": err, "killed": killed, "snapshot": snapshot(d)}
 
 
 @needs_ray
 def test_a_run_on_a_two_node_cluster_writes_the_local_archive(cluster_run, reference):
-    assert cluster_run["returncode"] == 0, cluster_run["err"][-3000:]
+    assert cluster_run["returncode"] == 0, cluster_run["err"]
     assert cluster_run["snapshot"] == reference
 
 
@@ -140,8 +142,8 @@ def test_a_fit_gives_the_same_constants_on_threads_and_any_cluster_size(cluster,
 
 @needs_ray
 def test_a_killed_worker_is_retried_and_the_archive_is_unchanged(cluster_run, reference):
-    assert cluster_run["killed"], "no replay task was seen running on the cluster"
-    assert cluster_run["returncode"] == 0, cluster_run["err"][-3000:]
+    assert cluster_run["killed"], f"no replay task was seen running on the cluster: {cluster_run['err'][-3000:]}"
+    assert cluster_run["returncode"] == 0, cluster_run["err"]
     assert cluster_run["snapshot"] == reference
 
 

@@ -305,9 +305,12 @@ def test_archive_top_scores_the_archives_best_held_out_without_searching_again(q
     res = CliRunner().invoke(app, [*resume, "--json"])
     assert "nothing to run" not in res.output  # the searches were not resumed
     after = _bench_report(res)["results"]
+
+    def plain(result: dict) -> dict:
+        return {k: v for k, v in result.items() if not k.startswith("archive_")}
+
     for before, r in zip(report["results"], after):
         assert before["archive_best"] is None and before["archive_scored"] == 0
-        plain = lambda d: {k: v for k, v in d.items() if not k.startswith("archive_")}  # noqa: E731
         assert plain(r) == plain(before)
         assert 1 <= r["archive_scored"] <= 3
         assert r["archive_best"]["loss"] <= r["winner"]["loss"]  # the winner is one of those scored

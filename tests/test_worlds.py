@@ -34,7 +34,13 @@ from stepml_evolve.evaluator.worlds import (
 )
 from stepml_evolve.evaluator.worlds.grid import KNOBS, TRAINED_SEQS, TRAINED_TOKENS, kv_blocks
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out
+from stepml_evolve.evolve.commands.bench_worlds import (
+    SETTINGS_FILE,
+    HeldOut,
+    SplitResult,
+    _check_resumable,
+    _held_out,
+)
 from stepml_evolve.evolve.search.cascade import structure_hash
 from stepml_evolve.seeds import seed_path, seed_paths
 
@@ -104,7 +110,7 @@ def test_a_deployment_is_in_the_grid_only_where_its_weights_leave_room_for_the_k
         assert c.tp == min(tp for tp in (1, 2, 4, 8) if kv_blocks(c.model, c.hardware, tp)) or c.tp % 2 == 0
 
 
-@pytest.mark.parametrize("size", ["small", "full"])
+@pytest.mark.parametrize("size", ["small", "medium", "full"])
 def test_every_split_extrapolates(size):
     configs = configurations(size)
     splits = make_splits(configs)
@@ -125,7 +131,7 @@ def test_every_split_extrapolates(size):
             assert all(not c.trained_knobs for c in out)
 
 
-@pytest.mark.parametrize("size", ["small", "full"])
+@pytest.mark.parametrize("size", ["small", "medium", "full"])
 def test_inner_splits_extrapolate_the_same_way_inside_the_train_configurations(size):
     """What `bench --worlds --select inner` selects by: inside a split's train configurations,
     a trained GPU held out, the largest trained model(s), the trained knob range's ends."""
@@ -226,6 +232,10 @@ def test_unknown_world_or_a_law_the_dsl_rejects_exits_2_in_one_line_writing_noth
     assert res.exit_code == 2 and str(counts) in res.output and "[units]" in res.output
     assert not (tmp_path / "c").exists()
 
+    res = cli("data", "synth", "--size", "medium", "--out", tmp_path / "d")  # a grid's size, not the sample's
+    assert res.exit_code == 2 and "--size medium is a size of a world's grid" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
+
 
 def test_data_worlds_lists_every_world():
     res = CliRunner().invoke(app, ["data", "worlds"], env={"COLUMNS": "200"})
@@ -261,12 +271,17 @@ def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(quick_bench):
         # the law refitted is the noise floor: below every seed held out
         assert r["law"]["loss"] < r["best_seed"]["loss"] and r["law"]["loss"] < 10
         assert r["recovered"] == (r["winner"]["loss"] <= 1.5 * r["law"]["loss"])
+        # the winner's and the law's fits on the train configurations say whether those could tell them apart
+        assert r["train_ratio"] == pytest.approx(r["winner"]["train_loss"] / r["law"]["train_loss"])
+        expected = "recovered" if r["recovered"] else "unidentified" if r["train_ratio"] <= 1.1 else "not found"
+        assert r["diagnosis"] == expected
         assert r["beats_seed"] == (r["winner"]["loss"] < r["best_seed"]["loss"])
         assert r["winner_origin"]  # "seed roofline", or the operator that made the winner
         assert (out / r["world"] / "by-gpu-archive" / Archive.FILE).is_file()
         train = sorted(p.name for p in (out / r["world"] / "by-gpu-train").iterdir())
         assert train and not any("l40s" in n for n in train)  # the search never saw the held-out GPU
     assert report["summary"]["of"] == 2
+    assert sum(report["summary"]["diagnoses"].values()) == 2
 
 
 def test_a_resumed_benchmark_keeps_what_it_finished_and_redoes_only_what_is_missing(quick_bench):
@@ -355,6 +370,43 @@ def test_a_programs_held_out_score_is_the_fit_with_the_lowest_train_loss_or_the_
     assert (by_train.loss, by_train.e2e_ape, by_train.ttft_ape) == (picked.loss, picked.e2e_ape, picked.ttft_ape)
     middle = sorted(ones, key=lambda o: o.loss)[1]
     assert (median.loss, median.e2e_ape, median.ttft_ape) == (middle.loss, middle.e2e_ape, middle.ttft_ape)
+    # the picked fit's train loss is kept with it, as one fit's is
+    assert by_train.train_loss == min(by_train.train_losses) == picked.train_loss
+    assert median.train_loss == middle.train_loss == by_train.train_losses[ones.index(middle)]
+
+
+def _split(winner: HeldOut, law: HeldOut) -> SplitResult:
+    seed = HeldOut("roofline", 9.0, 3.0, 4.0, train_loss=6.0)
+    return SplitResult("w", "by-gpu", 4, (seed,), winner, law, 500)
+
+
+def test_a_split_says_whether_its_train_configurations_could_tell_the_winner_from_the_law():
+    """Not recovered, the winner either fits the train configurations as well as the law (within
+    1.1x, or better: "unidentified", no rule selecting by them could prefer the law) or worse ("not
+    found"); a result stored before the picked fit's train loss was kept reads it from its fits."""
+    law = HeldOut("law", 3.0, 1.3, 1.4, train_loss=2.6)
+    cases = [
+        (4.4, 9.0, "recovered"),
+        (8.7, 2.74, "unidentified"),
+        (8.7, 1.45, "unidentified"),
+        (21.1, 5.97, "not found"),
+    ]
+    for held, train, diagnosis in cases:
+        r = _split(HeldOut("#7", held, 3.0, 5.0, train_loss=train), law)
+        assert r.train_ratio == pytest.approx(train / 2.6) and r.diagnosis == diagnosis
+        assert SplitResult.from_json(json.loads(json.dumps(r.to_json()))).diagnosis == diagnosis
+    stored = {
+        "program": "#7",
+        "loss": 8.7,
+        "e2e_ape": 3.0,
+        "ttft_ape": 5.0,
+        "losses": [9.1, 8.7],
+        "train_losses": [1.9, 1.45],
+    }
+    legacy = SplitResult.from_json({**_split(HeldOut("#7", 8.7, 3.0, 5.0), law).to_json(), "winner": stored})
+    assert legacy.winner.train_loss == 1.45 and legacy.diagnosis == "unidentified"
+    unknown = _split(HeldOut("#7", 8.7, 3.0, 5.0), law)  # one fit, stored before: no train loss
+    assert unknown.diagnosis is None and unknown.to_json()["train_ratio"] is None
 
 
 def test_a_benchmark_started_before_the_pick_rule_resumes_with_the_median_it_used(tmp_path):

@@ -11,6 +11,7 @@ from typing import Literal
 import typer
 
 from stepml_evolve.evaluator.datasets import SYNTHETIC_SEED, check_data, write_synthetic_sample
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.executor import Cluster
 from stepml_evolve.evaluator.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.fitting import METHODS, QUICK_EVALS, SCOPES, FitConfig, FitConfigError
@@ -157,10 +158,10 @@ def data_check(
 def data_synth(
     out_dir: Path = typer.Option(..., "--out", help="Directory to write the synthetic experiments into."),
     seed: int = typer.Option(SYNTHETIC_SEED, min=0, help=f"Generator seed ({SYNTHETIC_SEED} is the built-in sample)."),
-    size: Literal[tuple(SAMPLE_SIZES)] | None = typer.Option(
+    size: Literal[tuple(dict.fromkeys([*SAMPLE_SIZES, *GRID_SIZES]))] | None = typer.Option(
         None,
-        help="full, or small (a fifth of the requests; a world: 12 configurations of 120 requests); default: "
-        "the built-in sample's (STEPML_SAMPLE_SIZE, else full), a world's full.",
+        help="full, or small (a fifth of the requests; a world: 12 configurations of 120 requests), or for a "
+        "world medium (21 of 120); default: the built-in sample's (STEPML_SAMPLE_SIZE, else full), a world's full.",
     ),
     world: str | None = typer.Option(
         None,
@@ -171,6 +172,10 @@ def data_synth(
 ):
     """Write the built-in synthetic sample (hidden oracle + noise), or a known-truth world, in the replay format."""
     if world is None:
+        if size is not None and size not in SAMPLE_SIZES:
+            raise UserError(
+                f"--size {size} is a size of a world's grid; the built-in sample is {' or '.join(SAMPLE_SIZES)}"
+            )
         dirs = write_synthetic_sample(out_dir, seed=seed, size=size)
         out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
         return
@@ -874,7 +879,7 @@ def bench_cmd(
     world_size: Literal[tuple(GRID_SIZES)] | None = typer.Option(
         None,
         "--size",
-        help="With --worlds: the grid, full (42 experiments) or small (12); default full, --quick small.",
+        help="With --worlds: the grid, full (42 experiments), medium (21) or small (12); default full, --quick small.",
     ),
     seed: int = typer.Option(0, "--seed", min=0, help="With --worlds: the worlds' generator and searches' seed."),
     search_engine: Literal[ENGINES] = typer.Option(

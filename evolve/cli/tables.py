@@ -247,8 +247,10 @@ def worlds_bench_table(results, summary: dict) -> Table:
         title="known-truth worlds: held-out loss (mean E2E / TTFT APE %)",
         caption="with several fits a program (--held-out-fits): the picked fit (--held-out-pick), \\[the range of "
         "the fits' held-out losses]. "
-        f"recovered: the winner within 1.5x of the law's held-out loss. The winner beats the best seed on "
-        f"{summary['beats_seed']} of {summary['of']} worlds and recovers the law on {summary['recovered']} "
+        f"recovered: the winner within 1.5x of the law's held-out loss. train: the winner's train loss over the "
+        "law's; unidentified: not recovered, but the winner fits the train configurations within 1.1x of the law "
+        "or better, so they cannot tell the two apart; not found: it fits them worse. The winner beats the best "
+        f"seed on {summary['beats_seed']} of {summary['of']} worlds and recovers the law on {summary['recovered']} "
         "(per world: mean over its splits; recovered on every split)",
     )
     for col in (
@@ -262,6 +264,8 @@ def worlds_bench_table(results, summary: dict) -> Table:
         "law",
         "beats seed",
         "recovered",
+        "train",
+        "diagnosis",
     ):
         t.add_column(col, justify="left" if col in ("world", "split", "best seed", "made by") else "right")
     diagnosed = any(r.archive_best is not None for r in results)
@@ -285,6 +289,8 @@ def worlds_bench_table(results, summary: dict) -> Table:
             cell(r.law),
             "yes" if r.beats_seed else "no",
             "yes" if r.recovered else "no",
+            f"{fmt(r.train_ratio, '.2f')}x" if math.isfinite(r.train_ratio) else "",
+            r.diagnosis or "",
             *([archive_cell(r)] if diagnosed else []),
         )
     return t

@@ -46,6 +46,11 @@ from .run import ENGINES, LLMSettings, check_engine, engine_time_components, run
 from .setup import EvaluationSetup, Say, quiet
 
 RECOVERY_FACTOR = 1.5
+# A winner whose train loss is within this factor of the law's (or below it) fits the configurations
+# the search saw as well as the law does: those configurations cannot tell the two apart, so no rule
+# that selects by them could have preferred the law (SplitResult.diagnosis)
+TRAIN_TIE = 1.1
+DIAGNOSES = ("recovered", "unidentified", "not found")
 QUICK_WORLDS = ("launch_bound", "cuda_graph_buckets")
 QUICK_GENERATIONS = 2
 QUICK_SPLITS = ("by-gpu",)
@@ -68,6 +73,7 @@ class HeldOut:
     # fields above are the picked fit's (PICKS)
     losses: tuple[float, ...] = ()
     train_losses: tuple[float, ...] = ()
+    train_loss: float = math.nan  # the picked fit's loss on the train configurations (NaN: not known)
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,23 @@ class SplitResult:
         return self.recovers(self.winner)
 
     @property
+    def train_ratio(self) -> float:
+        """The winner's train loss over the law's (both fitted the same way on the train configurations)."""
+        return self.winner.train_loss / self.law.train_loss if self.law.train_loss > 0 else math.nan
+
+    @property
+    def diagnosis(self) -> str | None:
+        """recovered; unidentified: not recovered, yet the winner fits the train configurations as well
+        as the law (within TRAIN_TIE) or better, so they cannot tell the two apart and only a prior or
+        other train configurations could; not found: the winner fits them worse than the law, so the
+        search never reached what the law explains of them. None: a train loss is not known."""
+        if self.recovered:
+            return DIAGNOSES[0]
+        if math.isnan(self.train_ratio):
+            return None
+        return DIAGNOSES[1] if self.train_ratio <= TRAIN_TIE else DIAGNOSES[2]
+
+    @property
     def archive_recovers(self) -> bool | None:
         """Whether a program of the archive recovers the law (None: not scored)."""
         return None if self.archive_best is None else self.recovers(self.archive_best)
@@ -115,6 +138,8 @@ class SplitResult:
             "beats_seed": self.beats_seed,
             "recovered": self.recovered,
             "archive_recovers": self.archive_recovers,
+            "train_ratio": _json_number(self.train_ratio),
+            "diagnosis": self.diagnosis,
         }
 
     @classmethod
@@ -130,14 +155,23 @@ class SplitResult:
         )
 
 
+def _json_number(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
 def _held_out_of(d: dict) -> HeldOut:
+    losses, train_losses = tuple(d.get("losses", ())), tuple(d.get("train_losses", ()))
+    train = d.get("train_loss")
+    if train is None and d["loss"] in losses and len(train_losses) == len(losses):
+        train = train_losses[losses.index(d["loss"])]  # stored before train_loss: the picked fit's
     return HeldOut(
         d["program"],
         d["loss"],
         d["e2e_ape"],
         d["ttft_ape"],
-        tuple(d.get("losses", ())),
-        tuple(d.get("train_losses", ())),
+        losses,
+        train_losses,
+        math.nan if train is None else train,
     )
 
 
@@ -179,13 +213,13 @@ def _held_out(
         train = sum(f.fit.loss for f in cv.folds) / len(cv.folds)
         scored.append((cv.loss, *(summary.get(m, {}).get("mean", math.inf) for m in ("e2e", "ttft")), train))
     if pick == "train":
-        loss, e2e, ttft, _ = min(scored, key=lambda x: (math.isnan(x[3]), x[3]))  # a NaN loss ranks last
+        loss, e2e, ttft, train = min(scored, key=lambda x: (math.isnan(x[3]), x[3]))  # a NaN loss ranks last
     else:
         ranked = sorted(scored, key=lambda x: (math.isnan(x[0]), x[0]))
-        loss, e2e, ttft, _ = ranked[(fits - 1) // 2]  # the lower middle one of an even count
+        loss, e2e, ttft, train = ranked[(fits - 1) // 2]  # the lower middle one of an even count
     if fits == 1:
-        return HeldOut(name, loss, e2e, ttft)
-    return HeldOut(name, loss, e2e, ttft, tuple(x[0] for x in scored), tuple(x[3] for x in scored))
+        return HeldOut(name, loss, e2e, ttft, train_loss=train)
+    return HeldOut(name, loss, e2e, ttft, tuple(x[0] for x in scored), tuple(x[3] for x in scored), train)
 
 
 @dataclass(frozen=True)
@@ -516,4 +550,6 @@ def summary(results: list[SplitResult]) -> dict:
         "beats_seed": sum(v["beats_seed"] for v in per_world.values()),
         "recovered": sum(v["recovered"] for v in per_world.values()),
         "of": len(per_world),
+        # per split: how many were recovered, unidentified by their train configurations, not found
+        "diagnoses": {d: sum(r.diagnosis == d for r in results) for d in DIAGNOSES},
     }

@@ -43,6 +43,14 @@ TYPICAL_COUNT = {
     "layers": 48.0,
     "tp": 2.0,
 }
+# a request's fields (queueing_time's r.*) at their orders of magnitude: prompts of a few hundred to
+# a few thousand tokens, outputs of a few hundred, a step in flight of tens of milliseconds
+TYPICAL_REQUEST = {"input_tokens": 1000.0, "output_tokens": 250.0, "last_step_us": 20000.0}
+# what a new term k * x of `add_term` adds at its start, for a count or a request field x: about what
+# k * f.n_req added when every such term started at k = 10, so small counts start where they did and
+# large ones no longer start at a step's whole time or more (k * f.ctx_sum at k = 10 added a third of
+# a second a step; no screening fit came back from it: docs/results.md, "New terms start small")
+TERM_START_US = 300.0
 # the counts of a step a kernel or a code path changes with: `switch` conditions on one of them
 # (not layers, tp or experts, which one deployment holds fixed)
 SWITCH_COUNTS = ("n_req", "n_pf", "n_dc", "tok_pf", "tokens", "ctx_sum", "ctx_max")
@@ -262,6 +270,17 @@ def _time_component_spots(tree: gp.PrimitiveTree) -> list[int]:
     ]
 
 
+def term_start(value: str) -> float:
+    """The starting constant of add_term's new term k * x (value: "f.x" or "r.x"): 1 for a time
+    component (the term starts at that component's own time), else what adds TERM_START_US at x's
+    typical size, so the child starts near its parent and its fit moves k from there."""
+    kind, name = value[0], value[2:]
+    if kind == "f" and name in TIME_COMPONENTS:
+        return 1.0
+    typical = TYPICAL_COUNT[name] if kind == "f" else TYPICAL_REQUEST[name]
+    return float(f"{TERM_START_US / typical:.4g}")
+
+
 def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -> tuple[gp.PrimitiveTree, str]:
     """One time component f.T of the tree becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n), n a
     count of the step: an efficiency that changes with the step's size (tiles a GEMM fills, the
@@ -382,8 +401,9 @@ def mutate(
                 if isinstance(t, gp.Terminal) and isinstance(t.value, str) and t.value[0] in "fr"
             ]
         )
-        scale = 1.0 if term.value[2:] in TIME_COMPONENTS else 10.0
-        tree = gp.PrimitiveTree([pset.mapping["add"], *tree, pset.mapping["mul"], _NamedNew(scale), term])
+        tree = gp.PrimitiveTree(
+            [pset.mapping["add"], *tree, pset.mapping["mul"], _NamedNew(term_start(term.value)), term]
+        )
         detail = f"add_term on {function}: + k * {term.value[0]}.{term.value[2:]}"
     elif operator == "modulate":
         tree, detail = _modulate(tree, pset, rng)

@@ -13,7 +13,7 @@ from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS
 from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
 from stepml_evolve.evolve.search.emitters import OPERATOR_WEIGHTS, operator_weights
-from stepml_evolve.evolve.search.symbolic import SWITCH_COUNTS, TYPICAL_COUNT, mutate
+from stepml_evolve.evolve.search.symbolic import SWITCH_COUNTS, TYPICAL_COUNT, mutate, term_start
 from stepml_evolve.seeds import seed_path
 
 SCALED = re.compile(r"switch on step_time: f\.(\w+) \* k above f\.(\w+) > t \(new constants: (\w+), (\w+)\)")
@@ -46,6 +46,7 @@ def test_a_switched_child_is_its_parent_with_a_regime_above_a_threshold():
             kinds.add("scaled")
         else:
             _, extra, count, t, k = GATED.fullmatch(detail).groups()
+            assert child.constants[k] == (term_start(f"f.{extra}") if extra else 10.0)  # add_term's start
             above = comps[COMPONENT_INDEX[count]] > child.constants[t]
             term = child.constants[k] * (comps[COMPONENT_INDEX[extra]] if extra else 1.0)
             expected = base + np.where(above, term, 0.0)

@@ -325,7 +325,10 @@ def _switch(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -
     if extra is None:
         gated, what = [_NamedNew(10.0)], "k"
     else:
-        gated, what = [pset.mapping["mul"], _NamedNew(1.0), pset.mapping[f"f_{extra}"]], f"k * f.{extra}"
+        gated, what = (
+            [pset.mapping["mul"], _NamedNew(term_start(f"f.{extra}")), pset.mapping[f"f_{extra}"]],
+            f"k * f.{extra}",
+        )
     detail = f"switch on step_time: + {what} above f.{count} > t"
     return gp.PrimitiveTree([pset.mapping["add"], *tree, ifgt, *condition, *gated, zero]), detail
 

@@ -32,7 +32,7 @@ COUNT_COMPONENTS = [c for c in COMPONENT_NAMES if c not in TIME_COMPONENTS]
 # a count's order of magnitude in one serving step: `modulate` starts its new constant where the
 # factor it adds is about 1.1, so the child starts near its parent and the fit moves it
 TYPICAL_COUNT = {
-    "experts": 4.0,
+    "experts": 32.0,  # touched per layer: all of Mixtral's 8 and most of OLMoE's 64 in a batch of tens of tokens
     "n_req": 32.0,
     "n_pf": 1.0,
     "n_dc": 32.0,

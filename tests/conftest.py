@@ -200,6 +200,22 @@ def tiny_run(archive, generations: int, *extra):
     return CliRunner().invoke(app, [*args, *TINY_BUDGETS, "--front-cv", "none", *extra])
 
 
+def roofline_children(operator: str, n: int):
+    """(source, program, detail) of the roofline seed's children by a symbolic operator, one per rng
+    seed 0 .. n - 1, each unit-checked: the operator tests compare them with their parent."""
+    import random
+
+    from stepml_evolve.evaluator.dsl import check_units, load_program
+    from stepml_evolve.evolve.search.symbolic import mutate
+
+    parent = load_program(seed_path("roofline"))
+    for seed in range(n):
+        text, detail = mutate(operator, parent, dict(parent.constants), random.Random(seed))
+        child = parse_program(text)
+        check_units(child)
+        yield text, child, detail
+
+
 def archive_rows(archive, sql: str, *params) -> list[tuple]:
     """The rows of one query on the archive in directory `archive`."""
     db = sqlite3.connect(Path(archive) / Archive.FILE)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import random
 import re
 
 import numpy as np
 import pytest
+from conftest import roofline_children
 
 from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS, TIME_COMPONENTS
-from stepml_evolve.evaluator.dsl import check_units, compile_program, load_program, parse_program
+from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evolve.search.symbolic import (
@@ -17,7 +17,6 @@ from stepml_evolve.evolve.search.symbolic import (
     TERM_START_US,
     TYPICAL_COUNT,
     TYPICAL_REQUEST,
-    mutate,
     term_start,
 )
 from stepml_evolve.seeds import seed_path
@@ -30,10 +29,7 @@ def test_an_add_term_child_is_its_parent_plus_one_term_at_its_starting_constant(
     comps = np.random.default_rng(0).uniform(0.0, 500.0, size=(N_COMPONENTS, 200))
     base = step_times(parent, comps, np.array(list(parent.constants.values())))
     seen = set()
-    for seed in range(60):
-        text, detail = mutate("add_term", parent, dict(parent.constants), random.Random(seed))
-        child = parse_program(text)
-        check_units(child)
+    for text, child, detail in roofline_children("add_term", 60):
         function, kind, name, k = DETAIL.fullmatch(detail).groups()
         seen.add((function, name))
         start = child.constants[k]

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import random
 import re
 
 import numpy as np
 import pytest
-from conftest import archived_children, tiny_run
+from conftest import archived_children, roofline_children, tiny_run
 
 from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS
-from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
+from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
 from stepml_evolve.evolve.search.emitters import OPERATOR_WEIGHTS, operator_weights
-from stepml_evolve.evolve.search.symbolic import TYPICAL_COUNT, mutate
+from stepml_evolve.evolve.search.symbolic import TYPICAL_COUNT
 from stepml_evolve.seeds import seed_path
 
 DETAIL = re.compile(r"modulate on step_time: f\.(\w+) \* \(1 \+ k ([*/]) f\.(\w+)\) \(new constants: (\w+)\)")
@@ -26,10 +25,7 @@ def test_a_modulated_child_is_its_parent_with_one_component_scaled_by_a_count():
     comps = rng.uniform(0.0, 500.0, size=(N_COMPONENTS, 400))
     comps[:, :40] = np.floor(comps[:, :40] / 100.0)  # counts of zero and one: k / 0 adds nothing
     shapes = set()
-    for seed in range(30):
-        text, detail = mutate("modulate", parent, dict(parent.constants), random.Random(seed))
-        child = parse_program(text)
-        check_units(child)
+    for _, child, detail in roofline_children("modulate", 30):
         component, shape, count, k = DETAIL.fullmatch(detail).groups()
         shapes.add(shape)
         start = child.constants[k]

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import random
 import re
 
 import numpy as np
 import pytest
-from conftest import archived_children, tiny_run
+from conftest import archived_children, roofline_children, tiny_run
 
 from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS
-from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
+from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
 from stepml_evolve.evolve.search.emitters import OPERATOR_WEIGHTS, operator_weights
-from stepml_evolve.evolve.search.symbolic import SWITCH_COUNTS, TYPICAL_COUNT, mutate, term_start
+from stepml_evolve.evolve.search.symbolic import SWITCH_COUNTS, TYPICAL_COUNT, term_start
 from stepml_evolve.seeds import seed_path
 
 SCALED = re.compile(r"switch on step_time: f\.(\w+) \* k above f\.(\w+) > t \(new constants: (\w+), (\w+)\)")
@@ -30,10 +29,7 @@ def test_a_switched_child_is_its_parent_with_a_regime_above_a_threshold():
         comps[COMPONENT_INDEX[count]] = np.floor(rng.uniform(0.0, 8.0 * typical, size=400))
     base = step_times(parent, comps, np.array(list(parent.constants.values())))
     kinds = set()
-    for seed in range(40):
-        text, detail = mutate("switch", parent, dict(parent.constants), random.Random(seed))
-        child = parse_program(text)
-        check_units(child)
+    for _, child, detail in roofline_children("switch", 40):
         values = np.array(list(child.constants.values()))
         got = step_times(child, comps, values)
         if m := SCALED.fullmatch(detail):

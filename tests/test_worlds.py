@@ -5,10 +5,11 @@ the benchmark `evolve bench --worlds --quick`."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, archive_rows
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.browse import opened
@@ -40,6 +41,7 @@ from stepml_evolve.evolve.commands.bench_worlds import (
     SplitResult,
     _check_resumable,
     _held_out,
+    bench_world,
 )
 from stepml_evolve.evolve.search.cascade import structure_hash
 from stepml_evolve.seeds import seed_path, seed_paths
@@ -303,12 +305,30 @@ def test_a_resumed_benchmark_keeps_what_it_finished_and_redoes_only_what_is_miss
 
     for args, message in [
         (["--seed", "1"], "the benchmark started with seed 0, not 1; resume it with the same settings"),
+        (["--search-seed", "1"], "the benchmark started with search_seed None, not 1; resume it"),
         (["--generations", "1"], "its search is at generation 2, past --generations 1"),
     ]:
         res = cli(*resume, *args)
         assert res.exit_code == 2 and message in res.output, res.output
     assert cli("bench", "--worlds", "--quick", "--out", out.parent / "new", "--resume").exit_code == 2
     assert not (out.parent / "new").exists()
+
+
+def test_a_search_seed_draws_another_search_on_the_same_worlds_and_baselines(quick_bench, tmp_path):
+    """--search-seed S: the searches run with seed S; the world's data and the baselines scored
+    with --seed are kept as they are."""
+    out, report = quick_bench
+    copy = tmp_path / "bench"
+    shutil.copytree(out / "launch_bound", copy / "launch_bound", symlinks=True)
+    shutil.rmtree(copy / "launch_bound" / "by-gpu-archive")
+    (copy / "launch_bound" / "by-gpu-result.json").unlink()
+    (result,) = bench_world(
+        "launch_bound", copy, size="small", generations=1, seed=0, search_seed=3, splits=["by-gpu"], front_cv="none"
+    )
+    assert archive_rows(copy / "launch_bound" / "by-gpu-archive", "select seed from runs") == [(3,)]
+    first = next(r for r in report["results"] if r["world"] == "launch_bound")
+    assert [s.loss for s in result.seeds] == [s["loss"] for s in first["seeds"]]
+    assert result.law.loss == first["law"]["loss"]
 
 
 def test_archive_top_scores_the_archives_best_held_out_without_searching_again(quick_bench):

@@ -882,6 +882,13 @@ def bench_cmd(
         help="With --worlds: the grid, full (42 experiments), medium (21) or small (12); default full, --quick small.",
     ),
     seed: int = typer.Option(0, "--seed", min=0, help="With --worlds: the worlds' generator and searches' seed."),
+    search_seed: int | None = typer.Option(
+        None,
+        "--search-seed",
+        min=0,
+        help="With --worlds: the searches' seed, when it is not --seed: another draw of every search on the "
+        "same worlds and baselines (a world's outcome moves with it).",
+    ),
     search_engine: Literal[ENGINES] = typer.Option(
         ENGINES[0], "--engine", help="With --worlds: the searches' engine, as for evolve run (openevolve needs --llm)."
     ),
@@ -947,6 +954,7 @@ def bench_cmd(
             size=world_size,
             generations=generations,
             seed=seed,
+            search_seed=search_seed,
             selection=select,
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,

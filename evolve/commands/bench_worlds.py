@@ -261,6 +261,7 @@ def bench_world(
     size: str,
     generations: int,
     seed: int,
+    search_seed: int | None = None,
     splits=None,
     front_cv: str = SearchConfig.front_cv,
     selection: str = SELECTIONS[0],
@@ -305,7 +306,7 @@ def bench_world(
                 inner = selection == "inner"
                 config = SearchConfig(
                     generations=generations,
-                    seed=seed,
+                    seed=seed if search_seed is None else search_seed,
                     cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
                     front_cv="none" if inner else front_cv,
                     modulate=modulate,
@@ -427,6 +428,7 @@ def bench_worlds(
     generations: int | None = None,
     splits: list[str] | None = None,
     seed: int = 0,
+    search_seed: int | None = None,
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
@@ -463,6 +465,7 @@ def bench_worlds(
         "size": size or ("small" if quick else "full"),
         "splits": [n for n in known if n in splits] if splits else list(QUICK_SPLITS) if quick else known,
         "seed": seed,
+        "search_seed": search_seed,  # None: --seed
         "select": selection,
         "engine": engine,
         "llm": llm.model if llm else None,
@@ -489,6 +492,7 @@ def bench_worlds(
             size=settings["size"],
             generations=gens,
             seed=seed,
+            search_seed=search_seed,
             splits=settings["splits"],
             front_cv=settings["front_cv"],
             selection=selection,
@@ -506,7 +510,7 @@ def bench_worlds(
 
 
 # settings added after benchmarks were first stored: one stored without them ran with these
-LEGACY_SETTINGS = {"modulate": 0.0, "switch": 0.0, "time_components": "free"}
+LEGACY_SETTINGS = {"modulate": 0.0, "switch": 0.0, "time_components": "free", "search_seed": None}
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:

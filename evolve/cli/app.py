@@ -881,7 +881,9 @@ def bench_cmd(
         "--size",
         help="With --worlds: the grid, full (42 experiments), medium (21) or small (12); default full, --quick small.",
     ),
-    seed: int = typer.Option(0, "--seed", min=0, help="With --worlds: the worlds' generator and searches' seed."),
+    seed: int = typer.Option(
+        0, "--seed", min=0, help="With --worlds: the worlds' generator's seed, and the searches' unless --search-seed."
+    ),
     search_seed: int | None = typer.Option(
         None,
         "--search-seed",

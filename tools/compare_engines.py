@@ -1,7 +1,7 @@
 """Side by side: the same scripted LLM through both engines (`evolve run --engine mapelites|openevolve`).
 
     .venv/bin/python tools/compare_engines.py --calls 20 [--data ../shared/data/replay] [--out DIR] [-- extra run options]
-    .venv/bin/python tools/compare_engines.py --worlds [--out DIR] [-- extra bench options, e.g. --size small --generations 4]
+    .venv/bin/python tools/compare_engines.py --worlds [--engines openevolve] [--out DIR] [-- extra bench options, e.g. --size small --generations 4]
 
 A local OpenAI-compatible server plays the LLM. It answers the n-th request by applying the n-th
 mutation of a fixed cycle to the program the prompt shows as the one to improve (ours: the first
@@ -114,9 +114,9 @@ def summarize(archive: Path) -> dict:
     }
 
 
-def worlds(evolve: str, out: Path, extra: list[str]) -> None:
+def worlds(evolve: str, out: Path, extra: list[str], engines: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for engine in ("mapelites", "openevolve"):
+    for engine in engines:
         llm = MutationLLM()
         cmd = [evolve, "bench", "--worlds", "--engine", engine, "--llm", "openai/mutator", "--llm-base-url", llm.url]
         t0 = time.perf_counter()
@@ -138,12 +138,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default="runs/compare-engines")
     ap.add_argument("--worlds", action="store_true", help="the known-truth benchmark instead of one run")
+    ap.add_argument(
+        "--engines", default="mapelites,openevolve", help="with --worlds: which engines, comma-separated, in order"
+    )
     ap.add_argument("extra", nargs="*", help="more `evolve run` (or bench) options for both engines (after --)")
     args = ap.parse_args()
     out = Path(args.out)
     evolve = str(Path(sys.executable).with_name("evolve"))
     if args.worlds:
-        worlds(evolve, out, args.extra or ["--quick"])
+        worlds(evolve, out, args.extra or ["--quick"], args.engines.split(","))
         return
     for engine in ("mapelites", "openevolve"):
         llm = MutationLLM()

@@ -63,6 +63,31 @@ def dropped_time_components(parent: list[str], child: list[str]) -> list[str]:
     return [c for c in parent if c in TIME_COMPONENTS and c not in child]
 
 
+# Steps unlike each other (a prefill chunk, a decode batch, a mixed step) on which a component
+# that does not vary with the data shows it: (tok_pf, n_pf, pf_pairs, pf_ctx, n_dc, dc_ctx, ctx_max).
+PROBE_STEPS = (
+    (512, 2, 2 * 256 * (0 + 128), 0, 0, 0, 0),
+    (0, 0, 0, 0, 16, 16_000, 1_500),
+    (100, 1, 100 * 450, 400, 5, 3_000, 900),
+)
+
+
+def unexercised_components(coefficient_vectors: list[np.ndarray]) -> list[str]:
+    """The components the data cannot judge a use of: a time component that is 0 in every step of
+    every experiment (f.allreduce when all run at tp 1), or a count that never changes (f.tp at
+    one TP, f.layers of one model, f.experts of dense models). A term in one fits the training
+    data exactly as well at any constant, and is arbitrary on the deployment that exercises it."""
+    values = np.array([component_values(*step, k) for k in coefficient_vectors for step in PROBE_STEPS])
+    if not len(values):
+        return []
+    fixed = np.ptp(values, axis=0) == 0
+    return [
+        name
+        for (name, unit, _), same, value in zip(COMPONENTS, fixed, values[0])
+        if same and (unit == "count" or value == 0)
+    ]
+
+
 # Slots of the per-experiment coefficient vector consumed by `component_values`.
 K_GEMM_US_PER_TOKEN = 0
 K_ATTN_US_PER_PAIR = 1  # per (query token, key token) pair

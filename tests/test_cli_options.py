@@ -70,11 +70,13 @@ def test_run_help_shows_the_search_config_defaults():
         else:
             assert f"[default: {value}]" in rows[flag], (flag, rows[flag])
     # weights: --weights takes a file, the run stores the weights read from it; cv_groups: the
-    # folds of --cv groups:FILE, likewise; time_components: its default depends on --engine
+    # folds of --cv groups:FILE, likewise; time_components and unexercised: their defaults depend on --engine
     assert "keep (the default)" in rows["--time-components"] and defaults.time_components == "keep"
-    assert params["--time-components"] is None
+    assert "reject (the default)" in rows["--unexercised"] and defaults.unexercised == "reject"
+    assert params["--time-components"] is None and params["--unexercised"] is None
     assert set(RUN_OPTIONS.values()) | {
         "time_components",
+        "unexercised",
         "seed_fit_evals",
         "promote_margin",
         "sanity_factor",

@@ -166,19 +166,22 @@ def test_openevolve_refusals_are_one_line_with_exit_2(tmp_path, monkeypatch):
     no_llm = CliRunner().invoke(app, ["run", "--engine", "openevolve", "--archive", str(tmp_path / "x"), *SMALL])
     assert no_llm.exit_code == 2 and "needs an LLM: pass --llm" in no_llm.output
     assert not (tmp_path / "x").exists()
-    # its candidates reach the judge without their parent: it runs with free, and refuses keep
+    # its candidates reach the judge without their parent: it runs with the parent rules off,
+    # and refuses them on
     archive = Archive(tmp_path / "arch", read_only=True)
     try:
-        assert archive.run().config["search"]["time_components"] == "free"
+        search = archive.run().config["search"]
+        assert (search["time_components"], search["unexercised"]) == ("free", "allow")
     finally:
         archive.close()
-    keep = CliRunner().invoke(
-        app,
-        ["run", "--engine", "openevolve", "--time-components", "keep", "--llm", "openai/m"]
-        + ["--archive", str(tmp_path / "x"), *SMALL],
-    )
-    assert keep.exit_code == 2 and len([line for line in keep.output.splitlines() if line.strip()]) == 1
-    assert "--time-components keep: --engine openevolve" in keep.output and not (tmp_path / "x").exists()
+    for flag, on in (("--time-components", "keep"), ("--unexercised", "reject")):
+        refused = CliRunner().invoke(
+            app,
+            ["run", "--engine", "openevolve", flag, on, "--llm", "openai/m"]
+            + ["--archive", str(tmp_path / "x"), *SMALL],
+        )
+        assert refused.exit_code == 2 and len([line for line in refused.output.splitlines() if line.strip()]) == 1
+        assert f"{flag} {on}: --engine openevolve" in refused.output and not (tmp_path / "x").exists()
     import stepml_evolve.evolve.openevolve.engine as engine
 
     monkeypatch.setattr(engine.metadata, "version", lambda name: "0.3.9")

@@ -306,6 +306,7 @@ def test_a_resumed_benchmark_keeps_what_it_finished_and_redoes_only_what_is_miss
     for args, message in [
         (["--seed", "1"], "the benchmark started with seed 0, not 1; resume it with the same settings"),
         (["--search-seed", "1"], "the benchmark started with search_seed None, not 1; resume it"),
+        (["--unexercised", "allow"], "the benchmark started with unexercised 'reject', not 'allow'"),
         (["--generations", "1"], "its search is at generation 2, past --generations 1"),
     ]:
         res = cli(*resume, *args)
@@ -437,3 +438,11 @@ def test_a_benchmark_started_before_the_pick_rule_resumes_with_the_median_it_use
         _check_resumable(tmp_path, {**started, "held_out_pick": "train"})
     (tmp_path / SETTINGS_FILE).write_text(json.dumps({**started, "held_out_fits": 1}))
     _check_resumable(tmp_path, {**started, "held_out_fits": 1, "held_out_pick": None})  # one fit: no rule
+
+
+def test_a_benchmark_started_before_unexercised_resumes_with_allow_it_ran(tmp_path):
+    started = {"worlds": ["launch_bound"], "seed": 0}  # stored without unexercised
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(started))
+    _check_resumable(tmp_path, {**started, "unexercised": "allow"})
+    with pytest.raises(UserError, match="started with unexercised 'allow', not 'reject'"):
+        _check_resumable(tmp_path, {**started, "unexercised": "reject"})

@@ -30,6 +30,7 @@ import math
 import re
 import tokenize
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 from stepml_evolve.evaluator.components import COMPONENT_NAMES
@@ -120,13 +121,20 @@ class Program:
     @property
     def components_used(self) -> list[str]:
         if "components" not in self._cache:
-            used = {
+            used = self.component_uses
+            self._cache["components"] = [c for c in COMPONENT_NAMES if c in used]
+        return self._cache["components"]
+
+    @property
+    def component_uses(self) -> Counter:
+        """How many times each component (f.x) appears over all functions."""
+        if "uses" not in self._cache:
+            self._cache["uses"] = Counter(
                 n.attr
                 for n in self._walk_exprs()
                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "f"
-            }
-            self._cache["components"] = [c for c in COMPONENT_NAMES if c in used]
-        return self._cache["components"]
+            )
+        return self._cache["uses"]
 
     def with_constants(self, values: dict[str, float], header: str | None = None) -> Program:
         """The same program with new constant values (comments and layout kept elsewhere) and the

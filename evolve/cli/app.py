@@ -32,7 +32,7 @@ from stepml_evolve.evolve.commands import (
     cluster_bench,
     cross_validate_program,
     emit_program,
-    engine_time_components,
+    engine_rule,
     evaluate_program,
     fit_program,
     run_bench,
@@ -42,7 +42,7 @@ from stepml_evolve.evolve.commands.bench_worlds import bench_worlds
 from stepml_evolve.evolve.commands.bench_worlds import summary as worlds_summary
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
-from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, TIME_COMPONENT_MODES, SearchConfig
+from stepml_evolve.evolve.search import CV_MODES, FRONT_CV_MODES, TIME_COMPONENT_MODES, UNEXERCISED_MODES, SearchConfig
 
 from .archive import archive_app
 from .console import CommandGroup, err, error, out, say
@@ -119,6 +119,19 @@ def _time_components_option(what: str = ""):
         help=f"{what}keep (the default): reject a child that drops a time component (f.gemm_pf ... "
         "f.allreduce) its first parent uses, rule 'time-components'; free: children may drop them "
         "(--engine openevolve runs with free and refuses keep).",
+    )
+
+
+def _unexercised_option(what: str = ""):
+    """--unexercised, as an option of `evolve run` and `evolve bench`."""
+    return typer.Option(
+        None,
+        "--unexercised",
+        show_default=False,
+        help=f"{what}reject (the default): reject a child that uses a component the data never varies "
+        "(f.allreduce when every experiment runs at tp 1, f.tp at one TP, f.layers of one model) more "
+        "often than its first parent, rule 'unexercised': no fit can judge such a term; allow: admit "
+        "them (--engine openevolve runs with allow and refuses reject).",
     )
 
 
@@ -617,6 +630,7 @@ def run_cmd(
         "(e.g. microseconds plus a count), rule 'units'; off: no units check.",
     ),
     time_components: Literal[TIME_COMPONENT_MODES] | None = _time_components_option(),
+    unexercised: Literal[UNEXERCISED_MODES] | None = _unexercised_option(),
     engine: Literal[ENGINES] = typer.Option(
         ENGINES[0],
         "--engine",
@@ -672,7 +686,8 @@ def run_cmd(
         front_cv=front_cv,
         modulate=modulate,
         switch=switch,
-        time_components=engine_time_components(engine, time_components),
+        time_components=engine_rule(engine, "time_components", time_components),
+        unexercised=engine_rule(engine, "unexercised", unexercised),
     )
     llm_settings = (
         LLMSettings(
@@ -924,6 +939,9 @@ def bench_cmd(
     bench_time_components: Literal[TIME_COMPONENT_MODES] | None = _time_components_option(
         "With --worlds, for every search, as for evolve run. "
     ),
+    bench_unexercised: Literal[UNEXERCISED_MODES] | None = _unexercised_option(
+        "With --worlds, for every search, as for evolve run. "
+    ),
     archive_top: int = typer.Option(
         0,
         "--archive-top",
@@ -965,6 +983,7 @@ def bench_cmd(
             modulate=bench_modulate,
             switch=bench_switch,
             time_components=bench_time_components,
+            unexercised=bench_unexercised,
             archive_top=archive_top,
             resume=resume,
             say=say,

@@ -10,7 +10,7 @@ from .emit_go import emit_program
 from .eval import evaluate_program
 from .fit import fit_program
 from .report import write_report
-from .run import ENGINES, LLMSettings, engine_time_components, run_search
+from .run import ENGINES, LLMSettings, engine_rule, run_search
 from .setup import SKIPPED, EvaluationSetup, Say
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "cross_validate_archive",
     "cross_validate_program",
     "emit_program",
-    "engine_time_components",
+    "engine_rule",
     "evaluate_program",
     "fit_program",
     "migrate_archive",

@@ -42,7 +42,7 @@ from stepml_evolve.evaluator.worlds.splits import split_file
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
 
-from .run import ENGINES, LLMSettings, check_engine, engine_time_components, run_search
+from .run import ENGINES, LLMSettings, check_engine, engine_rule, run_search
 from .setup import EvaluationSetup, Say, quiet
 
 RECOVERY_FACTOR = 1.5
@@ -272,6 +272,7 @@ def bench_world(
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
     time_components: str = SearchConfig.time_components,
+    unexercised: str = SearchConfig.unexercised,
     archive_top: int = 0,
     say: Say = quiet,
 ) -> list[SplitResult]:
@@ -312,6 +313,7 @@ def bench_world(
                     modulate=modulate,
                     switch=switch,
                     time_components=time_components,
+                    unexercised=unexercised,
                 )
                 train_dir = workdir / world.name / f"{split.name}-train"
                 train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
@@ -437,6 +439,7 @@ def bench_worlds(
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
     time_components: str | None = None,
+    unexercised: str | None = None,
     archive_top: int = 0,
     resume: bool = False,
     say: Say = quiet,
@@ -447,7 +450,8 @@ def bench_worlds(
     benchmark in out_dir, which must have been started with the same settings but --generations."""
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))
     check_engine(engine, llm)
-    time_components = engine_time_components(engine, time_components)
+    time_components = engine_rule(engine, "time_components", time_components)
+    unexercised = engine_rule(engine, "unexercised", unexercised)
     if archive_top < 0:
         raise UserError(f"--archive-top must be 0 or more, not {archive_top}")
     if pick not in PICKS:
@@ -475,6 +479,7 @@ def bench_worlds(
         "modulate": modulate,
         "switch": switch,
         "time_components": time_components,
+        "unexercised": unexercised,
     }
     out_dir = Path(out_dir)
     if resume:
@@ -503,6 +508,7 @@ def bench_worlds(
             modulate=modulate,
             switch=switch,
             time_components=time_components,
+            unexercised=unexercised,
             archive_top=archive_top,
             say=say,
         )
@@ -510,7 +516,13 @@ def bench_worlds(
 
 
 # settings added after benchmarks were first stored: one stored without them ran with these
-LEGACY_SETTINGS = {"modulate": 0.0, "switch": 0.0, "time_components": "free", "search_seed": None}
+LEGACY_SETTINGS = {
+    "modulate": 0.0,
+    "switch": 0.0,
+    "time_components": "free",
+    "search_seed": None,
+    "unexercised": "allow",
+}
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:

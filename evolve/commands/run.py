@@ -149,18 +149,24 @@ def check_engine(engine: str, llm: LLMSettings | None) -> None:
         raise SearchError("--engine openevolve needs an LLM: pass --llm MODEL (and --llm-base-url for a local server)")
 
 
-def engine_time_components(engine: str, chosen: str | None) -> str:
-    """--time-components for an engine (chosen: None when the option was not given). OpenEvolve's
-    candidates reach our judge without their parent, so there is no parent's component to keep:
-    it runs with free and refuses an explicit keep."""
+# the settings whose rule compares a child with its first parent: (on, off) modes
+PARENT_RULES = {"time_components": ("keep", "free"), "unexercised": ("reject", "allow")}
+
+
+def engine_rule(engine: str, name: str, chosen: str | None) -> str:
+    """A setting of PARENT_RULES for an engine (chosen: None when its option was not given).
+    OpenEvolve's candidates reach our judge without their parent, so there is nothing to compare
+    with: it runs with the rule off and refuses an explicit on."""
+    on, off = PARENT_RULES[name]
     if engine != "openevolve":
-        return chosen or SearchConfig.time_components
-    if chosen == "keep":
+        return chosen or getattr(SearchConfig, name)
+    if chosen == on:
+        flag = "--" + name.replace("_", "-")
         raise SearchError(
-            "--time-components keep: --engine openevolve's candidates reach the judge without their "
-            "parent, so there is nothing to keep; leave the option out (openevolve runs with free)"
+            f"{flag} {on}: --engine openevolve's candidates reach the judge without their "
+            f"parent, so there is no parent to compare with; leave the option out (openevolve runs with {off})"
         )
-    return "free"
+    return off
 
 
 def _check_setup(config: SearchConfig, setup: EvaluationSetup) -> None:
@@ -200,7 +206,8 @@ def run_search(
     SEARCH/REPLACE diffs, its default, or full rewrites)."""
     _check_setup(config, setup)
     check_engine(engine, llm)
-    engine_time_components(engine, config.time_components)  # openevolve refuses keep
+    for name in PARENT_RULES:  # openevolve refuses keep and reject
+        engine_rule(engine, name, getattr(config, name))
     if archive_dir is not None:
         check_engine_resumable(engine, archive_dir, resume)  # before any data is loaded
     seed_programs = load_seeds(seeds) if seeds else None  # bad seeds fail before any data is loaded

@@ -28,11 +28,12 @@ from collections.abc import Callable
 from stepml_evolve.archive.grid import Elites, best, pareto_front
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.components import dropped_time_components
+from stepml_evolve.evaluator.components import dropped_time_components, unexercised_components
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FAILED_LOSS, FAILED_REASON
+from stepml_evolve.evaluator.replay import experiment_coefficients
 from stepml_evolve.evaluator.seeding import mix
 from stepml_evolve.seeds import seed_paths
 
@@ -71,6 +72,11 @@ class Search:
         self.emitters: list[Emitter] = emitters or [SymbolicEmitter(config.modulate, config.switch)]
         self.progress = progress or (lambda info: None)
         self.cascade = Cascade(data, engine, config)
+        self.unexercised = (
+            unexercised_components([experiment_coefficients(e) for e in data.experiments])
+            if config.unexercised == "reject"
+            else []
+        )
         settings = RunSettings.of(config, (run_config or {}).get("llm"), seeds)
         run = archive.run()
         if run is None:
@@ -222,6 +228,8 @@ class Search:
             return RejectionRecord(**reject, rule=e.rule, reason=str(e))
         if self.cfg.time_components == "keep" and (dropped := self._dropped_time_components(child, proposal)):
             return RejectionRecord(**reject, rule="time-components", reason=dropped)
+        if self.unexercised and (more := self._new_unexercised_uses(child, proposal)):
+            return RejectionRecord(**reject, rule="unexercised", reason=more)
         h = structure_hash(child)
         if h in self.structures and not proposal.reuses_structure:
             return RejectionRecord(
@@ -230,16 +238,32 @@ class Search:
         self.structures.add(h)
         return child
 
+    def _first_parent(self, proposal: Proposal) -> ProgramRecord | None:
+        return next((p for p in self.programs if p.id == proposal.parents[0]), None) if proposal.parents else None
+
     def _dropped_time_components(self, child: Program, proposal: Proposal) -> str:
         """Why the child may not be admitted with --time-components keep: the time components its
         first parent uses and it does not ("" when none)."""
-        parent = next((p for p in self.programs if p.id == proposal.parents[0]), None) if proposal.parents else None
+        parent = self._first_parent(proposal)
         if parent is None:
             return ""
         dropped = dropped_time_components(parent.components, child.components_used)
         if not dropped:
             return ""
         return f"drops {', '.join('f.' + c for c in dropped)}, which its parent #{parent.id} uses"
+
+    def _new_unexercised_uses(self, child: Program, proposal: Proposal) -> str:
+        """Why the child may not be admitted with --unexercised reject: the components the data
+        never varies that it uses more often than its first parent ("" when none)."""
+        parent = self._first_parent(proposal)
+        if parent is None:
+            return ""
+        before, after = parse_program(parent.source).component_uses, child.component_uses
+        more = [c for c in self.unexercised if after[c] > before[c]]
+        if not more:
+            return ""
+        uses = ", ".join(f"f.{c} {after[c]} times (its parent #{parent.id}: {before[c]})" for c in more)
+        return f"uses {uses}, which never varies in the data: no fit can judge the change"
 
     def _migrants(self) -> list[NewProgram]:
         """Each island's best program, copied into the next island."""

@@ -41,6 +41,10 @@ UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consist
 # keep: a child must use every time component (f.gemm_pf ... f.allreduce) its first parent uses;
 # the default since the worlds' benchmark (docs/results.md "Keeping every time component")
 TIME_COMPONENT_MODES = ("keep", "free")
+# reject: a child may not use a component the data never varies (f.allreduce when every experiment
+# runs at tp 1, f.tp at one TP) more often than its first parent does (docs/results.md, "Terms the
+# train configurations cannot judge")
+UNEXERCISED_MODES = ("reject", "allow")
 
 
 class SearchError(UserError, RuntimeError):
@@ -97,6 +101,7 @@ class SearchConfig:
     # share made by `switch` (f.T -> (f.T * k if f.n > t else f.T), or + (k * X if f.n > t else 0))
     switch: float = 0.0
     time_components: str = TIME_COMPONENT_MODES[0]
+    unexercised: str = UNEXERCISED_MODES[0]
 
     def __post_init__(self):
         if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
@@ -106,6 +111,7 @@ class SearchConfig:
             ("front_cv", FRONT_CV_MODES),
             ("linear", LINEAR_MODES),
             ("time_components", TIME_COMPONENT_MODES),
+            ("unexercised", UNEXERCISED_MODES),
         ):
             if getattr(self, name) not in modes:
                 raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
@@ -152,6 +158,7 @@ RUN_FLAGS = (
     "modulate",
     "switch",
     "time_components",
+    "unexercised",
 )
 NONE_AS = {"quick_surrogate": "0", "full_fit_surrogate": "0"}
 # settings added after runs were first stored: an archive without them ran with these values
@@ -171,6 +178,7 @@ LEGACY_SETTINGS = {
     "modulate": 0.0,
     "switch": 0.0,
     "time_components": "free",
+    "unexercised": "allow",
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed

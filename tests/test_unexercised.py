@@ -9,7 +9,6 @@ import shutil
 from conftest import archive_rows, tiny_run
 
 from stepml_evolve.evaluator.components import unexercised_components
-from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.replay import experiment_coefficients
 

@@ -27,6 +27,7 @@ from stepml_evolve.evaluator.worlds import GRID_SIZES, load_world, world_names, 
 from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
 from stepml_evolve.evolve.commands import (
     ENGINES,
+    PARENT_RULES,
     EvaluationSetup,
     LLMSettings,
     cluster_bench,
@@ -35,6 +36,7 @@ from stepml_evolve.evolve.commands import (
     engine_rule,
     evaluate_program,
     fit_program,
+    rule_flag,
     run_bench,
     run_search,
 )
@@ -110,28 +112,25 @@ def _operator_share(operator: str, what: str):
     )
 
 
-def _time_components_option(what: str = ""):
-    """--time-components, as an option of `evolve run` and `evolve bench`."""
-    return typer.Option(
-        None,
-        "--time-components",
-        show_default=False,
-        help=f"{what}keep (the default): reject a child that drops a time component (f.gemm_pf ... "
-        "f.allreduce) its first parent uses, rule 'time-components'; free: children may drop them "
-        "(--engine openevolve runs with free and refuses keep).",
-    )
+PARENT_RULE_HELP = {  # what each rule of PARENT_RULES does when on, and what its off mode allows
+    "time_components": "reject a child that drops a time component (f.gemm_pf ... f.allreduce) its first "
+    "parent uses, rule 'time-components'; free: children may drop them",
+    "unexercised": "reject a child that uses a component the data never varies (f.allreduce when every "
+    "experiment runs at tp 1, f.tp at one TP, f.layers of one model) more often than its first parent, "
+    "rule 'unexercised': no fit can judge such a term; allow: admit them",
+}
 
 
-def _unexercised_option(what: str = ""):
-    """--unexercised, as an option of `evolve run` and `evolve bench`."""
+def _parent_rule_option(name: str, what: str = ""):
+    """The option of a rule of PARENT_RULES (--time-components, --unexercised), as an option of
+    `evolve run` and `evolve bench`; None when not given, its default depending on --engine."""
+    on, off = PARENT_RULES[name]
     return typer.Option(
         None,
-        "--unexercised",
+        rule_flag(name),
         show_default=False,
-        help=f"{what}reject (the default): reject a child that uses a component the data never varies "
-        "(f.allreduce when every experiment runs at tp 1, f.tp at one TP, f.layers of one model) more "
-        "often than its first parent, rule 'unexercised': no fit can judge such a term; allow: admit "
-        "them (--engine openevolve runs with allow and refuses reject).",
+        help=f"{what}{on} (the default): {PARENT_RULE_HELP[name]} "
+        f"(--engine openevolve runs with {off} and refuses {on}).",
     )
 
 
@@ -629,8 +628,8 @@ def run_cmd(
         help="check: reject a seed or child whose step time is not a time "
         "(e.g. microseconds plus a count), rule 'units'; off: no units check.",
     ),
-    time_components: Literal[TIME_COMPONENT_MODES] | None = _time_components_option(),
-    unexercised: Literal[UNEXERCISED_MODES] | None = _unexercised_option(),
+    time_components: Literal[TIME_COMPONENT_MODES] | None = _parent_rule_option("time_components"),
+    unexercised: Literal[UNEXERCISED_MODES] | None = _parent_rule_option("unexercised"),
     engine: Literal[ENGINES] = typer.Option(
         ENGINES[0],
         "--engine",
@@ -936,11 +935,11 @@ def bench_cmd(
     ),
     bench_modulate: float = _operator_share("modulate", "with --worlds, for every search, as for evolve run"),
     bench_switch: float = _operator_share("switch", "with --worlds, for every search, as for evolve run"),
-    bench_time_components: Literal[TIME_COMPONENT_MODES] | None = _time_components_option(
-        "With --worlds, for every search, as for evolve run. "
+    bench_time_components: Literal[TIME_COMPONENT_MODES] | None = _parent_rule_option(
+        "time_components", "With --worlds, for every search, as for evolve run. "
     ),
-    bench_unexercised: Literal[UNEXERCISED_MODES] | None = _unexercised_option(
-        "With --worlds, for every search, as for evolve run. "
+    bench_unexercised: Literal[UNEXERCISED_MODES] | None = _parent_rule_option(
+        "unexercised", "With --worlds, for every search, as for evolve run. "
     ),
     archive_top: int = typer.Option(
         0,

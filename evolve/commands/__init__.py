@@ -10,12 +10,13 @@ from .emit_go import emit_program
 from .eval import evaluate_program
 from .fit import fit_program
 from .report import write_report
-from .run import ENGINES, LLMSettings, engine_rule, run_search
+from .run import ENGINES, PARENT_RULES, LLMSettings, engine_rule, rule_flag, run_search
 from .setup import SKIPPED, EvaluationSetup, Say
 
 __all__ = [
     "DEFAULT_PROTOCOL",
     "ENGINES",
+    "PARENT_RULES",
     "SKIPPED",
     "EvaluationSetup",
     "LLMSettings",
@@ -25,6 +26,7 @@ __all__ = [
     "cross_validate_program",
     "emit_program",
     "engine_rule",
+    "rule_flag",
     "evaluate_program",
     "fit_program",
     "migrate_archive",

@@ -153,6 +153,11 @@ def check_engine(engine: str, llm: LLMSettings | None) -> None:
 PARENT_RULES = {"time_components": ("keep", "free"), "unexercised": ("reject", "allow")}
 
 
+def rule_flag(name: str) -> str:
+    """The command-line option of a rule of PARENT_RULES."""
+    return "--" + name.replace("_", "-")
+
+
 def engine_rule(engine: str, name: str, chosen: str | None) -> str:
     """A setting of PARENT_RULES for an engine (chosen: None when its option was not given).
     OpenEvolve's candidates reach our judge without their parent, so there is nothing to compare
@@ -161,9 +166,8 @@ def engine_rule(engine: str, name: str, chosen: str | None) -> str:
     if engine != "openevolve":
         return chosen or getattr(SearchConfig, name)
     if chosen == on:
-        flag = "--" + name.replace("_", "-")
         raise SearchError(
-            f"{flag} {on}: --engine openevolve's candidates reach the judge without their "
+            f"{rule_flag(name)} {on}: --engine openevolve's candidates reach the judge without their "
             f"parent, so there is no parent to compare with; leave the option out (openevolve runs with {off})"
         )
     return off

@@ -37,8 +37,8 @@ CV_PREFERENCE = (
     "lomo",
     "lowo",
 )  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
-RULES = ("best", "simplest")  # emit-go's deployment rules (`choose`)
-DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss
+RULES = ("best", "simplest", "lineage", "anchored")  # emit-go's deployment rules (`choose`)
+DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
 RUNS_DIR = Path("runs")
 
 
@@ -373,7 +373,7 @@ class Choice:
     best: ProgramRecord  # the lowest-loss program of that kind
     best_loss: float
     candidates: int  # programs that have a loss of that kind
-    within: float | None = None  # simplest: percent over the best loss allowed
+    within: float | None = None  # simplest: percent over the best loss allowed; lineage, anchored: the gain that counts
 
     @property
     def loss_name(self) -> str:
@@ -388,6 +388,16 @@ class Choice:
         )
         if self.rule == "best":
             return f"best: #{self.program.id}, the lowest {self.loss_name} ({self.loss:.4f}) of {pool}"
+        if self.rule in ("lineage", "anchored"):
+            how = (
+                "the best's nearest ancestor whose every step gained more than"
+                if self.rule == "lineage"
+                else "the best unless it beats the best seed's validation loss by at most"
+            )
+            return (
+                f"{self.rule}: #{self.program.id}, {how} {self.within:g}% (the best, #{self.best.id}: "
+                f"{self.loss_name} {self.best_loss:.4f}; of {pool})"
+            )
         limit = self.best_loss * (1 + self.within / 100)
         return (
             f"simplest within {self.within:g}% of the best {self.loss_name} (#{self.best.id}, {self.best_loss:.4f}; "
@@ -424,7 +434,37 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     if rule == "simplest":
         limit = best_loss * (1 + within / 100)
         chosen, loss = min((c for c in cands if c[1] <= limit), key=lambda c: (c[0].complexity, c[1], c[0].id))
-    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule == "simplest" else None)
+    elif rule in ("lineage", "anchored"):
+        pick = _lineage(best, programs, within) if rule == "lineage" else _anchored(best, programs, within)
+        chosen, loss = pick, dict((p.id, v) for p, v in cands).get(pick.id, math.nan)
+    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
+
+
+def _validation(p: ProgramRecord) -> float:
+    return p.val_loss if p.full and p.val_loss is not None and math.isfinite(p.val_loss) else math.inf
+
+
+def _lineage(best: ProgramRecord, programs: list[ProgramRecord], within: float) -> ProgramRecord:
+    """The best program's nearest ancestor (itself included) each of whose steps from its first parent
+    gained more than `within` percent of validation loss: a child whose gain is within the fit's noise
+    gives way to its parent, whose physics the data had already judged."""
+    by_id = {p.id: p for p in programs}
+    cur = best
+    while cur.parents and (parent := by_id.get(cur.parents[0])) is not None and _validation(parent) < math.inf:
+        if _validation(cur) < _validation(parent) * (1 - within / 100):
+            break
+        cur = parent
+    return cur
+
+
+def _anchored(best: ProgramRecord, programs: list[ProgramRecord], within: float) -> ProgramRecord:
+    """The best program, unless its validation loss beats the best seed's by at most `within` percent:
+    then the best seed (seeds carry physics the search can trade for the training data's quirks)."""
+    seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]
+    if not seeds or best.operator == "seed":
+        return best
+    seed = min(seeds, key=lambda p: (_validation(p), p.id))
+    return best if _validation(best) < _validation(seed) * (1 - within / 100) else seed
 
 
 def cv_header(scores: list[CVScoreRecord]) -> dict[str, str]:

@@ -28,6 +28,16 @@ neighbours it judges are clipped to that intersection. Values read back from CMA
 clipped to the bounds only to absorb the last-bit rounding of exp(log(x)). A program without
 bounds takes exactly the code path, and gets exactly the fit, it had before bounds existed.
 
+What a fit minimizes: the objective's loss on the closed loop (or its surrogate) plus two
+penalties, so that what the data cannot decide is decided by physics:
+  * the priors (`Program.priors`): PRIOR_WEIGHT loss points per squared spread a constant strays
+    from its prior's centre; `FitResult.loss` is the objective alone, `FitResult.penalties` the
+    priors' part at the result;
+  * the floor (floor.py, `FitConfig.floor`): constants that put step_time below the roofline of a
+    step's work at peak anywhere in the envelope cost FLOOR_LOSS and more the further below, so a
+    fit that starts at or above the floor never ends below it (a start below it is no physics, a
+    regression such as BLIS's blackbox: it is fitted without the floor, as `--physics off` fits).
+
 Fit scope: one constant set for all experiments ("global"), one per model ("model"), or one
 per experiment ("experiment"). Quick mode (screening in the search): a subset of experiments
 (one per model), a shortened window, a small budget, warm-started with a small step.
@@ -50,9 +60,11 @@ with warnings.catch_warnings():  # pycma warns that matplotlib (plotting only) i
 
 from .dsl import Program, compile_program
 from .dsl.linearity import linear_constants
+from .dsl.program import prior_penalty
 from .engine import Engine, windowed
 from .errors import UserError
 from .experiments import Experiment
+from .floor import Envelope, below_floor, check_floor, envelope_for
 from .linear_solve import LinearSolve, solvable
 from .metrics import MetricRow
 from .objectives import DEFAULT, Objective
@@ -61,6 +73,7 @@ from .surrogate import PendingModel, SurrogateSet, TrajectoryModel, VectorProgra
 
 Recording = tuple[MetricRow, "TrajectoryModel | PendingModel | None"]  # one experiment's closed loop at some constants
 
+FLOOR_LOSS = 1e4  # loss of constants below the floor (plus as much again per unit of shortfall): infeasible
 FAILED_LOSS = 1e5  # loss given to constants whose replay fails (a duration NaN, non-positive or over replay.MAX_US)
 FAILED_REASON = "step_time was non-finite, non-positive or over 1e15 us for every constant vector tried"
 SCOPES = ("global", "model", "experiment")
@@ -95,6 +108,9 @@ class FitConfig:
     # a good point (the search's screening and promoted fits); from a program's own constants in
     # the standard box, the surrogate's exact optimum often overshoots (docs/results.md)
     linear_solve: bool = False
+    # constants that put step_time below the physical floor anywhere in the envelope (floor.py) are
+    # infeasible; False for a program that is no physics (a regression such as BLIS's blackbox)
+    floor: bool = True
 
     def __post_init__(self):
         if self.scope not in SCOPES:
@@ -145,7 +161,8 @@ class FitResult:
     evaluations: int
     iterations: int
     seconds: float
-    history: list[tuple[int, float]] = field(default_factory=list)  # (evaluations, best loss)
+    history: list[tuple[int, float]] = field(default_factory=list)  # (evaluations, best loss + penalties)
+    penalties: dict[str, float] = field(default_factory=dict)  # group -> the priors' penalty at its constants
     # a global trust-region fit's closed loop at its result, per experiment: its metric row and
     # trajectory model (what a warm-started fit on a subset needs to skip its start's replays)
     recorded: dict[str, Recording] | None = field(default=None, repr=False)
@@ -156,7 +173,7 @@ class FitResult:
         return np.array([c[k] for k in program.constants], dtype=float)
 
 
-class _Transform:
+class Coordinates:
     """Maps constants to CMA coordinates: log for positive values (unless their lower bound is
     negative), scaled linear otherwise. `lo`/`hi` are the constants' bounds (+-inf where open);
     `x0` must lie inside them."""
@@ -249,14 +266,19 @@ def fit(
         result.loss, result.evaluations, result.seconds = losses[0], 1, time.perf_counter() - t0
         return result
 
-    group_fit = _GroupFit(program, compiled, engine, config, _Transform(v0, lo, hi), result, t0, progress)
+    env = envelope_for(experiments) if config.floor else None
+    if env is not None and not check_floor(program, v0, env).ok:
+        env = None  # a start below the floor is no physics (BLIS's blackbox): fitted as it is, as with floor off
+    group_fit = _GroupFit(program, compiled, engine, config, Coordinates(v0, lo, hi), result, t0, progress, env)
     all_rows_loss = []
     for gi, (group, gexps) in enumerate(groups.items()):
         known = [recorded_start.get(e.name) for e in gexps] if recorded_start else []
         ready = _copies(known) if known and all(r is not None for r in known) else None
-        best_x, best_loss = group_fit.run(gi, group, gexps, group_fit.tf.to_cma(v0), ready)
-        result.constants[group] = {k: float(v) for k, v in zip(names, group_fit.tf.from_cma(best_x))}
-        all_rows_loss.append((len(gexps), best_loss))
+        best_x, best_total = group_fit.run(gi, group, gexps, group_fit.tf.to_cma(v0), ready)
+        best_v = group_fit.tf.from_cma(best_x)
+        result.constants[group] = {k: float(v) for k, v in zip(names, best_v)}
+        result.penalties[group] = float(prior_penalty(program, best_v)[0])
+        all_rows_loss.append((len(gexps), best_total - group_fit.penalty([best_x])[0]))
     if len(groups) == 1:
         result.loss = all_rows_loss[0][1]
     else:  # the loss over all experiments, each replayed with its group's constants
@@ -321,12 +343,14 @@ class _GroupFit:
         compiled,
         engine,
         config: FitConfig,
-        tf: _Transform,
+        tf: Coordinates,
         result: FitResult,
         t0: float,
         progress: ProgressFn | None,
+        env: Envelope | None = None,
     ):
         self.program, self.compiled, self.engine, self.cfg, self.tf = program, compiled, engine, config, tf
+        self.env = env
         self.lo, self.hi = tf.cma_bounds()  # the constants' bounds in CMA coordinates
         self.result, self.t0, self.progress = result, t0, progress
         n = len(program.constants)
@@ -339,12 +363,19 @@ class _GroupFit:
         self.linear = np.array([i for i, k in enumerate(program.constants) if k in linear], dtype=np.int64)
         self.nonlinear = np.array([i for i, k in enumerate(program.constants) if k not in linear], dtype=np.int64)
 
+    def penalty(self, X) -> np.ndarray:
+        """The priors' penalty plus the floor's of points X (CMA coordinates)."""
+        V = np.array([self.tf.from_cma(x) for x in X], dtype=float)
+        total = prior_penalty(self.program, V)
+        if self.env is not None:
+            short = below_floor(self.program, V, self.env)
+            total = total + np.where(short > 0, np.minimum(FLOOR_LOSS * (1.0 + short), FAILED_LOSS), 0.0)
+        return total
+
     def losses(self, X, gexps) -> list[float]:
         pop = [self.tf.from_cma(x) for x in X]
-        return [
-            _safe(v)
-            for v in self.engine.population_losses(self.compiled, pop, gexps, self.cfg.split, self.cfg.objective)
-        ]
+        data = self.engine.population_losses(self.compiled, pop, gexps, self.cfg.split, self.cfg.objective)
+        return [finite_loss(v) + p for v, p in zip(data, self.penalty(X))]
 
     def note(self, group: str, it: int, evals: int, best_loss: float) -> None:
         self.result.history.append((self.result.evaluations + evals, best_loss))
@@ -357,7 +388,7 @@ class _GroupFit:
     ) -> tuple[np.ndarray, float]:
         evals, it = 1, 0
         if self.cfg.method == "trust-region":  # the start's closed loop, replayed unless known
-            best_loss, models, rows = self.judged(known) if known is not None else self.judge(x0, gexps)
+            best_loss, models, rows = self.judged(x0, known) if known is not None else self.judge(x0, gexps)
             models = _built(models)
             evals = 0 if known is not None else 1
         else:
@@ -405,18 +436,22 @@ class _GroupFit:
         return best_x, best_loss, evals, it
 
     def judge(self, x, gexps):
-        """Closed-loop loss at x and the trajectory models recorded there (None if any failed)."""
-        return self.judged(self.engine.record(self.compiled, self.vector, self.tf.from_cma(x), gexps, self.cfg.split))
+        """Closed-loop loss (plus penalties) at x and the trajectory models recorded there (None if any failed)."""
+        return self.judged(
+            x, self.engine.record(self.compiled, self.vector, self.tf.from_cma(x), gexps, self.cfg.split)
+        )
 
-    def judged(self, recorded: list[Recording]):
-        """judge's answer (loss, models or None, rows) from the closed loop's recordings."""
+    def judged(self, x, recorded: list[Recording]):
+        """judge's answer (loss plus penalties, models or None, rows) from the closed loop's recordings at x."""
         rows = [row for row, _ in recorded]
         models = [m for _, m in recorded]
-        return _safe(self.cfg.objective.of_rows(rows)), (None if any(m is None for m in models) else models), rows
+        loss = finite_loss(self.cfg.objective.of_rows(rows)) + self.penalty([x])[0]
+        return loss, (None if any(m is None for m in models) else models), rows
 
     def surrogate_losses(self, X, surrogate: SurrogateSet) -> list[float]:
         e2e, ttft = surrogate.apes(np.array([self.tf.from_cma(x) for x in X]))
-        return [_safe(v) for v in self.cfg.objective.of_apes([m.name for m in surrogate.models], e2e, ttft)]
+        data = self.cfg.objective.of_apes([m.name for m in surrogate.models], e2e, ttft)
+        return [finite_loss(v) + p for v, p in zip(data, self.penalty(X))]
 
     def trust_region(self, gi, group, gexps, x, fx, models, rows, evals, it, restart, start_cost=1):
         """Surrogate optimum in a box around the incumbent (x, its loss fx, trajectory models and
@@ -601,5 +636,5 @@ def _copies(known: list[Recording]) -> list[Recording]:
     return [(row, None if m is None else dataclasses.replace(m, gain=np.ones(2))) for row, m in known]
 
 
-def _safe(v: float) -> float:
+def finite_loss(v: float) -> float:
     return v if math.isfinite(v) else FAILED_LOSS

@@ -1,11 +1,12 @@
 """Seed programs, one file each, in the program DSL (never imported: read as text), and the
 user's own seeds (`evolve run --seeds`): found, read and validated here."""
+import math
 from importlib import resources
 from pathlib import Path
 
 from stepml_evolve.evaluator.errors import UserError
 
-__all__ = ["SeedError", "seed_paths", "seed_path", "load_seeds"]
+__all__ = ["SeedError", "seed_paths", "seed_path", "load_seeds", "seed_priors", "priors_markdown"]
 
 
 class SeedError(UserError):
@@ -53,3 +54,29 @@ def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:
             raise SeedError(f"{f}: {e}") from None
         seeds.append((f.stem, source))
     return seeds
+
+
+def seed_priors() -> dict:
+    """priors.yaml: {"quantities": name -> {centre, spread, unit, source}, "constants": seed ->
+    constant -> quantity}, the one table of the shipped seeds' priors and their sources."""
+    import yaml
+
+    return yaml.safe_load((resources.files(__name__) / "priors.yaml").read_text())
+
+
+def priors_markdown() -> str:
+    """The priors table of docs/priors.md (generated from priors.yaml, so the page cannot drift)."""
+    table = seed_priors()
+    users: dict[str, list[str]] = {}
+    for seed, constants in table["constants"].items():
+        for constant, quantity in constants.items():
+            users.setdefault(quantity, []).append(f"{seed}.{constant}")
+    lines = [
+        "| quantity | centre | spread (factor) | unit | carried by | source |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, q in table["quantities"].items():
+        factor = f"{q['spread']:g} (x/ {math.exp(q['spread']):.2f})"
+        carried = ", ".join(f"`{u}`" for u in users.get(name, []))
+        lines.append(f"| {name} | {q['centre']:g} | {factor} | {q['unit']} | {carried} | {q['source']} |")
+    return "\n".join(lines) + "\n"

@@ -11,13 +11,17 @@
 # TTFT is 3.0-3.3 mean inter-token times at every light load (docs/results.md, "Where a cached
 # prompt's TTFT goes"), about 1.5 steps more than a replay without it gives. r.last_step_us is the
 # step in flight at the arrival; [0, 4] steps.
+# Priors: seeds/priors.yaml gives each constant's, with its source (docs/priors.md). The fit adds
+# z^2 loss points for a constant z spreads from its prior's centre, so what the data cannot decide
+# (prefill compute, on prompts the prefix cache served) stays where physics puts it. Each start is
+# its prior's centre.
 CONSTANTS = {
-    "overhead_us": {"start": 2000.0, "min": 0.0},
-    "c_compute": {"start": 2.0, "min": 1.0, "max": 100.0},
-    "c_memory": {"start": 1.3, "min": 1.0, "max": 100.0},
-    "queue_us": {"start": 2000.0, "min": 0.0, "max": 15000.0},
-    "lag_steps": {"start": 1.5, "min": 0.0, "max": 4.0},
-    "out_tok_us": {"start": 50.0, "min": 0.0, "max": 6000.0},
+    "overhead_us": {"start": 1500.0, "min": 0.0, "prior": 1500.0, "spread": 0.7},
+    "c_compute": {"start": 1.45, "min": 1.0, "max": 100.0, "prior": 1.45, "spread": 0.12},
+    "c_memory": {"start": 1.2, "min": 1.0, "max": 100.0, "prior": 1.2, "spread": 0.12},
+    "queue_us": {"start": 2000.0, "min": 0.0, "max": 15000.0, "prior": 2000.0, "spread": 1.0},
+    "lag_steps": {"start": 1.5, "min": 0.0, "max": 4.0, "prior": 1.5, "spread": 0.5},
+    "out_tok_us": {"start": 45.0, "min": 0.0, "max": 6000.0, "prior": 45.0, "spread": 0.7},
 }
 
 

@@ -53,11 +53,37 @@ def test_emit_go_never_writes_over_its_input_or_one_output_over_the_other(progra
 def test_a_program_that_cannot_be_evaluated_is_not_fitted_or_seeded(tmp_path):
     zero = tmp_path / "zero.py"
     zero.write_text(ZERO)
-    one_line_error(invoke("fit", zero, "--max-evals", 8, "--out", tmp_path / "z.fitted.py"), str(zero), "non-positive")
-    assert not (tmp_path / "z.fitted.py").exists()
+    out = tmp_path / "z.fitted.py"
+    # a step time of 0 is below the physical floor: refused before any fit, as a seed too
+    one_line_error(invoke("fit", zero, "--max-evals", 8, "--out", out), str(zero), "physical floor", "[floor]")
     one_line_error(
         invoke("run", "--generations", 1, "--archive", tmp_path / "run", "--seeds", zero, "--seed-fit-evals", 8),
         "none of the seed programs can be evaluated",
+        "physical floor",
+    )
+    # without the floor, the fit finds no constants that replay
+    one_line_error(
+        invoke("fit", zero, "--max-evals", 8, "--out", out, "--physics", "off", "--no-profile"),
+        str(zero),
+        "non-positive",
+    )
+    assert not out.exists()
+    one_line_error(
+        invoke(
+            "run",
+            "--generations",
+            1,
+            "--archive",
+            tmp_path / "run2",
+            "--seeds",
+            zero,
+            "--seed-fit-evals",
+            8,
+            "--physics",
+            "off",
+        ),
+        "none of the seed programs can be evaluated",
+        "non-finite",
     )
 
 

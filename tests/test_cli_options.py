@@ -36,6 +36,7 @@ RUN_OPTIONS = {
     "--linear": "linear",
     "--modulate": "modulate",
     "--switch": "switch",
+    "--physics": "physics",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 

@@ -139,8 +139,9 @@ def test_a_local_used_twice_in_a_product_is_not_affine():
 
 def test_the_seeds_linear_constants():
     assert linear_constants(load_program(seed_path("blackbox"))) == tuple(load_program(seed_path("blackbox")).constants)
-    tp = load_program(seed_path("trained_physics"))
-    assert set(tp.constants) - set(linear_constants(tp)) == {"lag_steps"}
+    tp = load_program(seed_path("trained_physics"))  # its FLOP and byte terms meet in a roofline (max)
+    inside_max = {"beta_pf_gemm", "beta_pf_attn", "beta_dc_gemm", "beta_dc_attn", "beta_weights", "beta_kv"}
+    assert set(tp.constants) - set(linear_constants(tp)) == inside_max | {"lag_steps"}
     roofline = load_program(seed_path("roofline"))
     assert {"c_compute", "c_memory"}.isdisjoint(linear_constants(roofline))  # inside max()
 

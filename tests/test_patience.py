@@ -239,6 +239,7 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
         "--full-fit-surrogate": "0",
         "--time-components": "free",  # a run stored before the setting kept no components
         "--unexercised": "allow",  # nor kept out terms the data cannot judge
+        "--physics": "off",  # nor held its programs to the floor
     }, hint
     res = CliRunner().invoke(app, [*legacy, *hint, "--json"])
     assert res.exit_code == 0, res.output

@@ -132,7 +132,7 @@ NONLINEAR_QUEUE = QUEUE_BY_REQUEST.replace(
 )
 
 
-@pytest.mark.parametrize("name", ["trained_physics", "roofline", "regime_switch", "nonlinear_queue"])
+@pytest.mark.parametrize("name", ["blackbox", "roofline", "regime_switch", "nonlinear_queue"])
 def test_classes_bin_only_what_the_program_is_not_affine_in(synthetic, name):
     """Steps (and queued requests) that differ only in inputs the program is affine in are one
     class: the means are those of binning every input, with far fewer classes (a program affine
@@ -150,7 +150,7 @@ def test_classes_bin_only_what_the_program_is_not_affine_in(synthetic, name):
     binned = SurrogateSet([record(e, compiled, every, c0)[1] for e in synthetic.experiments], every)
     np.testing.assert_allclose(keyed.means(pop)[0], binned.means(pop)[0], rtol=1e-3)
     assert keyed.n_classes < binned.n_classes
-    if name == "trained_physics":
+    if name == "blackbox":
         # per weight row one step class, and two request classes: a step ran before the arrival, or none
         assert all(m.weight.shape[1] <= 2 and m.request_weight.shape[1] <= 4 for m in keyed.models)
     if (

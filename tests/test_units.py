@@ -199,6 +199,7 @@ def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless
         quick_evals=4,
         units=units,
         time_components="free",  # the hand-made child drops roofline's components
+        physics="off",  # and reads no attention: the units check, not the floor, is what this pins
     )
     with Engine(synthetic.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
@@ -236,7 +237,21 @@ def symbolic_runs(tmp_path_factory):
     out = {}
     for units in UNITS_MODES:
         d = tmp_path_factory.mktemp(f"units-{units}")
-        res = invoke("run", "--generations", 2, "--seed", 5, "--archive", d, *TINY, "--units", units, "--json")
+        res = invoke(
+            "run",
+            "--generations",
+            2,
+            "--seed",
+            5,
+            "--archive",
+            d,
+            *TINY,
+            "--units",
+            units,
+            "--physics",
+            "off",
+            "--json",
+        )
         assert res.exit_code == 0, res.output
         a = Archive(d)
         run = a.run()
@@ -279,7 +294,9 @@ def test_units_off_lets_those_children_through(symbolic_runs):
 def test_resume_with_another_units_setting_is_refused_with_one_line(symbolic_runs):
     d, _, _ = symbolic_runs["check"]
     before = (d / Archive.FILE).read_bytes()
-    res = invoke("run", "--generations", 3, "--seed", 5, "--archive", d, *TINY, "--units", "off", "--resume")
+    res = invoke(
+        "run", "--generations", 3, "--seed", 5, "--archive", d, *TINY, "--units", "off", "--physics", "off", "--resume"
+    )
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()  # a note on the data, then the error
     errors = [ln for ln in lines if ln.startswith("error:")]
@@ -321,7 +338,18 @@ def test_a_seed_that_is_not_unit_consistent_is_a_one_line_error_naming_the_file(
         )
         assert not (tmp_path / "run" / Archive.FILE).exists()
     res = invoke(
-        "run", "--generations", 0, "--archive", tmp_path / "run", "--seeds", seeds / "mixed.py", *TINY, "--units", "off"
+        "run",
+        "--generations",
+        0,
+        "--archive",
+        tmp_path / "run",
+        "--seeds",
+        seeds / "mixed.py",
+        *TINY,
+        "--units",
+        "off",
+        "--physics",
+        "off",  # the mixed seed is below the floor too
     )
     assert res.exit_code == 0, res.output
 

@@ -13,8 +13,10 @@ Rules (each rejection names the line and the rule broken):
     The fit keeps the constant inside [min, max]. `Program.constants` maps names to starting
     values whatever the form (so the compilers and the Go emitter see numbers only);
     `Program.bounds` holds (min, max) of the bounded ones, -inf/inf for an open side.
-    `render_constants` and `with_constants` write bounded constants back in the dict form, so
-    bounds survive fitting, the archive and re-parsing;
+    A constant may also carry a prior, `"prior": centre, "spread": s` (both or neither; see
+    `Prior`): the fit minimizes its loss plus the prior's penalty, so a constant the data cannot
+    identify stays near a documented value. `render_constants` and `with_constants` write bounds
+    and priors back in the dict form, so they survive fitting, the archive and re-parsing;
   * function bodies: optional docstring, local assignments `name = expr`, one final `return expr`;
   * expressions: numbers, f.<component>, c.<constant>, r.<request field>, local names,
     + - * / (division protected: x/0 = 0), unary minus, ** with a literal exponent |p| <= 4,
@@ -32,6 +34,8 @@ import tokenize
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.evaluator.errors import UserError
@@ -57,6 +61,56 @@ MAX_NODES = 400
 MAX_ABS_EXPONENT = 4.0
 MAX_LITERAL_CHARS = 64  # a numeric literal's characters: a float's 17 digits and exponent fit many times over
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+PRIOR_WEIGHT = 1.0  # loss points (% APE) per squared standard deviation a constant strays from its prior
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A constant's prior: its centre and spread, from a documented source (a public efficiency
+    figure, a measured overhead). `relative`: the spread is the standard deviation of ln(value), so
+    0.15 means "within about 15 %" (a constant whose centre is positive and whose min is absent or
+    >= 0); else it is a standard deviation in the constant's own units. The fit adds
+    PRIOR_WEIGHT * z**2 to its loss, z the distance from the centre in spreads."""
+
+    centre: float
+    spread: float
+    relative: bool
+
+    def z(self, value):
+        """Distance of value(s) from the centre in spreads (a relative prior: in ln units; a value
+        <= 0 is a very long way from a positive centre)."""
+        v = np.asarray(value, dtype=float)
+        if self.relative:
+            return (np.log(np.maximum(v, 1e-300)) - math.log(self.centre)) / self.spread
+        return (v - self.centre) / self.spread
+
+    def penalty(self, value):
+        return PRIOR_WEIGHT * self.z(value) ** 2
+
+    def text(self) -> str:
+        return (
+            f"{self.centre:g} x/ {math.exp(self.spread):.3g}"
+            if self.relative
+            else f"{self.centre:g} +- {self.spread:g}"
+        )
+
+
+def prior_kind(centre: float, lo: float) -> bool:
+    """Whether a prior at `centre` on a constant whose min is `lo` (-inf: none) is relative."""
+    return centre > 0 and (lo >= 0 or lo == -math.inf)
+
+
+def prior_penalty(program: Program, population: np.ndarray) -> np.ndarray:
+    """The priors' penalty of each constant vector (P, K) in program.constants order -> (P,)."""
+    population = np.atleast_2d(np.asarray(population, dtype=float))
+    total = np.zeros(len(population))
+    for j, name in enumerate(program.constants):
+        prior = program.priors.get(name)
+        if prior is not None:
+            total += prior.penalty(population[:, j])
+    return total
 
 
 class ProgramError(UserError, ValueError):
@@ -94,6 +148,7 @@ class Program:
     functions: dict[str, ast.FunctionDef]
     constants_span: tuple[int, int] | None = None  # 1-based line span of the CONSTANTS dict
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # bounded constants: (min, max), +-inf if open
+    priors: dict[str, Prior] = field(default_factory=dict)  # constants with a prior
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -126,6 +181,15 @@ class Program:
         return self._cache["components"]
 
     @property
+    def inputs(self) -> frozenset[str]:
+        """Every input the program reads: "f.<component>" and "r.<field>" (all functions)."""
+        return frozenset(
+            f"{n.value.id}.{n.attr}"
+            for n in self._walk_exprs()
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("f", "r")
+        )
+
+    @property
     def component_uses(self) -> Counter:
         """How many times each component (f.x) appears over all functions."""
         if "uses" not in self._cache:
@@ -136,15 +200,24 @@ class Program:
             )
         return self._cache["uses"]
 
-    def with_constants(self, values: dict[str, float], header: str | None = None) -> Program:
+    def with_constants(
+        self,
+        values: dict[str, float],
+        header: str | None = None,
+        bounds: dict[str, tuple[float, float]] | None = None,
+        priors: dict[str, Prior] | None = None,
+    ) -> Program:
         """The same program with new constant values (comments and layout kept elsewhere) and the
-        same bounds. A value outside its constant's bounds is an error (ProgramError, rule
-        "constants"): fits keep inside them, and whoever makes values otherwise must clip (`clip`)."""
+        same bounds and priors (or, given, these). A value outside its constant's bounds is an error
+        (ProgramError, rule "constants"): fits keep inside them, and whoever makes values otherwise
+        must clip (`clip`)."""
         unknown = set(values) - set(self.constants)
         if unknown:
             raise KeyError(f"unknown constants {sorted(unknown)}")
+        bounds = self.bounds if bounds is None else bounds
+        priors = self.priors if priors is None else priors
         consts = {k: float(values.get(k, v)) for k, v in self.constants.items()}
-        for k, (lo, hi) in self.bounds.items():
+        for k, (lo, hi) in bounds.items():
             if not lo <= consts[k] <= hi:
                 raise ProgramError(
                     None,
@@ -153,7 +226,7 @@ class Program:
                     f"[{_bound_text(lo)}, {_bound_text(hi)}]",
                 )
         lines = self.source.splitlines()
-        block = render_constants(consts, self.bounds)
+        block = render_constants(consts, bounds, priors)
         if self.constants_span:
             a, b = self.constants_span
             lines = lines[: a - 1] + block.splitlines() + lines[b:]
@@ -180,16 +253,24 @@ def _bound_text(v: float) -> str:
     return repr(float(v)) if math.isfinite(v) else ("-inf" if v < 0 else "inf")
 
 
-def render_constants(consts: dict[str, float], bounds: dict[str, tuple[float, float]] | None = None) -> str:
+def render_constants(
+    consts: dict[str, float],
+    bounds: dict[str, tuple[float, float]] | None = None,
+    priors: dict[str, Prior] | None = None,
+) -> str:
     """The CONSTANTS block: plain `"name": value` lines, and `"name": {"start": value, "min": ..,
-    "max": ..}` for the constants `bounds` bounds (an open side is left out)."""
+    "max": .., "prior": .., "spread": ..}` for the constants `bounds` bounds (an open side is left
+    out) or `priors` gives a prior."""
     if not consts:
         return "CONSTANTS = {}"
     items = []
     for k, v in consts.items():
         lo, hi = (bounds or {}).get(k, (-math.inf, math.inf))
-        if math.isfinite(lo) or math.isfinite(hi):
+        prior = (priors or {}).get(k)
+        if math.isfinite(lo) or math.isfinite(hi) or prior:
             sides = "".join(f', "{side}": {float(b)!r}' for side, b in (("min", lo), ("max", hi)) if math.isfinite(b))
+            if prior:
+                sides += f', "prior": {float(prior.centre)!r}, "spread": {float(prior.spread)!r}'
             items.append(f'    "{k}": {{"start": {float(v)!r}{sides}}},')
         else:
             items.append(f'    "{k}": {float(v)!r},')
@@ -349,11 +430,12 @@ class _FunctionChecker:
             )
 
 
-BOUND_KEYS = ("start", "min", "max")
+BOUND_KEYS = ("start", "min", "max", "prior", "spread")
 
 
-def _parse_bounded(name: str, node: ast.Dict) -> tuple[float, tuple[float, float]]:
-    """{"start": s, "min": lo, "max": hi} -> (s, (lo, hi)), an omitted side +-inf."""
+def _parse_bounded(name: str, node: ast.Dict) -> tuple[float, tuple[float, float], Prior | None]:
+    """{"start": s, "min": lo, "max": hi, "prior": p, "spread": w} -> (s, (lo, hi), prior), an
+    omitted side +-inf, no prior without "prior" and "spread"."""
     fields: dict[str, float] = {}
     for k, v in zip(node.keys, node.values):
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value in BOUND_KEYS):
@@ -380,15 +462,31 @@ def _parse_bounded(name: str, node: ast.Dict) -> tuple[float, tuple[float, float
             "constants",
             f"constant {name!r}: start {start!r} is outside [{_bound_text(lo)}, {_bound_text(hi)}]",
         )
-    return start, (lo, hi)
+    if ("prior" in fields) != ("spread" in fields):
+        raise ProgramError(node.lineno, "prior", f'constant {name!r}: a prior needs both "prior" and "spread"')
+    if "prior" not in fields:
+        return start, (lo, hi), None
+    centre, spread = fields["prior"], fields["spread"]
+    if not lo <= centre <= hi:
+        raise ProgramError(
+            node.lineno,
+            "prior",
+            f"constant {name!r}: prior {centre!r} contradicts its bounds [{_bound_text(lo)}, {_bound_text(hi)}]",
+        )
+    if not spread > 0:
+        raise ProgramError(node.lineno, "prior", f"constant {name!r}: spread {spread!r} must be above 0")
+    return start, (lo, hi), Prior(centre, spread, prior_kind(centre, lo))
 
 
-def _parse_constants(node: ast.Assign) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
-    """Starting values of all constants, and (min, max) of the bounded ones."""
+def _parse_constants(
+    node: ast.Assign,
+) -> tuple[dict[str, float], dict[str, tuple[float, float]], dict[str, Prior]]:
+    """Starting values of all constants, (min, max) of the bounded ones, and the priors."""
     if not isinstance(node.value, ast.Dict):
         raise ProgramError(node.lineno, "constants", "CONSTANTS must be a dict literal")
     out: dict[str, float] = {}
     bounds: dict[str, tuple[float, float]] = {}
+    priors: dict[str, Prior] = {}
     for k, v in zip(node.value.keys, node.value.values):
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
             raise ProgramError(node.lineno, "constants", "CONSTANTS keys must be string literals")
@@ -401,9 +499,11 @@ def _parse_constants(node: ast.Assign) -> tuple[dict[str, float], dict[str, tupl
         if k.value in out:
             raise ProgramError(k.lineno, "constants", f"constant {k.value!r} defined twice")
         if isinstance(v, ast.Dict):
-            val, (lo, hi) = _parse_bounded(k.value, v)
+            val, (lo, hi), prior = _parse_bounded(k.value, v)
             if math.isfinite(lo) or math.isfinite(hi):
                 bounds[k.value] = (lo, hi)
+            if prior is not None:
+                priors[k.value] = prior
         else:
             val = literal_number(v)
             if val is None or not math.isfinite(val):
@@ -416,7 +516,7 @@ def _parse_constants(node: ast.Assign) -> tuple[dict[str, float], dict[str, tupl
         out[k.value] = val
     if len(out) > MAX_CONSTANTS:
         raise ProgramError(node.lineno, "constants", f"more than {MAX_CONSTANTS} constants")
-    return out, bounds
+    return out, bounds, priors
 
 
 def _check_literal_lengths(source: str) -> None:
@@ -465,6 +565,7 @@ def parse_program(source: str) -> Program:
         body = body[1:]
     constants: dict[str, float] | None = None
     bounds: dict[str, tuple[float, float]] = {}
+    priors: dict[str, Prior] = {}
     span = None
     functions: dict[str, ast.FunctionDef] = {}
     for stmt in body:
@@ -476,7 +577,7 @@ def parse_program(source: str) -> Program:
         ):
             if constants is not None:
                 raise ProgramError(stmt.lineno, "top-level", "CONSTANTS defined twice")
-            constants, bounds = _parse_constants(stmt)
+            constants, bounds, priors = _parse_constants(stmt)
             span = (stmt.lineno, stmt.end_lineno)
         elif isinstance(stmt, ast.FunctionDef):
             if stmt.name not in FUNCTIONS:
@@ -502,7 +603,15 @@ def parse_program(source: str) -> Program:
     constants = constants or {}
     for name, fn in functions.items():
         _FunctionChecker(fn, FUNCTIONS[name], constants).check()
-    return Program(source=source, doc=doc, constants=constants, functions=functions, constants_span=span, bounds=bounds)
+    return Program(
+        source=source,
+        doc=doc,
+        constants=constants,
+        functions=functions,
+        constants_span=span,
+        bounds=bounds,
+        priors=priors,
+    )
 
 
 def read_program_text(path) -> str:

@@ -6,13 +6,14 @@ worlds` lists them. The laws are data the search never reads.
 """
 
 from .generate import generate_world, write_world
-from .grid import GRID_SIZES, Configuration, configurations
+from .grid import GRID_SIZES, GRIDS, Configuration, configurations
 from .laws import World, WorldError, load_world, world_names
 from .splits import SPLITS, make_inner_splits, make_splits
 from .workloads import WORKLOADS
 
 __all__ = [
     "GRID_SIZES",
+    "GRIDS",
     "SPLITS",
     "WORKLOADS",
     "Configuration",

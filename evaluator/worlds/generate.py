@@ -22,7 +22,7 @@ from ..experiments import Experiment
 from ..outputs import check_output_dir
 from ..replay import FINISHED, replay
 from ..replay_files import GeneratedExperiment, write_experiment
-from .grid import GRID_SIZES, Configuration, configurations
+from .grid import GRID_SIZES, GRIDS, Configuration, configurations
 from .laws import World, WorldError
 from .splits import make_inner_splits, make_splits, split_file
 from .workloads import WORKLOADS
@@ -63,12 +63,12 @@ def _saturated_throughput(finish_s: np.ndarray) -> float:
     return len(finish_s) / max(float(finish_s.max()), 1e-3)
 
 
-def generate_world(world: World, seed: int, size: str) -> list[GeneratedExperiment]:
+def generate_world(world: World, seed: int, size: str, grid: str = GRIDS[0]) -> list[GeneratedExperiment]:
     sizing = GRID_SIZES[size]
     compiled = compile_program(world.program)
     consts = np.array(list(world.program.constants.values()))
     out = []
-    for index, config in enumerate(configurations(size)):
+    for index, config in enumerate(configurations(size, grid)):
         rng = np.random.default_rng([seed, index])
         workload = WORKLOADS[config.workload]
         reqs = workload.requests(rng, sizing.requests, sizing.n_prompts)
@@ -97,7 +97,8 @@ def generate_world(world: World, seed: int, size: str) -> list[GeneratedExperime
                 done=done,
                 e2e_s=e2e,
                 ttft_s=ttft,
-                generator={"version": GENERATOR_VERSION, "seed": seed, "world": world.name, "size": size},
+                generator={"version": GENERATOR_VERSION, "seed": seed, "world": world.name, "size": size}
+                | ({} if grid == GRIDS[0] else {"grid": grid}),
                 profile_data=reqs.profile_data,
                 stages=[(float(arrival_s[-1]), float(rate))],
                 config_extra={"client_timeout_s": timeout_s},
@@ -108,14 +109,16 @@ def generate_world(world: World, seed: int, size: str) -> list[GeneratedExperime
     return out
 
 
-def write_world(world: World, out_dir: Path, seed: int, size: str) -> tuple[list[Path], dict[str, Path]]:
-    """Generate the world into a new or empty directory: its experiments and a groups file per
-    split (split-<name>.yaml). Nothing is written when any check or replay fails."""
+def write_world(
+    world: World, out_dir: Path, seed: int, size: str, grid: str = GRIDS[0]
+) -> tuple[list[Path], dict[str, Path]]:
+    """Generate the world's `grid` into a new or empty directory: its experiments and a groups file
+    per split of that grid (split-<name>.yaml). Nothing is written when any check or replay fails."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    configs = configurations(size)
-    splits, inner = make_splits(configs), make_inner_splits(configs)
-    experiments = generate_world(world, seed, size)
+    configs = configurations(size, grid)
+    splits, inner = make_splits(configs, grid), make_inner_splits(configs, grid)
+    experiments = generate_world(world, seed, size, grid)
     out_dir.mkdir(exist_ok=True)
     dirs = [write_experiment(out_dir, g) for g in experiments]
     files = {}
@@ -123,11 +126,13 @@ def write_world(world: World, out_dir: Path, seed: int, size: str) -> tuple[list
         files[name] = split_file(out_dir, name)
         files[name].write_text(yaml.safe_dump(folds, sort_keys=False))
         split_file(out_dir, name, inner=True).write_text(yaml.safe_dump(inner[name], sort_keys=False))
-    meta = {**world_identity(world, seed, size), "experiments": len(dirs)}
+    meta = {**world_identity(world, seed, size, grid), "experiments": len(dirs)}
     (out_dir / WORLD_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return dirs, files
 
 
-def world_identity(world: World, seed: int, size: str) -> dict:
-    """What makes a generated world the same one: its WORLD_FILE holds these (and the count)."""
-    return {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION}
+def world_identity(world: World, seed: int, size: str, grid: str = GRIDS[0]) -> dict:
+    """What makes a generated world the same one: its WORLD_FILE holds these (and the count; the
+    grid when it is not the standard one, so a world generated before grids existed is the same)."""
+    identity = {"world": world.name, "seed": seed, "size": size, "generator": GENERATOR_VERSION}
+    return identity if grid == GRIDS[0] else {**identity, "grid": grid}

@@ -15,7 +15,7 @@ from ..catalog import catalog
 from ..components import K_DENSE_WEIGHT_US, K_EXPERT_WEIGHT_US, K_KV_US_PER_TOKEN, K_NUM_EXPERTS, coefficients
 from ..hardware import get_hardware
 from ..model_arch import ModelArch
-from .workloads import WORKLOADS
+from .workloads import STANDARD_WORKLOADS
 
 GPUS = ("H100", "A100-80GB", "L40S")
 TP_DEGREES = (1, 2, 4, 8)
@@ -120,9 +120,29 @@ def kv_blocks(model: str, hardware: str, tp: int) -> int:
     return blocks if blocks * BLOCK_SIZE >= MIN_KV_TOKENS else 0
 
 
-def configurations(size: str) -> list[Configuration]:
+# The workload grid (split by-workload, issue 52): every deployment under the workloads of the shift the
+# real data cannot show, so a law fitted on one deployment style must carry to the other. Trained: two
+# resent prompt lists (the prefix cache serves most of each prompt; every output of one length), at
+# the real runs' budget; held out: long prompts computed in full (at a larger budget) or behind one
+# shared prefix (at a budget of 64 tokens, chunked prefill at its smallest), outputs of every length.
+# On H100 and A100 (the shift is the workload's, not the GPU's), the smallest TP that serves each model.
+GRIDS = ("standard", "workloads")
+TRAIN_WORKLOADS = ("prompt-reuse", "prompt-reuse-long")
+HELD_OUT_WORKLOADS = ("long-uncached", "long-shared-prefix")
+WORKLOAD_KNOBS = {
+    "prompt-reuse": (2048, 128),
+    "prompt-reuse-long": (2048, 128),
+    "long-uncached": (4096, 128),
+    "long-shared-prefix": (64, 128),
+}
+WORKLOAD_GPUS = ("H100", "A100-80GB")
+
+
+def configurations(size: str, grid: str = GRIDS[0]) -> list[Configuration]:
+    if grid == "workloads":
+        return workload_configurations(size)
     sizing = GRID_SIZES[size]
-    workloads = list(WORKLOADS)
+    workloads = list(STANDARD_WORKLOADS)
     out, i = [], 0
     for model in sizing.models:
         for gpu in GPUS:
@@ -131,4 +151,20 @@ def configurations(size: str) -> list[Configuration]:
                 tokens, seqs = KNOBS[i % len(KNOBS)]
                 out.append(Configuration(model, gpu, tp, tokens, seqs, workloads[i % len(workloads)], blocks))
                 i += 1
+    return out
+
+
+def workload_configurations(size: str) -> list[Configuration]:
+    """The workload grid: each model of the size on each WORKLOAD_GPUS at its smallest serving TP,
+    under every workload of TRAIN_WORKLOADS and HELD_OUT_WORKLOADS."""
+    out = []
+    for model in GRID_SIZES[size].models:
+        for gpu in WORKLOAD_GPUS:
+            fitting = [(tp, blocks) for tp in TP_DEGREES if (blocks := kv_blocks(model, gpu, tp))]
+            if not fitting:
+                continue
+            tp, blocks = fitting[0]
+            for workload in (*TRAIN_WORKLOADS, *HELD_OUT_WORKLOADS):
+                tokens, seqs = WORKLOAD_KNOBS[workload]
+                out.append(Configuration(model, gpu, tp, tokens, seqs, workload, blocks))
     return out

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .grid import TRAINED_SEQS, TRAINED_TOKENS, Configuration
+from .grid import GRIDS, HELD_OUT_WORKLOADS, TRAIN_WORKLOADS, TRAINED_SEQS, TRAINED_TOKENS, Configuration
 from .laws import WorldError
 
 LARGE_MODEL_PARAMETERS = 20e9
@@ -23,6 +23,7 @@ class Split:
     # the same kind of extrapolation inside the split's train configurations, for a search that
     # selects by it (--cv groups:split-<name>.inner.yaml): fold name -> held out, given them all
     inner: Callable[[list[Configuration]], dict[str, list[str]]] = lambda trained: {}
+    grid: str = GRIDS[0]  # the grid of configurations it splits (grid.configurations)
 
 
 SPLITS = (
@@ -49,6 +50,15 @@ SPLITS = (
         f"train on max_num_batched_tokens {TRAINED_TOKENS[0]}-{TRAINED_TOKENS[1]} and max_num_seqs "
         f"{TRAINED_SEQS[0]}-{TRAINED_SEQS[1]}, predict settings outside both",
         lambda trained: {"edge-knobs": [c.name for c in trained if _at_edge(c)]},  # the trained range's ends out
+    ),
+    Split(
+        "by-workload",
+        "long-prompts",
+        lambda c: c.workload in HELD_OUT_WORKLOADS,
+        f"train on resent prompt lists with fixed output lengths ({', '.join(TRAIN_WORKLOADS)}), predict long "
+        f"prompts computed in full or behind one shared prefix, outputs of every length ({', '.join(HELD_OUT_WORKLOADS)})",
+        lambda trained: {TRAIN_WORKLOADS[-1]: [c.name for c in trained if c.workload == TRAIN_WORKLOADS[-1]]},
+        grid="workloads",
     ),
 )
 
@@ -77,22 +87,26 @@ def _check_fold(held: list[str], among: list[Configuration], what: str, why: str
         )
 
 
-def make_splits(configs: list[Configuration]) -> dict[str, dict[str, list[str]]]:
-    """split name -> {fold: held-out experiment names}; WorldError when a split would hold out
-    nothing or everything (a grid too small to test it)."""
+def grid_splits(grid: str) -> list[Split]:
+    return [s for s in SPLITS if s.grid == grid]
+
+
+def make_splits(configs: list[Configuration], grid: str = GRIDS[0]) -> dict[str, dict[str, list[str]]]:
+    """split name -> {fold: held-out experiment names} for the splits of `grid`; WorldError when a
+    split would hold out nothing or everything (a grid too small to test it)."""
     out = {}
-    for s in SPLITS:
+    for s in grid_splits(grid):
         held = [c.name for c in configs if s.held_out(c)]
         _check_fold(held, configs, f"split {s.name}: the grid", f" ({s.description})")
         out[s.name] = {s.fold: held}
     return out
 
 
-def make_inner_splits(configs: list[Configuration]) -> dict[str, dict[str, list[str]]]:
+def make_inner_splits(configs: list[Configuration], grid: str = GRIDS[0]) -> dict[str, dict[str, list[str]]]:
     """split name -> the folds of the same extrapolation inside its train configurations (see
-    Split.inner); WorldError when a fold would hold out nothing or every one of them."""
+    Split.inner) for the splits of `grid`; WorldError when a fold would hold out nothing or every one."""
     out = {}
-    for s in SPLITS:
+    for s in grid_splits(grid):
         trained = [c for c in configs if not s.held_out(c)]
         folds = s.inner(trained)
         for fold, held in folds.items():

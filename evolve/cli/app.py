@@ -22,8 +22,9 @@ from stepml_evolve.evaluator.importers.blis_trace_export import (
     DEFAULT_SEED,
     export_experiment_dir,
 )
+from stepml_evolve.evaluator.soundness import PHYSICS_MODES
 from stepml_evolve.evaluator.synthetic import SAMPLE_SIZES
-from stepml_evolve.evaluator.worlds import GRID_SIZES, load_world, world_names, write_world
+from stepml_evolve.evaluator.worlds import GRID_SIZES, GRIDS, load_world, world_names, write_world
 from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
 from stepml_evolve.evolve.commands import (
     ENGINES,
@@ -56,6 +57,7 @@ from .options import (
     MethodOption,
     ObjectiveOption,
     OutputLenOption,
+    PhysicsOption,
     PromptReuseOption,
     RemoteWorkersOption,
     SemanticsOption,
@@ -71,10 +73,13 @@ from .tables import (
     cv_summary_table,
     dumps,
     experiments_table,
+    floor_text,
+    identifiability_table,
     loss_text,
     metrics_table,
     run_summary_tables,
     worlds_bench_table,
+    worlds_rules_table,
     worlds_table,
 )
 
@@ -181,6 +186,13 @@ def data_synth(
         help="A known-truth world (evolve data worlds lists them) or a law file's path: its grid of "
         "configurations and held-out split files instead of the built-in sample.",
     ),
+    grid: Literal[GRIDS] = typer.Option(
+        GRIDS[0],
+        "--grid",
+        help="With --world: standard (models x GPUs x TP x knobs x five workloads; splits by-gpu, by-size, "
+        "by-knobs) or workloads (each deployment under two resent prompt lists and two long-prompt "
+        "workloads; split by-workload).",
+    ),
 ):
     """Write the built-in synthetic sample (hidden oracle + noise), or a known-truth world, in the replay format."""
     if world is None:
@@ -192,7 +204,7 @@ def data_synth(
         out.print(f"wrote {len(dirs)} synthetic experiments to {out_dir}")
         return
     law = load_world(world)
-    dirs, splits = write_world(law, out_dir, seed=seed, size=size or "full")
+    dirs, splits = write_world(law, out_dir, seed=seed, size=size or "full", grid=grid)
     out.print(f"wrote {len(dirs)} experiments of world {law.name} to {out_dir}")
     for name, path in splits.items():
         out.print(f"  split {name}: evolve cv --data {out_dir} --protocol groups:{path}")
@@ -321,6 +333,10 @@ def eval_cmd(
     elif everywhere is None:
         out.print(metrics_table(result.rows, f"{program} on {result.data.label}, {split} split"))
         out.print(f"loss ({split}): {loss_text(result.loss)}  ({result.objective.describe()})")
+        out.print(floor_text(result.floor), markup=False, highlight=False, soft_wrap=True)
+        for rule, message in result.physics:
+            if message != result.floor.reason():  # the floor's own line said it
+                out.print(f"physics: --physics check refuses it [{rule}]: {message}", markup=False, soft_wrap=True)
     if everywhere is not None:
         raise everywhere
     for r in result.failed:
@@ -369,6 +385,13 @@ def fit_cmd(
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
     skip_bad: SkipBadOption = SETUP.skip_bad,
+    physics: PhysicsOption = PHYSICS_MODES[0],
+    profile: bool = typer.Option(
+        True,
+        "--profile/--no-profile",
+        help="After the fit, profile each constant (2 closed-loop evaluations each) and print whether the "
+        "data decided it, its prior holds it, or a bound does.",
+    ),
 ):
     """Fit PROGRAM's constants on the train split, then score validate and test."""
     setup = EvaluationSetup(
@@ -392,6 +415,8 @@ def fit_cmd(
         quick=quick,
         restarts=restarts,
         method=method,
+        physics=physics,
+        profile=profile,
         say=say,
         progress=fit_progress,
     )
@@ -402,9 +427,15 @@ def fit_cmd(
         out.print(metrics_table(rows, f"fitted {program.name} ({scope} scope), {split} split"))
         out.print(f"loss ({split}): {loss_text(fitted.losses[split])}")
     r = fitted.result
+    for group, reports in fitted.identifiability.items():
+        where = "" if group == "all" else f", group {group}"
+        out.print(identifiability_table(reports, f"what decided each constant of {program.name}{where}"))
+    for group, check in fitted.floor.items():
+        out.print(("" if group == "all" else f"{group}: ") + floor_text(check), markup=False, soft_wrap=True)
+    penalty = sum(r.penalties.values())
     out.print(
-        f"train loss {r.loss:.3f} after {r.evaluations} closed-loop evaluations ({fitted.config.method}) in {r.seconds:.1f} s; "
-        f"fitted program: {', '.join(map(str, fitted.written))}"
+        f"train loss {r.loss:.3f} (+ {penalty:.3f} from the priors) after {r.evaluations} closed-loop evaluations "
+        f"({fitted.config.method}) in {r.seconds:.1f} s; fitted program: {', '.join(map(str, fitted.written))}"
     )
 
 
@@ -439,6 +470,7 @@ def cv_cmd(
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
     skip_bad: SkipBadOption = SETUP.skip_bad,
+    physics: PhysicsOption = PHYSICS_MODES[0],
 ):
     """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
     setup = EvaluationSetup(
@@ -460,6 +492,7 @@ def cv_cmd(
         max_evals=max_evals,
         method=method,
         in_distribution=in_distribution,
+        physics=physics,
         say=say,
         progress=fit_progress,
     )
@@ -630,6 +663,7 @@ def run_cmd(
     ),
     time_components: Literal[TIME_COMPONENT_MODES] | None = _parent_rule_option("time_components"),
     unexercised: Literal[UNEXERCISED_MODES] | None = _parent_rule_option("unexercised"),
+    physics: PhysicsOption = SEARCH.physics,
     engine: Literal[ENGINES] = typer.Option(
         ENGINES[0],
         "--engine",
@@ -687,6 +721,7 @@ def run_cmd(
         switch=switch,
         time_components=engine_rule(engine, "time_components", time_components),
         unexercised=engine_rule(engine, "unexercised", unexercised),
+        physics=physics,
     )
     llm_settings = (
         LLMSettings(
@@ -905,6 +940,13 @@ def bench_cmd(
         help="With --worlds: the searches' seed, when it is not --seed: another draw of every search on the "
         "same worlds and baselines (a world's outcome moves with it).",
     ),
+    search_seeds: int | None = typer.Option(
+        None,
+        "--search-seeds",
+        min=1,
+        help="With --worlds: search every split with this many seeds (--search-seed, then the next ones), a "
+        "result each; default 2 (--quick: 1). A resumed benchmark may add seeds.",
+    ),
     search_engine: Literal[ENGINES] = typer.Option(
         ENGINES[0], "--engine", help="With --worlds: the searches' engine, as for evolve run (openevolve needs --llm)."
     ),
@@ -941,6 +983,7 @@ def bench_cmd(
     bench_unexercised: Literal[UNEXERCISED_MODES] | None = _parent_rule_option(
         "unexercised", "With --worlds, for every search, as for evolve run. "
     ),
+    bench_physics: PhysicsOption = SEARCH.physics,
     archive_top: int = typer.Option(
         0,
         "--archive-top",
@@ -974,6 +1017,7 @@ def bench_cmd(
             generations=generations,
             seed=seed,
             search_seed=search_seed,
+            search_seeds=search_seeds,
             selection=select,
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
@@ -983,6 +1027,7 @@ def bench_cmd(
             switch=bench_switch,
             time_components=bench_time_components,
             unexercised=bench_unexercised,
+            physics=bench_physics,
             archive_top=archive_top,
             resume=resume,
             say=say,
@@ -993,6 +1038,8 @@ def bench_cmd(
             print(dumps(report))
         else:
             out.print(worlds_bench_table(results, report["summary"]))
+            if report["summary"]["rules"]:
+                out.print(worlds_rules_table(report["summary"]))
         return
     unknown = sorted(set(fit_method or ()) - set(METHODS))
     if unknown:

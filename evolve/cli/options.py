@@ -14,6 +14,7 @@ from stepml_evolve.evaluator.fitting import METHODS
 from stepml_evolve.evaluator.objectives import OBJECTIVES
 from stepml_evolve.evaluator.prompt_reuse import POLICIES as PROMPT_REUSE_POLICIES
 from stepml_evolve.evaluator.replay import SEMANTICS
+from stepml_evolve.evaluator.soundness import PHYSICS_MODES
 from stepml_evolve.evolve.commands import EvaluationSetup
 
 SETUP = EvaluationSetup()
@@ -61,6 +62,16 @@ WeightsOption = Annotated[
         "--weights",
         help="YAML file of experiment-name pattern -> weight (first match wins, others weigh 1), "
         "e.g. '\"*mixtral*\": 2'.",
+    ),
+]
+PhysicsOption = Annotated[
+    Literal[PHYSICS_MODES],
+    typer.Option(
+        "--physics",
+        help="check: refuse a program below the physical floor (the roofline of a step's work at the "
+        "hardware's peak, on an envelope of steps users simulate), one that subtracts a time component, "
+        "shares a constant between roles, or reads an input that cannot cause its time, and keep fits "
+        "at or above the floor; off: neither (a regression such as BLIS's blackbox).",
     ),
 ]
 WorkersOption = Annotated[

@@ -71,6 +71,35 @@ def metrics_table(rows: list[MetricRow], title: str) -> Table:
     return t
 
 
+def identifiability_table(reports, title: str) -> Table:
+    """Each fitted constant: its value, its prior, how far it strayed (z), the profile's curvature
+    of the data's loss against the prior's, and whether the data decided it."""
+    t = Table(title=plain(title))
+    for col in ("constant", "value", "prior", "z", "data curv.", "prior curv.", "decided by", "why"):
+        t.add_column(col, justify="left" if col in ("constant", "prior", "decided by", "why") else "right")
+    for r in reports:
+        t.add_row(
+            plain(r.name),
+            f"{r.value:.4g}",
+            plain(r.prior.text()) if r.prior else "none",
+            "" if r.z is None else f"{r.z:+.2f}",
+            f"{r.data_curvature:.3g}",
+            f"{r.prior_curvature:.3g}",
+            r.verdict,
+            plain(r.why),
+        )
+    return t
+
+
+def floor_text(check) -> str:
+    """One line on a program against the physical floor."""
+    if not check.ok:
+        return f"floor: BELOW: {check.reason()}"
+    return (
+        f"floor: at least {check.ratio:.3g}x the physical floor everywhere in the envelope (closest at {check.worst})"
+    )
+
+
 def cv_summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
     """Mean, median and max APE (%) per metric over the held-out experiments of a cross-validation."""
     t = Table(title=title)
@@ -256,6 +285,7 @@ def worlds_bench_table(results, summary: dict) -> Table:
     for col in (
         "world",
         "split",
+        "search seed",
         "held out",
         "best seed",
         "seed",
@@ -281,6 +311,7 @@ def worlds_bench_table(results, summary: dict) -> Table:
         t.add_row(
             plain(r.world),
             r.split,
+            "" if r.search_seed is None else str(r.search_seed),
             str(r.held_out),
             plain(best.program),
             cell(best),
@@ -292,6 +323,26 @@ def worlds_bench_table(results, summary: dict) -> Table:
             f"{fmt(r.train_ratio, '.2f')}x" if math.isfinite(r.train_ratio) else "",
             r.diagnosis or "",
             *([archive_cell(r)] if diagnosed else []),
+        )
+    return t
+
+
+def worlds_rules_table(summary: dict) -> Table:
+    """`evolve bench --worlds`: each deployment rule's pick held out against the best fitted seed, over every cell."""
+    t = Table(
+        title=f"deployment rules over {summary['cells']} world-split-seed cells: the pick held out against the best seed",
+        caption="geomean: the geometric mean over cells of the pick's held-out loss over the best seed's (< 1: better)",
+    )
+    for col in ("rule", "beats seed", "worse than seed", "recovered", "geomean"):
+        t.add_column(col, justify="left" if col == "rule" else "right")
+    for rule, c in summary.get("rules", {}).items():
+        g = c.get("geomean_to_seed")
+        t.add_row(
+            rule,
+            f"{c['beats_seed']}/{c['cells']}",
+            f"{c['worse_than_seed']}/{c['cells']}",
+            f"{c['recovered']}/{c['cells']}",
+            "" if g is None else f"{g:.3f}",
         )
     return t
 

@@ -67,7 +67,10 @@ def run_fit_settings(
     search = RunSettings.stored(run.config).search
     weights = tuple((str(p), float(w)) for p, w in (search.get("weights") or ()))
     goal = Objective(search.get("objective") or "rms", weights)
-    config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=search["fit_method"]), objective=goal)
+    floor = search.get("physics") == "check"  # a run's fits kept its programs at or above the floor, or not
+    config = dataclasses.replace(
+        FitConfig(seed=seed, max_evals=max_evals, method=search["fit_method"], floor=floor), objective=goal
+    )
     return RunFitSettings(config, search.get("semantics") or DEFAULT_SEMANTICS)
 
 

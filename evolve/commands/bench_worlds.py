@@ -2,12 +2,21 @@
 (evaluator/worlds) and held-out split, the held-out error of every seed fitted on the train
 configurations, of a search's winner (`evolve run` on the train configurations only, its best
 program by the default deployment rule), and of the world's own law refitted the same way (the
-noise floor). "Recovered": the winner's held-out loss is within RECOVERY_FACTOR of the law's.
+noise floor). "Recovered": the winner's held-out loss is within RECOVERY_FACTOR of the law's and
+below the best seed's (a law refitted worse than a seed makes recovering it no feat).
 
 Every program is scored the one way `evolve cv --protocol groups:split-<name>.yaml` scores it:
 constants fitted on the configurations the split trains on, then all requests of the held-out
 ones replayed. The best seed is the one with the lowest held-out loss: the strongest baseline the
 seeds offer, chosen with hindsight no user has.
+
+Fairly: every program is scored from constants a fit on the train configurations already gave it,
+the seeds as the search fitted them in its generation 0, the winner as the search kept it, and the
+law as a seed's generation-0 fit takes it from its true constants, so a winner that is a seed
+scores exactly as that seed does and fit luck is shared alike; each split is searched with `--search-seeds` search seeds (a
+result per seed: a world's row moves with the search seed as much as with the operators); and each
+deployment rule of archive/browse.py (RULES) is scored held out beside the winner (the default
+rule's pick), so the rules can be compared on data no rule saw.
 
 The benchmark is many searches, more than one sitting at the default budget, so it keeps its work
 in --out as it goes and `--resume` continues it: each world's data once generated (world.json is
@@ -26,19 +35,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepml_evolve.archive.browse import choose, cv_by_program, opened, run_programs
+from stepml_evolve.archive.browse import RULES, choose, cv_by_program, opened, run_programs
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fitting import FitConfig
+from stepml_evolve.evaluator.fitting import FitConfig, fit
 from stepml_evolve.evaluator.objectives import DEFAULT
 from stepml_evolve.evaluator.outputs import check_output_dir, write_atomic
-from stepml_evolve.evaluator.worlds import SPLITS, load_world, world_names, write_world
+from stepml_evolve.evaluator.worlds import GRIDS, SPLITS, load_world, world_names, write_world
 from stepml_evolve.evaluator.worlds.generate import WORLD_FILE, world_identity
-from stepml_evolve.evaluator.worlds.splits import split_file
+from stepml_evolve.evaluator.worlds.splits import grid_splits, split_file
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
 
@@ -46,6 +55,11 @@ from .run import ENGINES, LLMSettings, check_engine, engine_rule, run_search
 from .setup import EvaluationSetup, Say, quiet
 
 RECOVERY_FACTOR = 1.5
+# how the baselines are scored: "as-searched" (the seeds as the search fitted them, the law after a seed's
+# fit), or "from-files" (every seed from its file and the law from its truth, benchmarks stored before)
+BASELINES = ("as-searched", "from-files")
+DEFAULT_RULE = "best"  # the deployment rule (archive/browse.py) that picks a search's winner
+DEFAULT_SEARCH_SEEDS = 2  # search seeds per split (the quick benchmark: 1)
 # A winner whose train loss is within this factor of the law's (or below it) fits the configurations
 # the search saw as well as the law does: those configurations cannot tell the two apart, so no rule
 # that selects by them could have preferred the law (SplitResult.diagnosis)
@@ -91,6 +105,8 @@ class SplitResult:
     # rule (a diagnostic the held-out data chooses, never a winner), and how many were scored
     archive_best: HeldOut | None = None
     archive_scored: int = 0
+    search_seed: int | None = None  # the search's seed (None: stored before several search seeds)
+    rules: tuple[tuple[str, HeldOut], ...] = ()  # each deployment rule's pick, scored held out
 
     @property
     def best_seed(self) -> HeldOut:
@@ -101,8 +117,8 @@ class SplitResult:
         return self.winner.loss < self.best_seed.loss
 
     def recovers(self, scored: HeldOut) -> bool:
-        """Within RECOVERY_FACTOR of the law's held-out loss."""
-        return scored.loss <= RECOVERY_FACTOR * self.law.loss
+        """Within RECOVERY_FACTOR of the law's held-out loss, and better than the best seed held out."""
+        return scored.loss <= RECOVERY_FACTOR * self.law.loss and scored.loss < self.best_seed.loss
 
     @property
     def recovered(self) -> bool:
@@ -132,8 +148,9 @@ class SplitResult:
 
     def to_json(self) -> dict:
         return {
-            **{k: v for k, v in asdict(self).items() if k not in ("seeds",)},
+            **{k: v for k, v in asdict(self).items() if k not in ("seeds", "rules")},
             "seeds": [asdict(s) for s in self.seeds],
+            "rules": {rule: asdict(h) for rule, h in self.rules},
             "best_seed": asdict(self.best_seed),
             "beats_seed": self.beats_seed,
             "recovered": self.recovered,
@@ -152,6 +169,8 @@ class SplitResult:
             law=_held_out_of(d["law"]),
             archive_best=_held_out_of(d["archive_best"]) if d.get("archive_best") else None,
             archive_scored=d.get("archive_scored", 0),
+            search_seed=d.get("search_seed"),
+            rules=tuple((rule, _held_out_of(h)) for rule, h in (d.get("rules") or {}).items()),
         )
 
 
@@ -262,6 +281,7 @@ def bench_world(
     generations: int,
     seed: int,
     search_seed: int | None = None,
+    search_seeds: int = 1,
     splits=None,
     front_cv: str = SearchConfig.front_cv,
     selection: str = SELECTIONS[0],
@@ -273,72 +293,101 @@ def bench_world(
     switch: float = SearchConfig.switch,
     time_components: str = SearchConfig.time_components,
     unexercised: str = SearchConfig.unexercised,
+    physics: str = SearchConfig.physics,
+    baselines: str = BASELINES[0],
     archive_top: int = 0,
     say: Say = quiet,
 ) -> list[SplitResult]:
     """selection "validation": the winner is `emit-go best` of a run with `front_cv`; "inner": the
     search runs `--cv groups:split-<name>.inner.yaml` (the split's kind of extrapolation inside
     its train configurations) without a front CV, so the winner is the lowest such CV loss.
-    archive_top > 0: each split's result also holds the best held out of the archive's top programs
-    (`_with_archive_best`), added to a result finished before without it."""
+    search_seeds: each split searched with seeds S, S + 1, ... (S: search_seed, else seed), one
+    result each. archive_top > 0: each split's result also holds the best held out of the archive's
+    top programs (`_with_archive_best`), added to a result finished before without it."""
     world = load_world(name)
-    data_dir = workdir / world.name / "data"
-    split_files = _world_data(world, data_dir, seed, size, say)
-    loaded = load_data(data_dir)
-    if loaded.errors:
-        raise UserError(f"world {world.name}: {loaded.errors[0]}")
+    chosen = [s for s in SPLITS if splits is None or s.name in splits]
+    base = seed if search_seed is None else search_seed
     results = []
-    with Engine(loaded.experiments) as pool:
-        for split in [s for s in SPLITS if splits is None or s.name in splits]:
-            result_file = workdir / world.name / f"{split.name}-result.json"
-            done = SplitResult.from_json(_read_json(result_file)) if result_file.exists() else None
-            if done is not None and done.generations != generations:
-                done = None  # an extended search
-            if done is not None and (not archive_top or done.archive_best is not None):
-                say(f"  {world.name} {split.name}: done before ({generations} generations), kept")
-                results.append(done)
-                continue
-            protocol = f"{GROUPS_PREFIX}{split_files[split.name]}"
-            folds = make_folds(protocol, loaded.experiments)
-            held = {n for f in folds for n in f.held_out}
-            archive_dir = workdir / world.name / f"{split.name}-archive"
-            score = SplitScorer(loaded, pool, protocol, folds, seed, fits, pick)
-            if done is None:
-                inner = selection == "inner"
-                config = SearchConfig(
-                    generations=generations,
-                    seed=seed if search_seed is None else search_seed,
-                    cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
-                    front_cv="none" if inner else front_cv,
-                    modulate=modulate,
-                    switch=switch,
-                    time_components=time_components,
-                    unexercised=unexercised,
-                )
-                train_dir = workdir / world.name / f"{split.name}-train"
-                train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
-                seeds, law = _baselines(world, split.name, workdir, score, say)
-                winner, origin = _search(world.name, split.name, train, archive_dir, config, score, engine, llm, say)
-                done = SplitResult(
-                    world.name, split.name, len(held), tuple(seeds), winner, law, generations, origin, selection
-                )
-            if archive_top:
-                say(f"  {world.name} {split.name}: scoring held out the archive's {archive_top} best by each rule")
-                done = _with_archive_best(done, archive_dir, archive_top, score)
-                best = done.archive_best
-                say(
-                    f"  {world.name} {split.name}: best of {done.archive_scored} held out {best.program} {best.loss:.2f}"
-                )
-            _write_json(result_file, done.to_json())
-            results.append(done)
+    for grid in GRIDS:
+        in_grid = [s for s in chosen if s.grid == grid]
+        if not in_grid:
+            continue
+        data_dir = workdir / world.name / ("data" if grid == GRIDS[0] else f"data-{grid}")
+        split_files = _world_data(world, data_dir, seed, size, say, grid)
+        loaded = load_data(data_dir)
+        if loaded.errors:
+            raise UserError(f"world {world.name}: {loaded.errors[0]}")
+        with Engine(loaded.experiments) as pool:
+            for split in in_grid:
+                protocol = f"{GROUPS_PREFIX}{split_files[split.name]}"
+                folds = make_folds(protocol, loaded.experiments)
+                held = {n for f in folds for n in f.held_out}
+                score = SplitScorer(loaded, pool, protocol, folds, seed, fits, pick)
+                for k in range(search_seeds):
+                    at = f"{split.name}" if k == 0 else f"{split.name}-s{base + k}"  # the first: as before seeds
+                    result_file = workdir / world.name / f"{at}-result.json"
+                    done = SplitResult.from_json(_read_json(result_file)) if result_file.exists() else None
+                    if done is not None and done.generations != generations:
+                        done = None  # an extended search
+                    if done is not None and (not archive_top or done.archive_best is not None):
+                        say(f"  {world.name} {split.name} (search seed {base + k}): done before, kept")
+                        results.append(done)
+                        continue
+                    archive_dir = workdir / world.name / f"{at}-archive"
+                    if done is None:
+                        inner = selection == "inner"
+                        config = SearchConfig(
+                            generations=generations,
+                            seed=base + k,
+                            cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
+                            front_cv="none" if inner else front_cv,
+                            modulate=modulate,
+                            switch=switch,
+                            time_components=time_components,
+                            unexercised=unexercised,
+                            physics=physics,
+                        )
+                        train_dir = workdir / world.name / f"{split.name}-train"
+                        train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
+                        winner, origin, rules = _search(
+                            world.name, split.name, train, archive_dir, config, score, engine, llm, say
+                        )
+                        seeds, law = _baselines(
+                            world, split.name, workdir, score, say, baselines, archive_dir, at, base + k
+                        )
+                        done = SplitResult(
+                            world.name,
+                            split.name,
+                            len(held),
+                            tuple(seeds),
+                            winner,
+                            law,
+                            generations,
+                            origin,
+                            selection,
+                            search_seed=base + k,
+                            rules=rules,
+                        )
+                    if archive_top:
+                        say(
+                            f"  {world.name} {split.name}: scoring held out the archive's {archive_top} best by each rule"
+                        )
+                        done = _with_archive_best(done, archive_dir, archive_top, score)
+                        best = done.archive_best
+                        say(
+                            f"  {world.name} {split.name}: best of {done.archive_scored} held out {best.program} "
+                            f"{best.loss:.2f}"
+                        )
+                    _write_json(result_file, done.to_json())
+                    results.append(done)
     return results
 
 
 def _search(
     world: str, split: str, train: Path, archive_dir: Path, config: SearchConfig, score: SplitScorer, engine, llm, say
-) -> tuple[HeldOut, str]:
-    """The search on the split's train configurations (or its continuation), its winner scored held
-    out, and what made the winner."""
+) -> tuple[HeldOut, str, tuple[tuple[str, HeldOut], ...]]:
+    """The search on the split's train configurations (or its continuation), its winner (the
+    DEFAULT_RULE's pick) scored held out, what made the winner, and every rule's pick scored held out."""
     resume = (archive_dir / Archive.FILE).exists()
     if resume:
         last = _last_generation(archive_dir)
@@ -351,10 +400,14 @@ def _search(
         say(f"  {world} {split}: its search is at generation {last}; {left}")
     run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
     with opened(archive_dir) as archive:
-        chosen = choose(archive, "best").program
-    winner = score(f"#{chosen.id}", parse_program(chosen.source))
+        picks = {rule: choose(archive, rule).program for rule in RULES}
+    chosen = picks[DEFAULT_RULE]
+    distinct = {f"#{p.id}": p for p in picks.values()}
+    scored = dict(zip(distinct, score.all([(n, parse_program(p.source)) for n, p in distinct.items()])))
+    winner = scored[f"#{chosen.id}"]
     say(f"  {world} {split}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
-    return winner, f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator
+    rules = tuple((rule, scored[f"#{p.id}"]) for rule, p in picks.items())
+    return winner, f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator, rules
 
 
 def _with_archive_best(result: SplitResult, archive_dir: Path, top: int, score: SplitScorer) -> SplitResult:
@@ -379,11 +432,11 @@ def _with_archive_best(result: SplitResult, archive_dir: Path, top: int, score: 
     return replace(result, archive_best=best, archive_scored=len(scored))
 
 
-def _world_data(world, data_dir: Path, seed: int, size: str, say: Say) -> dict[str, Path]:
-    """The world's experiments and split files: those in data_dir when a generation of the same
-    world, seed and size finished there (its world.json is written last), else generated anew
-    (over what a killed generation left)."""
-    meta = world_identity(world, seed, size)
+def _world_data(world, data_dir: Path, seed: int, size: str, say: Say, grid: str = GRIDS[0]) -> dict[str, Path]:
+    """The world's experiments of `grid` and its split files: those in data_dir when a generation of
+    the same world, seed, size and grid finished there (its world.json is written last), else
+    generated anew (over what a killed generation left)."""
+    meta = world_identity(world, seed, size, grid)
     done = data_dir / WORLD_FILE
     if done.exists():
         found = _read_json(done)
@@ -391,28 +444,60 @@ def _world_data(world, data_dir: Path, seed: int, size: str, say: Say) -> dict[s
             raise UserError(
                 f"{done}: holds {found.get('world')} seed {found.get('seed')} {found.get('size')}, not {world.name} seed {seed} {size}"
             )
-        say(f"world {world.name}: its {size} grid, generated before, in {data_dir}")
-        return {s.name: split_file(data_dir, s.name) for s in SPLITS}
+        say(f"world {world.name}: its {size} {grid} grid, generated before, in {data_dir}")
+        return {s.name: split_file(data_dir, s.name) for s in grid_splits(grid)}
     if data_dir.exists():
         shutil.rmtree(data_dir)  # a generation killed before its world.json: the benchmark's own files
-    say(f"world {world.name}: generating its {size} grid into {data_dir}")
+    say(f"world {world.name}: generating its {size} {grid} grid into {data_dir}")
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    return write_world(world, data_dir, seed=seed, size=size)[1]
+    return write_world(world, data_dir, seed=seed, size=size, grid=grid)[1]
 
 
-def _baselines(world, split: str, workdir: Path, score: SplitScorer, say) -> tuple[list, HeldOut]:
-    """Every seed's and the law's held-out scores on the split, kept in <split>-baselines.json (they
-    do not depend on the search's budget, so a resumed or extended benchmark reuses them)."""
-    keep = workdir / world.name / f"{split}-baselines.json"
+def _baselines(
+    world,
+    split: str,
+    workdir: Path,
+    score: SplitScorer,
+    say,
+    baselines: str = BASELINES[0],
+    archive_dir: Path | None = None,
+    at: str | None = None,
+    search_seed: int = 0,
+) -> tuple[list, HeldOut]:
+    """Every seed's and the law's held-out scores on the split. "as-searched": each seed as the search
+    fitted it in its generation 0 (a seed the search refused, such as blackbox below the floor, from
+    its file) and the law as such a fit takes it from its truth, kept in <at>-baselines.json per
+    search; "from-files": every seed from its file and the law from its truth, once per split
+    (<split>-baselines.json)."""
+    searched = baselines == BASELINES[0] and archive_dir is not None
+    keep = workdir / world.name / f"{at if searched and at else split}-baselines.json"
     if keep.exists():
         scored = [_held_out_of(d) for d in _read_json(keep)]
     else:
-        programs = [(p.stem, parse_program(p.read_text())) for p in seed_paths()] + [("law", world.program)]
-        scored = score.all(programs)
+        fitted = _generation_zero(archive_dir) if searched else {}
+        programs = [(p.stem, fitted.get(p.stem) or parse_program(p.read_text())) for p in seed_paths()]
+        law = _as_a_seed(world.program, score, search_seed) if searched else world.program
+        scored = score.all(programs + [("law", law)])
         _write_json(keep, [asdict(s) for s in scored])
     for s in scored:
         say(f"  {world.name} {split}: {s.program} held-out loss {s.loss:.2f}")
     return scored[:-1], scored[-1]
+
+
+def _as_a_seed(program: Program, score: SplitScorer, seed: int) -> Program:
+    """The program fitted on the split's train configurations as a search fits a seed in its
+    generation 0 (the standard fit from its own constants)."""
+    held = {n for f in score.folds for n in f.held_out}
+    train = [e for e in score.loaded.experiments if e.name not in held]
+    result = fit(program, train, score.pool, FitConfig(seed=seed))
+    return program.with_constants(result.constants["all"])
+
+
+def _generation_zero(archive_dir: Path) -> dict[str, Program]:
+    """The seeds as a search fitted them (name -> program with its fitted constants)."""
+    with opened(archive_dir) as archive:
+        _, programs = run_programs(archive)
+    return {p.operator_detail: parse_program(p.source) for p in programs if p.operator == "seed" and p.generation == 0}
 
 
 def _last_generation(archive_dir: Path) -> int:
@@ -431,6 +516,7 @@ def bench_worlds(
     splits: list[str] | None = None,
     seed: int = 0,
     search_seed: int | None = None,
+    search_seeds: int | None = None,
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
@@ -440,14 +526,20 @@ def bench_worlds(
     switch: float = SearchConfig.switch,
     time_components: str | None = None,
     unexercised: str | None = None,
+    physics: str = SearchConfig.physics,
     archive_top: int = 0,
     resume: bool = False,
     say: Say = quiet,
 ) -> list[SplitResult]:
-    """Every world (quick: QUICK_WORLDS on the small grid, the by-gpu split, QUICK_GENERATIONS and
-    no CV of the search's front, so the winner is its best validation loss) into out_dir: per world
-    its data, split files, one search archive and one result per split. resume: continue the
-    benchmark in out_dir, which must have been started with the same settings but --generations."""
+    """Every world (quick: QUICK_WORLDS on the small grid, the by-gpu split, QUICK_GENERATIONS, one
+    search seed and no CV of the search's front, so the winner is its best validation loss) into
+    out_dir: per world its data, split files, and per split and search seed (search_seeds of them,
+    default DEFAULT_SEARCH_SEEDS) one search archive and one result. resume: continue the
+    benchmark in out_dir, which must have been started with the same settings but --generations
+    and --search-seeds."""
+    search_seeds = search_seeds or (1 if quick else DEFAULT_SEARCH_SEEDS)
+    if search_seeds < 1:
+        raise UserError(f"--search-seeds must be 1 or more, not {search_seeds}")
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))
     check_engine(engine, llm)
     time_components = engine_rule(engine, "time_components", time_components)
@@ -480,6 +572,8 @@ def bench_worlds(
         "switch": switch,
         "time_components": time_components,
         "unexercised": unexercised,
+        "physics": physics,
+        "baselines": BASELINES[0],
     }
     out_dir = Path(out_dir)
     if resume:
@@ -498,6 +592,7 @@ def bench_worlds(
             generations=gens,
             seed=seed,
             search_seed=search_seed,
+            search_seeds=search_seeds,
             splits=settings["splits"],
             front_cv=settings["front_cv"],
             selection=selection,
@@ -509,6 +604,8 @@ def bench_worlds(
             switch=switch,
             time_components=time_components,
             unexercised=unexercised,
+            physics=physics,
+            baselines=started_baselines(out_dir),
             archive_top=archive_top,
             say=say,
         )
@@ -522,7 +619,17 @@ LEGACY_SETTINGS = {
     "time_components": "free",
     "search_seed": None,
     "unexercised": "allow",
+    "physics": "off",
+    "baselines": BASELINES[1],
 }
+
+
+FIXED_AT_START = ("baselines",)  # settings no option sets: a resumed benchmark keeps the ones it started with
+
+
+def started_baselines(out_dir: Path) -> str:
+    """How the benchmark in out_dir scores its baselines (its stored setting)."""
+    return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}["baselines"]
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:
@@ -533,7 +640,7 @@ def _check_resumable(out_dir: Path, settings: dict) -> None:
     started = {**LEGACY_SETTINGS, **_read_json(keep)}
     started.setdefault("held_out_pick", "median" if started.get("held_out_fits", 1) > 1 else None)
     for key, value in settings.items():
-        if started.get(key) != value:
+        if key not in FIXED_AT_START and started.get(key) != value:
             raise UserError(
                 f"{out_dir}: the benchmark started with {key} {started.get(key)!r}, not {value!r}; "
                 "resume it with the same settings (only --generations may change)"
@@ -541,7 +648,9 @@ def _check_resumable(out_dir: Path, settings: dict) -> None:
 
 
 def summary(results: list[SplitResult]) -> dict:
-    """Per world (over its splits): beats the best seed on the mean held-out loss, recovered on every split."""
+    """Per world (over its splits and search seeds): beats the best seed on the mean held-out loss,
+    recovered on every split and seed; over every result (a cell: a world, a split, a search seed):
+    how often the winner is worse than the best seed held out, and the same for each deployment rule."""
     worlds: dict[str, list[SplitResult]] = {}
     for r in results:
         worlds.setdefault(r.world, []).append(r)
@@ -560,12 +669,30 @@ def summary(results: list[SplitResult]) -> dict:
         }
         for w, rs in worlds.items()
     }
+    rules: dict[str, dict] = {}
+    for r in results:
+        for rule, h in r.rules:
+            cell = rules.setdefault(
+                rule, {"cells": 0, "beats_seed": 0, "worse_than_seed": 0, "recovered": 0, "ratios": []}
+            )
+            cell["cells"] += 1
+            cell["beats_seed"] += h.loss < r.best_seed.loss
+            cell["worse_than_seed"] += h.loss > r.best_seed.loss
+            cell["recovered"] += r.recovers(h)
+            if h.loss > 0 and r.best_seed.loss > 0 and math.isfinite(h.loss):
+                cell["ratios"].append(math.log(h.loss / r.best_seed.loss))
+    for cell in rules.values():
+        ratios = cell.pop("ratios")
+        cell["geomean_to_seed"] = math.exp(mean(ratios)) if ratios else None
     return {
         "objective": DEFAULT.name,
         "worlds": per_world,
         "beats_seed": sum(v["beats_seed"] for v in per_world.values()),
         "recovered": sum(v["recovered"] for v in per_world.values()),
         "of": len(per_world),
+        "cells": len(results),
+        "worse_than_seed": sum(r.winner.loss > r.best_seed.loss for r in results),
         # per split: how many were recovered, unidentified by their train configurations, not found
         "diagnoses": {d: sum(r.diagnosis == d for r in results) for d in DIAGNOSES},
+        "rules": rules,
     }

@@ -10,8 +10,11 @@ from pathlib import Path
 from stepml_evolve.evaluator.crossval import CrossValidation, cross_validate, make_folds, summarize
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fitting import FitConfig
+from stepml_evolve.evaluator.floor import envelope_for
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
+from stepml_evolve.evaluator.soundness import PHYSICS_MODES, physics_problems
 
 from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
@@ -71,14 +74,22 @@ def cross_validate_program(
     max_evals: int | None = FitConfig.max_evals,
     method: str = FitConfig.method,
     in_distribution: bool = False,
+    physics: str = PHYSICS_MODES[0],
     say: Say = quiet,
     progress: FitProgress = no_progress,
 ) -> CrossValidatedProgram:
-    """Folds are made (and a bad protocol or groups file refused) before any fit starts."""
+    """Folds are made (and a bad protocol or groups file refused) before any fit starts; with
+    physics "check" a program that breaks a rule of evaluator/soundness.py is refused too, and the
+    fold fits keep it at or above the floor."""
     program = load_program(path)
     loaded = setup.load(say)
     folds = make_folds(protocol, loaded.experiments)
-    config = dataclasses.replace(FitConfig(seed=seed, max_evals=max_evals, method=method), objective=setup.goal(loaded))
+    if physics == "check" and (problems := physics_problems(program, envelope_for(loaded.experiments))):
+        rule, message = problems[0]
+        raise UserError(f"{path}: {message} [{rule}]; nothing fitted (--physics off cross-validates it anyway)")
+    config = dataclasses.replace(
+        FitConfig(seed=seed, max_evals=max_evals, method=method, floor=physics == "check"), objective=setup.goal(loaded)
+    )
     with setup.engine(loaded) as engine, progress() as on_progress:
         cv = cross_validate(
             program,

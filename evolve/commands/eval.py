@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +10,11 @@ import numpy as np
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.floor import FloorCheck, check_floor, envelope_for
 from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.objectives import DEFAULT, Objective
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
+from stepml_evolve.evaluator.soundness import physics_problems
 
 from .setup import EvaluationSetup, Say, quiet
 
@@ -29,6 +31,8 @@ class Evaluation:
     rows: list[MetricRow]  # one per experiment; a failed replay's row carries its `error`
     objective: Objective = DEFAULT
     prompt_reuse: str = DEFAULT_POLICY
+    floor: FloorCheck | None = None  # the program at its constants against the physical floor
+    physics: list[tuple[str, str]] = field(default_factory=list)  # (rule, message) of the rules it breaks
 
     @property
     def loss(self) -> float:
@@ -59,6 +63,8 @@ class Evaluation:
             "prompt_reuse": self.prompt_reuse,
             "loss": self.loss,
             **self.objective.settings(),
+            "floor": self.floor.to_json() if self.floor else None,
+            "physics": [{"rule": rule, "problem": message} for rule, message in self.physics],
             "experiments": self.rows,
             "errors": [{"name": e.experiment, "error": e.problem} for e in self.data.errors],
         }
@@ -67,13 +73,24 @@ class Evaluation:
 def evaluate_program(
     path: Path, setup: EvaluationSetup = EvaluationSetup(), split: str = "test", say: Say = quiet
 ) -> Evaluation:
-    """The program's per-experiment metrics on `split`, with the constants it holds. Experiments
-    that do not load are in `data.errors` (the caller reports the good ones, then
-    `setup.refuse_bad`)."""
+    """The program's per-experiment metrics on `split`, with the constants it holds, and how it
+    stands against the physics `--physics check` asks of a program (reported, not enforced: eval
+    fits nothing). Experiments that do not load are in `data.errors` (the caller reports the good
+    ones, then `setup.refuse_bad`)."""
     program = load_program(path)
     loaded = setup.load(say, keep_bad=True)
     goal = setup.goal(loaded)
     vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
     with setup.engine(loaded) as engine:
         rows = engine.score(program, vectors, (split,), percentiles=True)[split]
-    return Evaluation(path, loaded, split, rows, goal, setup.prompt_reuse)
+    env = envelope_for(loaded.experiments)
+    return Evaluation(
+        path,
+        loaded,
+        split,
+        rows,
+        goal,
+        setup.prompt_reuse,
+        check_floor(program, env=env),
+        physics_problems(program, env),
+    )

@@ -20,9 +20,12 @@ from stepml_evolve.evaluator.fitting import (
     group_key,
     quick_config,
 )
+from stepml_evolve.evaluator.floor import FloorCheck, check_floor, envelope_for
+from stepml_evolve.evaluator.identifiability import ConstantReport, identify
 from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
 from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
+from stepml_evolve.evaluator.soundness import PHYSICS_MODES, physics_problems
 
 from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
@@ -42,6 +45,10 @@ class FittedPrograms:
     written: list[Path]
     rows: dict[str, list[MetricRow]]  # SCORED_SPLITS -> one row per experiment
     prompt_reuse: str = DEFAULT_POLICY
+    physics: str = PHYSICS_MODES[0]
+    # group -> each constant's identifiability at the group's fitted constants (empty: not profiled)
+    identifiability: dict[str, list[ConstantReport]] = dataclasses.field(default_factory=dict)
+    floor: dict[str, FloorCheck] = dataclasses.field(default_factory=dict)  # group -> the fitted program's floor check
 
     @property
     def losses(self) -> dict[str, float]:
@@ -58,8 +65,12 @@ class FittedPrograms:
             "scope": self.config.scope,
             "method": self.config.method,
             **self.config.objective.settings(),
+            "physics": self.physics,
             "train_loss": self.result.loss,
+            "prior_penalty": self.result.penalties,
             "constants": self.result.constants,
+            "floor": {g: c.to_json() for g, c in self.floor.items()},
+            "identifiability": {g: [r.to_json() for r in rs] for g, rs in self.identifiability.items()},
             "evaluations": self.result.evaluations,
             "seconds": self.result.seconds,
             "splits": {s: {"loss": self.losses[s], "experiments": rows} for s, rows in self.rows.items()},
@@ -77,17 +88,34 @@ def fit_program(
     quick: bool = False,
     restarts: int = FitConfig.restarts,
     method: str = FitConfig.method,
+    physics: str = PHYSICS_MODES[0],
+    profile: bool = True,
     say: Say = quiet,
     progress: FitProgress = no_progress,
 ) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
-    when the scope makes several. Output paths are checked before the fit starts."""
+    when the scope makes several. Output paths are checked before the fit starts. physics "check":
+    a program that breaks a rule of evaluator/soundness.py (below the floor, a non-causal input,
+    ...) is refused before any fit, and the fit keeps it at or above the floor; "off": neither.
+    profile: each group's constants profiled after the fit (evaluator/identifiability.py)."""
     program = load_program(path)
     loaded = setup.load(say)
     goal = setup.goal(loaded)
+    if physics not in PHYSICS_MODES:
+        raise FitError(f"--physics must be one of {', '.join(PHYSICS_MODES)}, not {physics!r}")
+    env = envelope_for(loaded.experiments)
+    if physics == "check" and (problems := physics_problems(program, env)):
+        rule, message = problems[0]
+        raise FitError(f"{path}: {message} [{rule}]; nothing fitted (--physics off fits it anyway)")
     config = quick_config(seed, loaded.experiments, method) if quick else FitConfig(seed=seed, scope=scope)
     config = dataclasses.replace(
-        config, scope=scope, max_evals=max_evals or config.max_evals, restarts=restarts, method=method, objective=goal
+        config,
+        scope=scope,
+        max_evals=max_evals or config.max_evals,
+        restarts=restarts,
+        method=method,
+        objective=goal,
+        floor=physics == "check",
     )
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
@@ -98,6 +126,13 @@ def fit_program(
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")
         vectors = [result.vector_for(program, e) for e in loaded.experiments]
         rows = engine.score(program, vectors, SCORED_SPLITS, percentiles=True)
+        profiles, floors = {}, {}
+        for group, names in result.groups.items():
+            consts = result.constants[group]
+            floors[group] = check_floor(program, consts, env)
+            if profile:
+                gexps = [e for e in loaded.experiments if e.name in names]
+                profiles[group] = identify(program, consts, gexps, engine, config)
     written = []
     for group, constants in result.constants.items():
         header = FittedHeader(
@@ -118,4 +153,4 @@ def fit_program(
         target = paths.get(group, base)
         write_atomic(target, program.with_constants(constants, header=header.render()).source)
         written.append(target)
-    return FittedPrograms(path, loaded, config, result, written, rows, setup.prompt_reuse)
+    return FittedPrograms(path, loaded, config, result, written, rows, setup.prompt_reuse, physics, profiles, floors)

@@ -16,6 +16,7 @@ from stepml_evolve.evaluator.crossval import GROUPS, GROUPS_PREFIX, FoldError, m
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import ProgressFn
+from stepml_evolve.evaluator.floor import envelope_for
 from stepml_evolve.evaluator.outputs import OutputError, slug
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
@@ -132,6 +133,7 @@ def _llm_operator(llm: LLMSettings, archive_dir: Path, loaded: LoadedData, confi
         server=_server(loaded),
         units=config.units == "check",
         keep_time_components=config.time_components == "keep",
+        envelope=envelope_for(loaded.experiments) if config.physics == "check" else None,
     )
 
 
@@ -255,7 +257,9 @@ def run_search(
                 loaded,
                 pool,
                 config,
-                build_emitters(operator, config.llm_ratio, config.modulate, config.switch),
+                build_emitters(
+                    operator, config.llm_ratio, config.modulate, config.switch, causal=config.physics == "check"
+                ),
                 resume=resume,
                 run_config=run_config,
                 seeds=seed_programs,

@@ -50,10 +50,11 @@ from .settings import SearchConfig
 
 
 def structure_hash(program: Program) -> str:
-    """Identity of a program's structure: its functions' ASTs, constant names and bounds, not values
-    (an unbounded program hashes as it did before bounds existed)."""
+    """Identity of a program's structure: its functions' ASTs, constant names, bounds and priors, not
+    values (a program without bounds or priors hashes as it did before they existed)."""
     dump = [ast.dump(program.functions[n]) for n in sorted(program.functions)] + sorted(program.constants)
     dump += [f"{k} in [{lo!r}, {hi!r}]" for k, (lo, hi) in sorted(program.bounds.items())]
+    dump += [f"{k} prior {p.centre!r} spread {p.spread!r}" for k, p in sorted(program.priors.items())]
     return hashlib.sha256("\n".join(dump).encode()).hexdigest()[:20]
 
 
@@ -160,6 +161,7 @@ class Cascade:
             max_evals=config.quick_evals or quick.max_evals,
             surrogate_evals=config.quick_surrogate,
             linear_solve=config.linear == "solve",
+            floor=config.physics == "check",
         )
         self.screen_exps = fit_experiments(self.exps, self.quick)
         self._evaluations = 0
@@ -284,6 +286,7 @@ class Cascade:
             sigma0=sigma,
             method=self.cfg.fit_method,
             objective=self.goal,
+            floor=self.cfg.physics == "check",
         )
         if not promoted:  # a seed's fit in generation 0: the standard trust region
             return config

@@ -98,8 +98,9 @@ class SymbolicEmitter:
 
     share = 1.0
 
-    def __init__(self, modulate: float = 0.0, switch: float = 0.0):
+    def __init__(self, modulate: float = 0.0, switch: float = 0.0, causal: bool = False):
         self.weights = operator_weights(modulate, switch)
+        self.causal = causal  # draw no input a causal search refuses (symbolic.NOT_DRAWN_CAUSAL)
 
     def available(self) -> bool:
         return True
@@ -121,7 +122,13 @@ class SymbolicEmitter:
             parents.append(other.id)
         try:
             source, detail = mutate(
-                operator, ctx.parent_program, ctx.parent.constants, rng, other_prog, other.constants if other else None
+                operator,
+                ctx.parent_program,
+                ctx.parent.constants,
+                rng,
+                other_prog,
+                other.constants if other else None,
+                causal=self.causal,
             )
         except NotRepresentable as e:
             return Proposal(
@@ -238,10 +245,14 @@ def _signed_error(predicted: float | None, observed: float | None) -> float:
 
 
 def build_emitters(
-    llm: LLMOperator | None = None, llm_share: float = 0.0, modulate: float = 0.0, switch: float = 0.0
+    llm: LLMOperator | None = None,
+    llm_share: float = 0.0,
+    modulate: float = 0.0,
+    switch: float = 0.0,
+    causal: bool = False,
 ) -> list[Emitter]:
     """The emitters of a run: symbolic operators by default, plus the LLM for its share of children."""
-    emitters: list[Emitter] = [SymbolicEmitter(modulate, switch)]
+    emitters: list[Emitter] = [SymbolicEmitter(modulate, switch, causal)]
     if llm is not None:
         emitters.append(LLMEmitter(llm, llm_share))
     return emitters

@@ -13,6 +13,8 @@ import jinja2
 
 from stepml_evolve.evaluator.components import COMPONENTS, dropped_time_components
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, compile_program, parse_program
+from stepml_evolve.evaluator.floor import Envelope
+from stepml_evolve.evaluator.soundness import check_physics, inherit
 
 from .llm_client import MAX_REPLY_CHARS, Attempt, LLMClient, LLMUnavailable
 
@@ -121,13 +123,16 @@ class LLMOperator:
         server: dict | None = None,
         units: bool = True,
         keep_time_components: bool = False,
+        envelope: Envelope | None = None,
     ):
         """units: a reply whose functions do not return times is a rejection fed back for a retry
         (as the search would reject it; `evolve run --units check`); keep_time_components: so is a
         reply that drops a time component of its parent (`--time-components keep`), and the system
-        prompt says so."""
+        prompt says so; envelope (`--physics check`): so is a reply that, with its parent's bounds
+        and priors on the constants it keeps, breaks the physics of evaluator/soundness.py on it."""
         self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
         self.keep_time_components = keep_time_components
+        self.envelope = envelope
         self.breaker = Breaker()
         env = prompt_templates()
         self.system = env.get_template("system.j2").render(
@@ -135,6 +140,7 @@ class LLMOperator:
             budget_tokens=(server or {}).get("budget_tokens", 2048),
             max_seqs=(server or {}).get("max_seqs", 128),
             keep_time_components=keep_time_components,
+            physics=envelope is not None,
         )
         self.mutate_t = env.get_template("mutate.j2")
         self.retry_t = env.get_template("retry.j2")
@@ -192,6 +198,8 @@ class LLMOperator:
                         check_units(program)
                     if self.keep_time_components:
                         self._check_keeps(parent, program)
+                    if self.envelope is not None:
+                        check_physics(inherit(program, parse_program(parent.source)), self.envelope)
                     last.outcome = "valid"
                     proposal.source, proposal.reason, proposal.rule = code, "", ""
                     return proposal

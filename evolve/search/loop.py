@@ -33,14 +33,17 @@ from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
 from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.fitting import FAILED_LOSS, FAILED_REASON
+from stepml_evolve.evaluator.floor import envelope_for
 from stepml_evolve.evaluator.replay import experiment_coefficients
 from stepml_evolve.evaluator.seeding import mix
+from stepml_evolve.evaluator.soundness import inherit, physics_problems
 from stepml_evolve.seeds import seed_paths
 
 from .cascade import Candidate, Cascade, Judgement, program_record, structure_hash
 from .emitters import ARCHIVED, DUPLICATE, EVALUATION_FAILED, INVALID, AskContext, Emitter, Proposal, SymbolicEmitter
 from .selection import select_parent
 from .settings import RunSettings, SearchConfig, SearchError, check_seed_units
+from .simplify import simplify
 
 PASSED_DUPLICATE_FILTER = ("evaluation",)  # rejection rules applied after the duplicate check
 PATIENCE_GAIN = 0.005  # --patience counts generations since the best validation loss last fell by more than 0.5%
@@ -69,7 +72,9 @@ class Search:
         checked already (`evolve run` checks --seeds files as it reads them, naming the file)."""
         self.archive, self.cfg = archive, config
         self.seeds = seeds if seeds is not None else [(p.stem, p.read_text()) for p in seed_paths()]
-        self.emitters: list[Emitter] = emitters or [SymbolicEmitter(config.modulate, config.switch)]
+        self.emitters: list[Emitter] = emitters or [
+            SymbolicEmitter(config.modulate, config.switch, causal=config.physics == "check")
+        ]
         self.progress = progress or (lambda info: None)
         self.cascade = Cascade(data, engine, config)
         self.unexercised = (
@@ -77,6 +82,9 @@ class Search:
             if config.unexercised == "reject"
             else []
         )
+        # --physics check: the envelope every seed and child is held to (the catalog's deployments
+        # and the data's)
+        self.envelope = envelope_for(data.experiments) if config.physics == "check" else None
         settings = RunSettings.of(config, (run_config or {}).get("llm"), seeds)
         run = archive.run()
         if run is None:
@@ -119,8 +127,26 @@ class Search:
         rejections: list[RejectionRecord] = []
         progs = [parse_program(source) for _, source in self.seeds]
         self.structures |= {structure_hash(prog) for prog in progs}
-        fulls = self.cascade.seed_fits(progs)
-        for i, ((name, source), prog, full) in enumerate(zip(self.seeds, progs, fulls)):
+        sound = []
+        for (
+            name,
+            source,
+        ) in self.seeds:  # --physics check: a seed below the floor (BLIS's blackbox) is not searched from
+            problems = physics_problems(parse_program(source), self.envelope) if self.envelope is not None else []
+            if problems:
+                rule, message = problems[0]
+                rejections.append(
+                    RejectionRecord(
+                        operator="seed", parents=[], rule=rule, source=source, reason=f"seed {name}: {message}"
+                    )
+                )
+                self.progress(
+                    {"generation": 0, "message": f"seed {name}: rejected by --physics check ({rule}): {message}"}
+                )
+            sound.append(not problems)
+        kept = [(i, seed, prog) for i, (seed, prog) in enumerate(zip(self.seeds, progs)) if sound[i]]
+        fulls = self.cascade.seed_fits([prog for _, _, prog in kept])
+        for (i, (name, source), prog), full in zip(kept, fulls):
             if not full.train_loss < FAILED_LOSS:  # NaN or non-positive step times whatever the constants
                 rejections.append(
                     RejectionRecord(
@@ -223,9 +249,20 @@ class Search:
             child = parse_program(proposal.source)
             compile_program(child)
             if self.cfg.units == "check":
-                check_units(child)
+                check_units(child)  # on the child as proposed, so a rejection's line is the proposal's
+            if self.envelope is not None:  # --physics check: the parent's bounds and priors, then simplified
+                if (parent := self._first_parent(proposal)) is not None:
+                    child = inherit(child, parse_program(parent.source))
+                child, simplified = simplify(child)
+                if simplified:
+                    proposal.detail += f" (simplified: {'; '.join(simplified)})"
+                    if self.cfg.units == "check":
+                        check_units(child)
         except ProgramError as e:
             return RejectionRecord(**reject, rule=e.rule, reason=str(e))
+        if self.envelope is not None and (problems := physics_problems(child, self.envelope)):
+            rule, message = problems[0]
+            return RejectionRecord(**reject, rule=rule, reason=message)
         if self.cfg.time_components == "keep" and (dropped := self._dropped_time_components(child, proposal)):
             return RejectionRecord(**reject, rule="time-components", reason=dropped)
         if self.unexercised and (more := self._new_unexercised_uses(child, proposal)):

@@ -32,6 +32,7 @@ from stepml_evolve.evaluator.prompt_reuse import (
     LEGACY_POLICY as LEGACY_PROMPT_REUSE,
 )
 from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
+from stepml_evolve.evaluator.soundness import PHYSICS_MODES
 
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
 # and groups:FILE, which a run stores as GROUPS with the file's folds (cv_groups)
@@ -102,6 +103,11 @@ class SearchConfig:
     switch: float = 0.0
     time_components: str = TIME_COMPONENT_MODES[0]
     unexercised: str = UNEXERCISED_MODES[0]
+    # check: every seed and child keeps the physics a search cannot trade away (evaluator/soundness.py:
+    # the floor, causal inputs, no subtracted time, one role per constant; rejections "floor" and
+    # "causal"), fits stay at or above the floor, inherited constants keep their first parent's bounds
+    # and priors and new ones get a weak prior (docs/results.md, "Physics the search cannot trade away")
+    physics: str = PHYSICS_MODES[0]
 
     def __post_init__(self):
         if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
@@ -112,6 +118,7 @@ class SearchConfig:
             ("linear", LINEAR_MODES),
             ("time_components", TIME_COMPONENT_MODES),
             ("unexercised", UNEXERCISED_MODES),
+            ("physics", PHYSICS_MODES),
         ):
             if getattr(self, name) not in modes:
                 raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
@@ -159,6 +166,7 @@ RUN_FLAGS = (
     "switch",
     "time_components",
     "unexercised",
+    "physics",
 )
 NONE_AS = {"quick_surrogate": "0", "full_fit_surrogate": "0"}
 # settings added after runs were first stored: an archive without them ran with these values
@@ -179,6 +187,7 @@ LEGACY_SETTINGS = {
     "switch": 0.0,
     "time_components": "free",
     "unexercised": "allow",
+    "physics": "off",
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed

@@ -101,16 +101,28 @@ def _primitives() -> list[tuple[str, int]]:
 PRIMITIVES = _primitives()
 
 
-def primitive_set(constant_names: list[str], function: str = "step_time") -> gp.PrimitiveSet:
+# what a causal search never draws (evaluator/soundness.py): f.tp is 1 at TP 1, so a term in it
+# charges deployments without tensor parallelism; queueing_time cannot know r.output_tokens
+NOT_DRAWN_CAUSAL = {"step_time": ("f.tp",), "queueing_time": ("r.output_tokens",)}
+
+
+def primitive_set(
+    constant_names: list[str], function: str = "step_time", causal: bool = False, keep: frozenset[str] = frozenset()
+) -> gp.PrimitiveSet:
+    """The primitives, the function's inputs and the constants; `causal`: without the inputs of
+    NOT_DRAWN_CAUSAL but those in `keep` (the parent's own reads, which its tree must hold)."""
     pset = gp.PrimitiveSet(function, 0)
     for name, arity in PRIMITIVES:
         pset.addPrimitive(_noop, arity, name=name)
+    skip = {x for x in NOT_DRAWN_CAUSAL.get(function, ()) if x not in keep} if causal else set()
     if function == "step_time":
         for comp in COMPONENT_NAMES:
-            pset.addTerminal(f"f.{comp}", name=f"f_{comp}")
+            if f"f.{comp}" not in skip:
+                pset.addTerminal(f"f.{comp}", name=f"f_{comp}")
     else:
         for fld in REQUEST_FIELDS:
-            pset.addTerminal(f"r.{fld}", name=f"r_{fld}")
+            if f"r.{fld}" not in skip:
+                pset.addTerminal(f"r.{fld}", name=f"r_{fld}")
     for c in constant_names:
         pset.addTerminal(f"c.{c}", name=f"c_{c}")
     pset.addEphemeralConstant("newconst", _new_constant_value)
@@ -281,7 +293,9 @@ def term_start(value: str) -> float:
     return float(f"{TERM_START_US / typical:.4g}")
 
 
-def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random) -> tuple[gp.PrimitiveTree, str]:
+def _modulate(
+    tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random, causal: bool = False
+) -> tuple[gp.PrimitiveTree, str]:
     """One time component f.T of the tree becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n), n a
     count of the step: an efficiency that changes with the step's size (tiles a GEMM fills, the
     experts a batch touches, a kernel's fixed cost spread over its tokens). Subtree mutations
@@ -290,7 +304,7 @@ def _modulate(tree: gp.PrimitiveTree, pset: gp.PrimitiveSet, rng: random.Random)
     if not spots:
         raise NotRepresentable("step_time has no time component to modulate")
     i = rng.choice(spots)
-    count = rng.choice(COUNT_COMPONENTS)
+    count = rng.choice([c for c in COUNT_COMPONENTS if not causal or f"f_{c}" in pset.mapping])
     n = pset.mapping[f"f_{count}"]
     if rng.random() < 0.5:
         factor, shape = [pset.mapping["mul"], _NamedNew(0.1 / TYPICAL_COUNT[count]), n], f"k * f.{count}"
@@ -340,11 +354,13 @@ def assemble(
     constants: dict[str, float],
     doc: str,
     bounds: dict[str, tuple[float, float]] | None = None,
+    priors: dict | None = None,
 ) -> str:
     """Program text: `function` replaced by `return expr`, the parent's other functions kept,
-    unused constants dropped; kept constants keep their `bounds` (default: the parent's), values
-    moved into them."""
+    unused constants dropped; kept constants keep their `bounds` and `priors` (default: the
+    parent's), values moved into the bounds."""
     bounds = parent.bounds if bounds is None else bounds
+    priors = parent.priors if priors is None else priors
     parts = []
     for name, fn in parent.functions.items():
         parts.append(f"def {SIGNATURES[name]}:\n    return {expr}" if name == function else ast.unparse(fn))
@@ -355,7 +371,7 @@ def assemble(
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "c"
     }
     kept = {k: clip_to(v, bounds.get(k)) for k, v in constants.items() if k in used}
-    return f'"""{doc}"""\n{render_constants(kept, bounds)}\n\n\n{body}\n'
+    return f'"""{doc}"""\n{render_constants(kept, bounds, priors)}\n\n\n{body}\n'
 
 
 def mutate(
@@ -365,8 +381,10 @@ def mutate(
     rng: random.Random,
     other: Program | None = None,
     other_constants: dict[str, float] | None = None,
+    causal: bool = False,
 ) -> tuple[str, str]:
-    """Apply one symbolic operator; returns (child source, detail). Raises NotRepresentable."""
+    """Apply one symbolic operator; returns (child source, detail). Raises NotRepresentable.
+    causal: draw no input a causal search refuses (NOT_DRAWN_CAUSAL) the parents do not read."""
     random.seed(rng.getrandbits(64))  # DEAP draws from the module-level generator
     names = list(parent.constants)
     if operator == "constants":
@@ -382,10 +400,12 @@ def mutate(
     function = rng.choices(choices, weights=[MUTABLE_FUNCTIONS[f] for f in choices])[0]
     if operator in ("modulate", "switch"):
         function = "step_time"  # the only function with time components and step counts
-    pset = primitive_set(all_names, function)
+    reads = parent.inputs | (other.inputs if crossing else frozenset())
+    pset = primitive_set(all_names, function, causal, reads)
     tree = to_tree(parent, pset, function)
     constants = dict(parent_constants)
     bounds = dict(parent.bounds)
+    priors = dict(parent.priors)
     detail = f"{operator} on {function}"
     if operator == "subtree":
         (tree,) = gp.mutUniform(tree, expr=lambda pset, type_: gp.genGrow(pset, 0, 2, type_), pset=pset)
@@ -409,7 +429,7 @@ def mutate(
         )
         detail = f"add_term on {function}: + k * {term.value[0]}.{term.value[2:]}"
     elif operator == "modulate":
-        tree, detail = _modulate(tree, pset, rng)
+        tree, detail = _modulate(tree, pset, rng, causal)
     elif operator == "switch":
         tree, detail = _switch(tree, pset, rng)
     elif operator == "crossover":
@@ -421,6 +441,8 @@ def mutate(
             constants.setdefault(k, v)
             if k not in parent.constants and k in other.bounds:
                 bounds[k] = other.bounds[k]
+            if k not in parent.constants and k in other.priors:
+                priors[k] = other.priors[k]
     else:
         raise ValueError(f"unknown symbolic operator {operator!r}")
     if tree.height > MAX_TREE_HEIGHT:
@@ -429,4 +451,4 @@ def mutate(
     constants.update(new)
     if new:
         detail += f" (new constants: {', '.join(new)})"
-    return assemble(parent, function, expr, constants, f"{operator} child", bounds), detail
+    return assemble(parent, function, expr, constants, f"{operator} child", bounds, priors), detail

@@ -27,6 +27,8 @@ import pandas as pd
 
 from stepml_evolve.archive.browse import cv_by_program, latest_archive_dir, opened, run_programs, show_source
 from stepml_evolve.evaluator.dsl import parse_program
+from stepml_evolve.evaluator.errors import UserError, cut, shown
+from stepml_evolve.evaluator.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.fitting import FitConfig
 from stepml_evolve.evolve.commands.emit_go import emit_program, emitted_sources
 from stepml_evolve.evolve.commands.eval import evaluate_program
@@ -95,11 +97,23 @@ def open_archive(directory: PathSpec | None = None) -> ArchiveView:
     return view
 
 
+class APIError(UserError, ValueError):
+    """An argument of an API call the matching command would refuse: one line naming it."""
+
+
+MAX_PATH_CHARS = 4096  # the longest path Linux opens (PATH_MAX): a longer one-line program spec is no path
+
+
 @contextmanager
 def _program_file(program: ProgramSpec) -> Iterator[Path]:
     """The program as a file: its path, or its text (parsed first, so a bad one fails naming its
     line, not a temporary file) written to a temporary directory as program.py."""
     if isinstance(program, os.PathLike) or "\n" not in program:
+        if len(os.fspath(program)) > MAX_PATH_CHARS:
+            raise APIError(
+                f"{cut(os.fspath(program))}: not a program file (longer than any path) and not program text "
+                "(which holds a newline)"
+            )
         yield Path(program)
         return
     parse_program(program)
@@ -130,6 +144,8 @@ def score(program: ProgramSpec, data: PathSpec | None = None, split: str = "test
     synthetic sample) with the constants it holds, scored on `split`: `evolve eval --json`'s
     experiments, one row each; `.attrs` holds `loss` (the objective's), `split` and `data`.
     `options`: the other `evolve eval` options (workers, semantics, objective, weights, prompt_reuse, output_len)."""
+    if split not in SCORED_SPLITS:  # as `evolve eval --split` refuses it
+        raise APIError(f"split must be one of {', '.join(SCORED_SPLITS)}, not {shown(split)}")
     with _program_file(program) as path:
         setup, rest = _setup(data, dict(options))
         evaluation = evaluate_program(path, setup, split, **rest)
@@ -149,6 +165,8 @@ class Fitted:
     metrics: pd.DataFrame  # per experiment on validate and test
     evaluations: int  # closed-loop evaluations the fit spent
     seconds: float
+    # per fit group and constant: what decided it (verdict, why), its prior and z (evolve fit's table)
+    identifiability: pd.DataFrame | None = None
 
     @property
     def program(self) -> str:
@@ -169,7 +187,12 @@ def fit(
     """The program's constants fitted on the train split of `data` (default: the synthetic sample)
     and scored on validate and test, as `evolve fit --seed SEED --max-evals N` fits them (same seed
     and data, same constants); nothing is written. `options`: the other `evolve fit` options
-    (scope, method, objective, weights, restarts, quick, workers, semantics, prompt_reuse, output_len)."""
+    (scope, method, objective, weights, restarts, quick, workers, semantics, prompt_reuse, output_len,
+    physics, profile); `.identifiability` says per constant whether the data or its prior decided it."""
+    if max_evals is not None and (isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1):
+        raise APIError(
+            f"max_evals must be an integer of at least 1 (as evolve fit --max-evals), not {shown(max_evals)}"
+        )
     with _program_file(program) as path, tempfile.TemporaryDirectory(prefix="stepml-evolve-") as out:
         setup, rest = _setup(data, dict(options))
         fitted = fit_program(
@@ -183,6 +206,21 @@ def fit(
         metric_frame([r for rows in fitted.rows.values() for r in rows]),
         fitted.result.evaluations,
         fitted.result.seconds,
+        pd.DataFrame(
+            [{"group": g, **r.to_json()} for g, reports in fitted.identifiability.items() for r in reports],
+            columns=[
+                "group",
+                "name",
+                "value",
+                "prior",
+                "z",
+                "data_curvature",
+                "prior_curvature",
+                "bound",
+                "verdict",
+                "why",
+            ],
+        ).set_index(["group", "name"]),
     )
 
 

@@ -37,7 +37,7 @@ CV_PREFERENCE = (
     "lomo",
     "lowo",
 )  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
-RULES = ("best", "simplest", "lineage", "anchored")  # emit-go's deployment rules (`choose`)
+RULES = ("best", "simplest", "lineage", "anchored", "penalized")  # emit-go's deployment rules (`choose`)
 DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
 RUNS_DIR = Path("runs")
 
@@ -388,6 +388,11 @@ class Choice:
         )
         if self.rule == "best":
             return f"best: #{self.program.id}, the lowest {self.loss_name} ({self.loss:.4f}) of {pool}"
+        if self.rule == "penalized":
+            return (
+                f"penalized: #{self.program.id}, the lowest {self.loss_name} plus its constants' distance from "
+                f"their priors (z^2 each; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
+            )
         if self.rule in ("lineage", "anchored"):
             how = (
                 "the best's nearest ancestor whose every step gained more than"
@@ -437,7 +442,18 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     elif rule in ("lineage", "anchored"):
         pick = _lineage(best, programs, within) if rule == "lineage" else _anchored(best, programs, within)
         chosen, loss = pick, dict((p.id, v) for p, v in cands).get(pick.id, math.nan)
+    elif rule == "penalized":
+        chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
+
+
+def _prior_distance(p: ProgramRecord) -> float:
+    """The priors' penalty of a program at its archived constants (loss points: z^2 a constant)."""
+    from stepml_evolve.evaluator.dsl import parse_program
+    from stepml_evolve.evaluator.dsl.program import prior_penalty
+
+    program = parse_program(p.source)
+    return float(prior_penalty(program, [list(program.constants.values())])[0])
 
 
 def _validation(p: ProgramRecord) -> float:

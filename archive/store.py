@@ -9,10 +9,10 @@ redone generation is the one that would have been written.
 
 Guards, all here: every query goes through `_Connection`, so a database error of any kind (a
 damaged page, a file that is not a database, a read-only file) is one `ArchiveError` naming the
-file; one writer at a time (an flock on `archive.lock` that the kernel drops when its holder
-dies, however it dies); a write stops if the file was deleted or replaced under the writer; an
-archive in a directory SQLite cannot write its -shm file into (read-only media) is browsed
-`immutable`.
+file; one writer at a time (an flock on `archive.lock` and on the archive's directory, so that
+a replaced lock file loses nothing, which the kernel drops when its holder dies, however it
+dies); a write stops if the file was deleted or replaced under the writer; an archive in a
+directory SQLite cannot write its -shm file into (read-only media) is browsed `immutable`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.outputs import ARCHIVE_DATABASE, ARCHIVE_LOCK
 
 from .records import (
     CVEvaluationRecord,
@@ -223,9 +224,14 @@ def _check_writable(path: Path) -> None:
 class WriterLock:
     """One writer per archive: an exclusive flock on <archive>/archive.lock, held while the
     archive is open for writing. The kernel drops it when the holder's file is closed or the
-    holder dies (SIGKILL included), so it is never left stuck; the file holds the holder's pid."""
+    holder dies (SIGKILL included), so it is never left stuck; the file holds the holder's pid.
 
-    FILE = "archive.lock"
+    The lock is held on the archive's directory too, so it cannot be lost with its file: a
+    lock file replaced or deleted under a writer (an output written over it) is a new file a
+    second writer could lock, but the directory is the same one, and the second writer is refused.
+    A file system that cannot lock a directory keeps the lock file alone."""
+
+    FILE = ARCHIVE_LOCK
 
     def __init__(self, directory: Path):
         path = directory / self.FILE
@@ -242,21 +248,43 @@ class WriterLock:
             self.fh.seek(0)
             pid = self.fh.read().strip()
             self.fh.close()
-            holder = f"process {pid}" if pid.isdigit() else "another process"
-            raise ArchiveError(
-                f"{directory}: {holder} is writing this archive (one writer at a time); wait for it to end, "
-                "or write to another --archive (browsing works meanwhile)"
-            ) from None
+            self._refuse(directory, f"process {pid}" if pid.isdigit() else "another process")
+        self.directory_fd = self._lock_directory(directory)
         self.fh.truncate(0)
         self.fh.write(f"{os.getpid()}\n")
         self.fh.flush()
 
+    def _lock_directory(self, directory: Path) -> int | None:
+        try:
+            fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                self.fh.close()
+                self._refuse(directory, f"another process (which holds the directory; {self.FILE} was replaced)")
+            return None  # no directory locks here (e.g. NFS): the lock file alone
+        return fd
+
+    @staticmethod
+    def _refuse(directory: Path, holder: str):
+        raise ArchiveError(
+            f"{directory}: {holder} is writing this archive (one writer at a time); wait for it to end, "
+            "or write to another --archive (browsing works meanwhile)"
+        ) from None
+
     def release(self) -> None:
         self.fh.close()  # closing the file drops the lock
+        if self.directory_fd is not None:
+            os.close(self.directory_fd)
+            self.directory_fd = None
 
 
 class Archive:
-    FILE = "archive.sqlite"
+    FILE = ARCHIVE_DATABASE
 
     @classmethod
     def open(cls, directory: str | Path, writable: bool = False) -> Archive:

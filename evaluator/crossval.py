@@ -24,7 +24,7 @@ import numpy as np
 
 from .dsl import Program
 from .engine import Engine
-from .errors import UserError
+from .errors import UserError, shown
 from .experiments import ALL, Experiment
 from .fitting import FitConfig, FitResult, ProgressFn, fit
 from .metrics import APE_KEYS, MetricRow
@@ -100,12 +100,12 @@ def check_groups(data, experiments: list[str], path: str) -> dict[str, list[str]
         if isinstance(names, str):
             names = [names]
         if not isinstance(names, list) or not names:
-            raise FoldError(f"{path}: fold {fold!r} holds out no experiment (give a list of experiment names)")
+            raise FoldError(f"{path}: fold {shown(fold)} holds out no experiment (give a list of experiment names)")
         for n in names:
             if not isinstance(n, str) or n not in known:
-                raise FoldError(f"{path}: fold {fold!r} names {n!r}, which is not an experiment of the data")
+                raise FoldError(f"{path}: fold {shown(fold)} names {shown(n)}, which is not an experiment of the data")
         if len(set(names)) != len(names):
-            raise FoldError(f"{path}: fold {fold!r} names an experiment twice")
+            raise FoldError(f"{path}: fold {shown(fold)} names an experiment twice")
         out[str(fold)] = names
     return out
 

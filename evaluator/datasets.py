@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .experiments import Experiment, ExperimentError, LoadOptions, experiment_dirs, load_experiments
-from .outputs import OutputError, check_output_dir
+from .outputs import check_output_dir, directory_written_whole
 from .prompt_reuse import DEFAULT_POLICY
 
 SYNTHETIC_SEED = 0
@@ -182,12 +182,12 @@ def load_data(
 
 
 def write_synthetic_sample(out_dir: Path, seed: int = SYNTHETIC_SEED, size: str | None = None) -> list[Path]:
-    """The synthetic sample (hidden oracle + noise) written into a new or empty directory; its size
-    is the built-in sample's (STEPML_SAMPLE_SIZE) unless given."""
+    """The synthetic sample (hidden oracle + noise) written into a new or empty directory, whole or
+    not at all; its size is the built-in sample's (STEPML_SAMPLE_SIZE) unless given."""
     from .synthetic import write_sample
 
+    out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    try:
-        return write_sample(out_dir, seed=seed, size=size or sample_size())
-    except OSError as e:
-        raise OutputError(f"{e.filename or out_dir}: cannot write the sample ({e.strerror or e})") from None
+    with directory_written_whole(out_dir) as tmp:  # a full disk half-way leaves nothing, and a rerun is not refused
+        written = write_sample(tmp, seed=seed, size=size or sample_size())
+    return [out_dir / d.name for d in written]

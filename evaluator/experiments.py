@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .errors import UserError
+from .errors import shown as quoted
 from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .model_arch import ModelArch
 from .prompt_reuse import (
@@ -287,8 +287,8 @@ def _read_json(exp: str, path: Path, limit: int):
 
 
 def shown(value) -> str:
-    """A field's value in a message: its repr, bounded in length and depth."""
-    return reprlib.repr(value)
+    """A field's value in a message: its repr, bounded in length and depth (errors.shown)."""
+    return quoted(value)
 
 
 def _int_field(exp: str, where: str, value, lo: int, hi: int) -> int:

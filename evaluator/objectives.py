@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, shown
 from .metrics import MetricRow, rms
 from .readers import read_yaml
 
@@ -121,9 +121,9 @@ def load_objective(
     weights = []
     for pattern, w in data.items():
         if not _positive_number(w):
-            raise ObjectiveError(f"{path}: weight of {pattern!r} must be a positive number, not {w!r}")
+            raise ObjectiveError(f"{path}: weight of {shown(pattern)} must be a positive number, not {shown(w)}")
         if experiments is not None and not any(fnmatch.fnmatchcase(e, str(pattern)) for e in experiments):
-            raise ObjectiveError(f"{path}: pattern {pattern!r} matches no experiment")
+            raise ObjectiveError(f"{path}: pattern {shown(pattern)} matches no experiment")
         weights.append((str(pattern), float(w)))
     return Objective(name, tuple(weights))
 

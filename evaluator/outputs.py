@@ -1,11 +1,16 @@
 """Files the commands write: named, checked before any work is done, written atomically, never
-over an input. A bad output path is a one-line error, not a traceback after minutes of fitting."""
+over an input (an archive's directory, every file of it, is an input of every command). A bad
+output path is a one-line error, not a traceback after minutes of fitting. A command that writes
+a directory writes it whole or not at all (`directory_written_whole`)."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UserError
@@ -33,12 +38,25 @@ def per_group_paths(base: Path, groups: list[str]) -> dict[str, Path]:
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+# What a search archive's directory holds, whatever the content: the database (archive.store's
+# Archive.FILE) and its side files, the writer's lock (WriterLock.FILE), the LLM reply cache
+# (evolve run's llm_cache/) and OpenEvolve's own files (evolve/openevolve's OUTPUT_DIR).
+ARCHIVE_DATABASE = "archive.sqlite"
+ARCHIVE_LOCK = "archive.lock"
+ARCHIVE_OWNED = (
+    ARCHIVE_DATABASE,
+    *(ARCHIVE_DATABASE + s for s in SQLITE_SIDE_FILES),
+    ARCHIVE_LOCK,
+    "llm_cache",
+    "openevolve",
+)
 
 
 def check_outputs(outputs: list[Path], inputs: list[Path] = ()) -> None:
     """The one rule for every file a command writes, checked before any work starts: an output is
     a new name or a regular file, in an existing writable directory; it is none of the command's
-    inputs, no other output, and no SQLite database (an archive) or one of its side files."""
+    inputs, no other output, no SQLite database (an archive) or one of its side files, and no file
+    an archive's directory owns (ARCHIVE_OWNED: its lock, its caches), whatever that file holds."""
     seen: dict[Path, Path] = {}
     protected = {Path(p).resolve() for p in inputs}
     for out in outputs:
@@ -56,6 +74,7 @@ def check_outputs(outputs: list[Path], inputs: list[Path] = ()) -> None:
         _check_writable_dir(out, out.parent)
         if _is_database(resolved):
             raise OutputError(f"{out}: is a SQLite database (an archive's?); choose another output file")
+        _check_not_archive_owned(out, resolved)
 
 
 def check_output_dir(out: Path) -> None:
@@ -65,6 +84,18 @@ def check_output_dir(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OutputError(f"{out}: exists and is not an empty directory; give a new directory (nothing written)")
     _check_writable_dir(out, out if out.is_dir() else out.parent)
+    _check_not_archive_owned(out, out.resolve())
+
+
+def _check_not_archive_owned(out: Path, resolved: Path) -> None:
+    """An output is none of the files an archive's directory owns (ARCHIVE_OWNED), nor inside one
+    of its folders: the directory is an archive's when it holds its database or its lock."""
+    for directory in resolved.parents:
+        if not any((directory / name).exists() for name in (ARCHIVE_DATABASE, ARCHIVE_LOCK)):
+            continue
+        owned = resolved.relative_to(directory).parts[0]
+        if owned in ARCHIVE_OWNED:
+            raise OutputError(f"{out}: belongs to the archive in {directory} ({owned}); choose another output file")
 
 
 def _check_writable_dir(out: Path, directory: Path) -> None:
@@ -103,7 +134,9 @@ def write_atomic(path: Path, text: str, fsync: bool = False) -> None:
 def _write_through_temporary(path: Path, text: str, fsync: bool) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        # surrogateescape: a path the file system's encoding could not decode (LC_ALL=C) is written
+        # back as the bytes it came from, never a UnicodeEncodeError after the work is done
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
             fh.write(text)
             if fsync:
                 fh.flush()
@@ -120,3 +153,27 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@contextmanager
+def directory_written_whole(out: Path) -> Iterator[Path]:
+    """A temporary directory beside `out` (a new name or an empty directory, as check_output_dir
+    allows) to write into; renamed to `out` when the block ends, removed when it raises (a full
+    disk, a failed check), so `out` is written whole or not at all and a rerun is not refused."""
+    out = Path(out)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    except OSError as e:
+        raise OutputError(f"{out}: cannot write ({e.strerror or e}); nothing written") from None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the directory the mode mkdir would
+        if out.is_dir():
+            out.rmdir()  # empty (check_output_dir)
+        os.rename(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # named as the file would have been named in `out`
+            where = str(e.filename).replace(str(tmp), str(out), 1) if e.filename else out
+            raise OutputError(f"{where}: cannot write ({e.strerror or e}); nothing written") from None
+        raise

@@ -2,7 +2,10 @@
 a command reads goes through `read_text` (a regular file, at most `limit` bytes, checked before
 reading: a device, FIFO or 100 GB file is refused, never read until memory runs out or forever),
 and every JSON or YAML document is at most JSON_DEPTH levels deep (checked while parsing and after:
-a requests.json nested 200,000 deep is one line, never a RecursionError).
+a requests.json nested 200,000 deep is one line, never a RecursionError) and holds no integer of
+more than INT_DIGITS digits (one line, never Python's ValueError about int_max_str_digits). What a
+reader then finds of the wrong type it says in one line naming the file and the field, quoting
+the value through `errors.shown` (bounded, whatever the value).
 
 Errors are raised as the caller's UserError subclass (`error`, called with the one-line message);
 `FileProblem` is the message without the file's name, for a caller that names the file its own way
@@ -18,11 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, cut
 
 DATA_BYTES = 1 << 30  # requests.json, ground_truth.json, imported measurements: ~30 times the largest real run's
 CONFIG_BYTES = 8 << 20  # profile.json, weights and groups files, a model's config.json, a trace header, a deployment
 JSON_DEPTH = 64  # nesting levels of a JSON or YAML document (the replay format needs 4)
+INT_DIGITS = 4300  # the longest integer of a document (Python's own limit on reading one in decimal)
+_TOO_LONG = 10**INT_DIGITS
 
 ErrorFactory = Callable[[str], UserError]
 
@@ -105,18 +110,22 @@ def file_text(path: str | Path, limit: int) -> str:
 
 
 def check_depth(document: Any, limit: int = JSON_DEPTH) -> None:
-    """FileProblem if `document` nests lists and mappings deeper than `limit` (walked without
-    recursion; a container met twice, as YAML aliases make, is walked once)."""
+    """FileProblem if `document` nests lists and mappings deeper than `limit`, or holds an integer
+    (a value or a key) of more than INT_DIGITS digits (YAML reads 0x... of any length; no field
+    of any file is such a number, and Python could not print it in a message). Walked without
+    recursion; a container met twice, as YAML aliases make, is walked once."""
     stack, seen = [(document, 1)], set()
     while stack:
         node, depth = stack.pop()
+        if isinstance(node, int) and not isinstance(node, bool) and abs(node) >= _TOO_LONG:
+            raise FileProblem(f"holds an integer of more than {INT_DIGITS} digits")
         if not isinstance(node, (dict, list, tuple)) or id(node) in seen:
             continue
         if depth > limit:
             raise FileProblem(f"nested deeper than {limit} levels")
         seen.add(id(node))
-        items = node.values() if isinstance(node, dict) else node
-        stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list, tuple)))
+        items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list, tuple, int)))
 
 
 def parse_json(text: str) -> Any:
@@ -125,6 +134,8 @@ def parse_json(text: str) -> Any:
         document = json.loads(text)
     except json.JSONDecodeError as e:
         raise FileProblem(f"malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except ValueError:  # json reads integers with int(), which refuses more than INT_DIGITS digits
+        raise FileProblem(f"holds an integer of more than {INT_DIGITS} digits") from None
     except RecursionError:
         raise FileProblem(f"nested deeper than {JSON_DEPTH} levels") from None
     check_depth(document)
@@ -138,7 +149,15 @@ def parse_yaml(text: str) -> Any:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise FileProblem(f"not valid YAML ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+        raise FileProblem(f"not valid YAML ({cut((str(e).splitlines() or [type(e).__name__])[0])})") from None
+    except (ValueError, OverflowError, TypeError, AttributeError, IndexError, KeyError) as e:
+        # a constructor's: a decimal integer past INT_DIGITS, a date past 9999, a tag its value does not fit
+        too_long = isinstance(e, ValueError) and "integer string conversion" in str(e)
+        raise FileProblem(
+            f"holds an integer of more than {INT_DIGITS} digits"
+            if too_long
+            else f"not valid YAML ({cut(str(e).splitlines()[0] if str(e) else type(e).__name__)})"
+        ) from None
     except RecursionError:
         raise FileProblem(f"nested deeper than {JSON_DEPTH} levels") from None
     check_depth(document)

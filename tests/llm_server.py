@@ -4,11 +4,13 @@ Each request takes the next step of the script: ("reply", text), ("status", code
 seconds) then a reply, ("garbage", body), or ("answer", fn): the reply fn(request body) returns
 (for replies that depend on the prompt, e.g. a diff against the program shown). When the script
 runs out, `default(n)` answers.
-Every request body is kept for inspection.
+Every request body is kept for inspection. `TricklingLLM` is the server that answers every
+request, one byte at a time (a call no per-read timeout ends).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -75,3 +77,52 @@ def program_reply(extra_component: str = "n_req", note: str = "adds a per-reques
 
 INVALID_REPLY = "```python\nimport os\ndef step_time(f, c):\n    return os.getpid()\n```"
 PROSE_REPLY = "I think the step time depends mostly on the batch size. You should add a term for it."
+
+
+class TricklingLLM:
+    """A real OpenAI-compatible server on 127.0.0.1 that answers every request with a whole chat
+    completion, but one byte every `seconds_per_byte`: no read ever waits long, the reply takes
+    minutes. `abandoned` counts the replies whose client closed the connection before the end."""
+
+    def __init__(self, seconds_per_byte: float = 0.2):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+        self.abandoned = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.dumps(_completion(program_reply())).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    for i in range(len(body)):
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(seconds_per_byte)
+                except (BrokenPipeError, ConnectionResetError):
+                    with owner.lock:
+                        owner.abandoned += 1
+
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -188,6 +188,11 @@ def test_fit_agrees_with_fit_and_writes_nothing(tmp_path, monkeypatch):
         **{s: fitted_json["splits"][s]["loss"] for s in ("validate", "test")},
     }
     same_metrics(fitted.metrics, [r for s in ("validate", "test") for r in fitted_json["splits"][s]["experiments"]])
+    # what decided each constant, as the command's table
+    table = fitted.identifiability
+    rows = fitted_json["identifiability"]["all"]
+    assert list(table.loc["all"].index) == [r["name"] for r in rows]
+    assert list(table["verdict"]) == [r["verdict"] for r in rows]
 
 
 def test_fit_per_model_gives_a_program_per_group(tmp_path):

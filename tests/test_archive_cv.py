@@ -437,3 +437,70 @@ def test_a_schema_1_archive_is_refused_read_only_and_migrated_by_archive_migrate
     assert as_json("archive", "list", "--all", "--archive", directory) == programs  # nothing else changed
     assert "already at the current schema" in ok("archive", "migrate", "--archive", directory).stdout
     assert not (tmp_path / "m.go").exists()
+
+
+def _lineage(directory, losses: list[float]) -> list[int]:
+    """A seed and a chain of descendants (each the child of the one before), with these validation
+    losses, one generation each."""
+    a = Archive(directory, create=True)
+    run = a.create_run("hand-built", "0", True, 0, {})
+    ids: list[int] = []
+    for g, v in enumerate(losses):
+        record = ProgramRecord(
+            id=None,
+            source_hash=str(g),
+            source=f'CONSTANTS = {{"a": {g}.0}}\n\ndef step_time(f, c):\n    return c.a * f.tokens + {g}\n',
+            constants={"a": float(g)},
+            parents=ids[-1:],
+            operator="seed" if g == 0 else "add_term",
+            operator_detail="s0" if g == 0 else "",
+            complexity=10 + g,
+            n_components=1,
+            components=["tokens"],
+            train_loss=v,
+            val_loss=v,
+            test_loss=v,
+            stage="seed" if g == 0 else "full",
+        )
+        ids += a.write_generation(run, g, 0.0, [NewProgram(record)], [], [], GenerationRecord())
+    a.close()
+    return ids
+
+
+def test_lineage_steps_back_over_children_whose_gain_is_within_the_fits_noise(tmp_path):
+    # seed 10.0 -> 8.0 (a 20 % gain) -> 7.9 (1 %) -> 7.8 (1 %): the last two give way to the 8.0
+    ids = _lineage(tmp_path, [10.0, 8.0, 7.9, 7.8])
+    a = Archive(tmp_path)
+    assert choose(a, "best").program.id == ids[3]
+    lineage = choose(a, "lineage")
+    assert lineage.program.id == ids[1] and lineage.best.id == ids[3]
+    assert "every step gained more than 5%" in lineage.describe()
+    assert choose(a, "lineage", 0.5).program.id == ids[3]  # a 1 % gain counts at 0.5 %
+    a.close()
+
+
+def test_anchored_keeps_the_best_seed_unless_the_best_beats_it_clearly(tmp_path):
+    ids = _lineage(tmp_path, [10.0, 9.7])  # 3 % better than its seed: within 5 %
+    a = Archive(tmp_path)
+    assert choose(a, "anchored").program.id == ids[0]
+    assert choose(a, "anchored", 2.0).program.id == ids[1]
+    a.close()
+    ids = _lineage(tmp_path / "clear", [10.0, 7.0])
+    a = Archive(tmp_path / "clear")
+    assert choose(a, "anchored").program.id == ids[1]
+    a.close()
+
+
+def test_penalized_adds_each_programs_distance_from_its_priors_to_its_loss(tmp_path):
+    ids = _lineage(tmp_path, [8.5, 8.0])
+    a = Archive(tmp_path)
+    template = '"""p"""\nCONSTANTS = {{"a": {{"start": {value}, "prior": 1.0, "spread": 0.1}}}}\n\ndef step_time(f, c):\n    return {body}\n'
+    far = template.format(value="2.0", body="c.a * f.tokens")
+    near = template.format(value="1.0", body="c.a * f.tokens + 1")
+    a.db.execute("UPDATE programs SET source=? WHERE id=?", (near, ids[0]))
+    a.db.execute("UPDATE programs SET source=? WHERE id=?", (far, ids[1]))  # ln 2 / 0.1 = 6.9 spreads: 48 points
+    a.db.commit()
+    assert choose(a, "best").program.id == ids[1]
+    penalized = choose(a, "penalized")
+    assert penalized.program.id == ids[0] and "distance from their priors" in penalized.describe()
+    a.close()

@@ -26,10 +26,13 @@ input_tokens.
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from pathlib import Path
 
+from stepml_evolve.evaluator.errors import shown
 from stepml_evolve.evaluator.readers import DATA_BYTES, FileProblem, open_text, read_yaml
 
+from .blis_trace_export import TRACE_COLUMNS
 from .common import DataImportError, Measured
 
 REQUIRED = ("input_tokens", "output_tokens", "arrival_time_us", "first_chunk_time_us", "last_chunk_time_us", "status")
@@ -43,6 +46,9 @@ INT_COLUMNS = (
     "deadline_us",
     "prefix_length",
 )
+# the columns BLIS detects by name beyond tracev2.go's 27 (TRACE_COLUMNS); a header wider than both is no trace
+OPTIONAL_COLUMNS = ("vllm_priority", "slo_target_us", "x_request_id", "adapter", "think_time_us")
+MAX_COLUMNS = len(TRACE_COLUMNS) + len(OPTIONAL_COLUMNS)
 VERSIONS = (2, 3)
 STATUSES = ("ok", "timeout", "error")
 
@@ -99,9 +105,14 @@ def read_blis_trace(src: str | Path, trace_data: str | Path | None = None) -> Me
             raise DataImportError(f"{data}: empty file (no header row)") from None
         except (csv.Error, UnicodeDecodeError) as e:
             raise DataImportError(f"{data}: header row: malformed CSV ({e})") from None
-        dup = sorted({c for c in names if names.count(c) > 1})
+        if len(names) > MAX_COLUMNS:  # answered at the header, whatever its width (one pass over it)
+            raise DataImportError(
+                f"{data}: header row has {len(names):,} columns, expected at most {MAX_COLUMNS} "
+                f"(a BLIS trace v2 has {len(TRACE_COLUMNS)}, and up to {len(OPTIONAL_COLUMNS)} optional ones)"
+            )
+        dup = sorted(c for c, k in Counter(names).items() if k > 1)
         if dup:
-            raise DataImportError(f"{data}: header row names the column {dup[0]!r} twice")
+            raise DataImportError(f"{data}: header row names the column {shown(dup[0])} twice")
         missing = [c for c in REQUIRED if c not in names]
         if missing:
             raise DataImportError(
@@ -146,16 +157,16 @@ def _parse_row(data: Path, k: int, row: list[str], col: dict, width: int):
         try:
             v[c] = int(text) if text else 0
         except ValueError:
-            bad(f"{c} {text!r} is not an integer")
+            bad(f"{c} {shown(text)} is not an integer")
         if v[c] < 0:
             bad(f"{c} is negative ({v[c]})")
     status = row[col["status"]].strip().lower()
     if status not in STATUSES:
-        bad(f"status {status!r} is not one of {', '.join(STATUSES)}")
+        bad(f"status {shown(status)} is not one of {', '.join(STATUSES)}")
     group = row[col["prefix_group"]].strip() if "prefix_group" in col else ""
     plen = v["prefix_length"]
     if group and plen <= 0:
-        bad(f"prefix_group {group!r} without a positive prefix_length")
+        bad(f"prefix_group {shown(group)} without a positive prefix_length")
     prompt = v["input_tokens"] + (plen if group else 0)
     arrival = v["send_time_us"] if v["send_time_us"] > 0 else v["arrival_time_us"]
     first, last, deadline = v["first_chunk_time_us"], v["last_chunk_time_us"], v["deadline_us"]

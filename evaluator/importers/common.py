@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +24,20 @@ import numpy as np
 import yaml
 
 from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.experiments import ExperimentError, LoadOptions, load_experiment
+from stepml_evolve.evaluator.errors import UserError, shown
+from stepml_evolve.evaluator.experiments import (
+    MAX_BLOCK_SIZE,
+    MAX_KV_BLOCKS,
+    MAX_SEQS,
+    MAX_TOKENS,
+    MAX_TP,
+    ExperimentError,
+    LoadOptions,
+    load_experiment,
+)
 from stepml_evolve.evaluator.hardware import get_hardware
 from stepml_evolve.evaluator.model_arch import ModelArch
-from stepml_evolve.evaluator.outputs import OutputError, check_output_dir
+from stepml_evolve.evaluator.outputs import OutputError, check_output_dir, directory_written_whole
 from stepml_evolve.evaluator.readers import CONFIG_BYTES, read_json, read_yaml
 
 
@@ -51,7 +57,15 @@ DEPLOYMENT_KEYS = {
     "model_config": ("--model-config", "a Hugging Face config.json for the architecture"),
 }
 OPTIONAL_KEYS = ("max_model_len", "client_timeout_s")
-INT_KEYS = ("tp", "max_num_seqs", "max_num_batched_tokens", "kv_blocks", "block_size", "max_model_len")
+# integer keys and their largest value (the experiment loader's bounds, so an import never writes what it refuses)
+INT_KEYS = {
+    "tp": MAX_TP,
+    "max_num_seqs": MAX_SEQS,
+    "max_num_batched_tokens": MAX_TOKENS,
+    "kv_blocks": MAX_KV_BLOCKS,
+    "block_size": MAX_BLOCK_SIZE,
+    "max_model_len": MAX_TOKENS,
+}
 
 
 @dataclass
@@ -97,10 +111,10 @@ def _read_deployment(path: Path) -> dict:
         return {}
     if not isinstance(raw, dict):
         raise DataImportError(f"{path}: expected a mapping of deployment keys")
-    unknown = sorted(set(raw) - set(DEPLOYMENT_KEYS) - set(OPTIONAL_KEYS))
+    unknown = sorted(set(raw) - set(DEPLOYMENT_KEYS) - set(OPTIONAL_KEYS), key=str)
     if unknown:
         raise DataImportError(
-            f"{path}: unknown key {unknown[0]!r} (known: {', '.join([*DEPLOYMENT_KEYS, *OPTIONAL_KEYS])})"
+            f"{path}: unknown key {shown(unknown[0])} (known: {', '.join([*DEPLOYMENT_KEYS, *OPTIONAL_KEYS])})"
         )
     out = dict(raw)
     if out.get("model_config") is not None:
@@ -108,17 +122,27 @@ def _read_deployment(path: Path) -> dict:
     return out
 
 
+def _positive_number(v) -> bool:
+    """A finite positive int or float (not a bool; an int too large for a float is not finite)."""
+    try:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+    except OverflowError:
+        return False
+
+
 def _check_values(values: dict, where: dict) -> None:
-    for key in INT_KEYS:
+    for key, hi in INT_KEYS.items():
         v = values.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-            raise DataImportError(f"{where[key]}: {key} must be a positive integer, got {v!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi):
+            raise DataImportError(f"{where[key]}: {key} must be an integer in 1..{hi:,}, got {shown(v)}")
     v = values.get("client_timeout_s")
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
-        raise DataImportError(f"{where['client_timeout_s']}: client_timeout_s must be a positive number, got {v!r}")
+    if v is not None and not _positive_number(v):
+        raise DataImportError(
+            f"{where['client_timeout_s']}: client_timeout_s must be a positive number, got {shown(v)}"
+        )
     for key in ("model", "hardware", "model_config"):
         if values.get(key) is not None and not isinstance(values[key], str):
-            raise DataImportError(f"{where[key]}: {key} must be a string, got {values[key]!r}")
+            raise DataImportError(f"{where[key]}: {key} must be a string, got {shown(values[key])}")
 
 
 def hf_to_model_config(path: Path) -> dict:
@@ -299,20 +323,16 @@ def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dic
     if deployment.get("max_model_len"):
         exp_config["max_model_len"] = deployment["max_model_len"]
 
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.import-"))
     try:
-        (tmp / "requests.json").write_text(json.dumps(meta, indent=1) + "\n")
-        (tmp / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
-        (tmp / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
-        (tmp / "exp-config.yaml").write_text(yaml.safe_dump(exp_config, sort_keys=False))
-        try:
-            load_experiment(tmp, LoadOptions())
-        except ExperimentError as e:
-            raise DataImportError(f"{m.path}: the imported experiment does not load: {e.problem}") from None
-        if out.is_dir():
-            out.rmdir()  # empty (checked above)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with directory_written_whole(out) as tmp:
+            (tmp / "requests.json").write_text(json.dumps(meta, indent=1) + "\n")
+            (tmp / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+            (tmp / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+            (tmp / "exp-config.yaml").write_text(yaml.safe_dump(exp_config, sort_keys=False))
+            try:
+                load_experiment(tmp, LoadOptions())
+            except ExperimentError as e:
+                raise DataImportError(f"{m.path}: the imported experiment does not load: {e.problem}") from None
+    except OutputError as e:
+        raise DataImportError(f"--out {e}") from None
     return out

@@ -15,13 +15,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from stepml_evolve.evaluator.errors import shown
 from stepml_evolve.evaluator.readers import read_json
 
 from .common import DataImportError, Measured
 
 
 def _num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number (an int too large for a float is not)."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def read_inference_perf(src: str | Path) -> Measured:
@@ -55,7 +60,7 @@ def read_inference_perf(src: str | Path) -> Measured:
         times = info.get("output_token_times", resp_m.get("output_token_times")) or []
         for name, v in (("input_tokens", inp), ("output_tokens", out)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                bad(f"info.{name} must be a non-negative integer, got {v!r}")
+                bad(f"info.{name} must be a non-negative integer, got {shown(v)}")
         if not isinstance(times, list) or not all(_num(t) for t in times):
             bad("info.output_token_times must be a list of numbers")
         if end < start:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from stepml_evolve.evaluator.errors import cut, shown
 from stepml_evolve.evaluator.readers import DATA_BYTES, FileProblem, parse_json, read_text
 
 from .common import DataImportError, Measured
@@ -40,10 +41,18 @@ def _value(v):
             if key == "intValue":
                 try:
                     return int(x)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):  # not a number, over INT_DIGITS digits, inf
                     return None
             return x
     return None
+
+
+def _number(v) -> bool:
+    """A finite number (an int too large for a float is not)."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _spans(doc):
@@ -73,38 +82,48 @@ def read_otel(src: str | Path) -> Measured:
         for span in spans:
             if not isinstance(span, dict) or span.get("name") != SPAN:
                 continue
-            attrs = {a.get("key"): _value(a.get("value")) for a in span.get("attributes") or [] if isinstance(a, dict)}
+            listed = span.get("attributes") or []
+            attrs = {
+                a.get("key"): _value(a.get("value"))
+                for a in (listed if isinstance(listed, list) else [])
+                if isinstance(a, dict) and isinstance(a.get("key"), str)
+            }
             rid = attrs.get(REQUEST_ID) or span.get("spanId") or f"#{len(m.arrival_us) + 1}"
+            rid = rid if isinstance(rid, str) else shown(rid)  # an id of another type still names the span
 
             def bad(problem, ln=ln, rid=rid):
-                raise DataImportError(f"{src}: line {ln}: span of request {rid}: {problem}")
+                raise DataImportError(f"{src}: line {ln}: span of request {cut(rid)}: {problem}")
+
+            if not isinstance(listed, list):
+                bad(f"attributes must be a list, got {shown(listed)}")
 
             if rid in seen:
                 bad("appears twice")
             seen.add(rid)
             try:
                 start = int(span["startTimeUnixNano"])
-            except (KeyError, TypeError, ValueError):
-                bad("no startTimeUnixNano")
+            except (KeyError, TypeError, ValueError, OverflowError):
+                bad("no startTimeUnixNano (an integer of nanoseconds)")
             try:
                 end = int(span.get("endTimeUnixNano") or 0)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 end = 0
             prompt, completion = attrs.get(PROMPT), attrs.get(COMPLETION, 0)
             for name, v in ((PROMPT, prompt), (COMPLETION, completion)):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    bad(f"attribute {name} must be a non-negative integer, got {v!r}")
+                    bad(f"attribute {name} must be a non-negative integer, got {shown(v)}")
             e2e, ttft = attrs.get(E2E), attrs.get(TTFT)
-            failed = (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR")
+            status = span.get("status") or {}
+            failed = isinstance(status, dict) and status.get("code") in (2, "STATUS_CODE_ERROR")
             if e2e is None and end > start:
                 e2e = (end - start) / 1e9
-            if not isinstance(e2e, (int, float)) or isinstance(e2e, bool) or not math.isfinite(e2e) or e2e <= 0:
-                bad(f"attribute {E2E} must be a positive number of seconds, got {e2e!r}")
+            if not _number(e2e) or e2e <= 0:
+                bad(f"attribute {E2E} must be a positive number of seconds, got {shown(e2e)}")
             if failed:
                 m.add(start / 1e3, prompt, completion, True, e2e)
                 continue
-            if not isinstance(ttft, (int, float)) or isinstance(ttft, bool) or not math.isfinite(ttft) or ttft < 0:
-                bad(f"attribute {TTFT} must be a non-negative number of seconds, got {ttft!r}")
+            if not _number(ttft) or ttft < 0:
+                bad(f"attribute {TTFT} must be a non-negative number of seconds, got {shown(ttft)}")
             if ttft > e2e:
                 bad(f"{TTFT} {ttft} is greater than {E2E} {e2e}")
             if prompt == 0:

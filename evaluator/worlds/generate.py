@@ -19,7 +19,7 @@ import yaml
 from ..catalog import catalog
 from ..dsl import compile_program
 from ..experiments import Experiment
-from ..outputs import check_output_dir
+from ..outputs import check_output_dir, directory_written_whole
 from ..replay import FINISHED, replay
 from ..replay_files import GeneratedExperiment, write_experiment
 from .grid import GRID_SIZES, GRIDS, Configuration, configurations
@@ -57,6 +57,20 @@ def _replayed(world: World, compiled, consts, exp: Experiment):
     return res
 
 
+def _check_finished(world: World, config: Configuration, res, done: np.ndarray, needed: int, limit_s: float, what):
+    """A law is checked before anything is written: `needed` requests of a configuration's replay
+    finish within the client's limit, else its step times are not a server's (1e14 us a step
+    replays, and would write experiments without one successful request)."""
+    if int(done.sum()) >= needed:
+        return
+    step_us = res.clock_us / max(res.n_steps, 1)
+    raise WorldError(
+        f"world {world.name}: its law finishes {int(done.sum())} of {len(done)} requests of {config.name} in "
+        f"{what} within the client's limit of {limit_s:g} s (a step takes {step_us:.3g} us on average): "
+        "not the step time of a server; nothing written"
+    )
+
+
 def _saturated_throughput(finish_s: np.ndarray) -> float:
     """Requests/s of a pilot whose requests all arrive at once: all of them over the time the last
     one takes (the server full from the start; the drain at the end makes it a lower bound)."""
@@ -74,6 +88,7 @@ def generate_world(world: World, seed: int, size: str, grid: str = GRIDS[0]) -> 
         reqs = workload.requests(rng, sizing.requests, sizing.n_prompts)
         n = len(reqs.inputs)
         pilot = _replayed(world, compiled, consts, _experiment(config, np.zeros(n, np.int64), reqs, PILOT_TIMEOUT_S))
+        _check_finished(world, config, pilot, pilot.state == FINISHED, n, PILOT_TIMEOUT_S, "the pilot (all at once)")
         throughput = _saturated_throughput(pilot.e2e_us / 1e6)
         rate = workload.utilization * throughput
         timeout_s = workload.timeout(n, throughput)
@@ -82,6 +97,7 @@ def generate_world(world: World, seed: int, size: str, grid: str = GRIDS[0]) -> 
         arrival = np.round(arrival_s * 1e6).astype(np.int64)
         res = _replayed(world, compiled, consts, _experiment(config, arrival, reqs, timeout_s))
         done = res.state == FINISHED
+        _check_finished(world, config, res, done, 1, timeout_s, "the measured replay")
         noise = rng.lognormal(0.0, RUN_NOISE_SIGMA) * rng.lognormal(0.0, REQUEST_NOISE_SIGMA, n)
         e2e = np.where(done, res.e2e_us / 1e6 * noise, timeout_s + rng.uniform(0, 1, n))
         ttft = np.minimum(np.where(done, res.ttft_us / 1e6 * noise, np.nan), e2e)
@@ -113,21 +129,23 @@ def write_world(
     world: World, out_dir: Path, seed: int, size: str, grid: str = GRIDS[0]
 ) -> tuple[list[Path], dict[str, Path]]:
     """Generate the world's `grid` into a new or empty directory: its experiments and a groups file
-    per split of that grid (split-<name>.yaml). Nothing is written when any check or replay fails."""
+    per split of that grid (split-<name>.yaml). Nothing is written when any check or replay fails
+    (the law's too: every configuration finishes requests within its client's limit), and the
+    directory is written whole or not at all."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     configs = configurations(size, grid)
     splits, inner = make_splits(configs, grid), make_inner_splits(configs, grid)
     experiments = generate_world(world, seed, size, grid)
-    out_dir.mkdir(exist_ok=True)
-    dirs = [write_experiment(out_dir, g) for g in experiments]
-    files = {}
-    for name, folds in splits.items():
-        files[name] = split_file(out_dir, name)
-        files[name].write_text(yaml.safe_dump(folds, sort_keys=False))
-        split_file(out_dir, name, inner=True).write_text(yaml.safe_dump(inner[name], sort_keys=False))
-    meta = {**world_identity(world, seed, size, grid), "experiments": len(dirs)}
-    (out_dir / WORLD_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+    with directory_written_whole(out_dir) as tmp:  # a full disk half-way leaves nothing, and a rerun is not refused
+        dirs = [out_dir / write_experiment(tmp, g).name for g in experiments]
+        files = {}
+        for name, folds in splits.items():
+            files[name] = split_file(out_dir, name)
+            split_file(tmp, name).write_text(yaml.safe_dump(folds, sort_keys=False))
+            split_file(tmp, name, inner=True).write_text(yaml.safe_dump(inner[name], sort_keys=False))
+        meta = {**world_identity(world, seed, size, grid), "experiments": len(dirs)}
+        (tmp / WORLD_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return dirs, files
 
 

@@ -762,14 +762,20 @@ def emit_go_cmd(
     program: str = typer.Argument(
         "best",
         help="best (lowest CV loss, lomo else lowo, when the archive has CV scores; else "
-        "lowest validation loss), simplest (lowest complexity within --within % of best), "
+        "lowest validation loss), simplest (lowest complexity within --within % of best), lineage "
+        "(best's nearest ancestor each of whose steps gained more than --within %), anchored (best, "
+        "unless it beats the best seed's validation loss by at most --within %: then that seed), "
         "a program id from the archive, or a program file (.py).",
     ),
     archive_dir: Path | None = typer.Option(
         None, "--archive", help="Archive directory (default: the newest under runs/)."
     ),
     within: float | None = typer.Option(
-        None, "--within", min=0.0, help="With simplest: percent over the best loss allowed (default 5)."
+        None,
+        "--within",
+        min=0.0,
+        help="With simplest: percent over the best loss allowed; with lineage and anchored: the gain that "
+        "counts (default 5).",
     ),
     out_path: Path | None = typer.Option(
         None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."

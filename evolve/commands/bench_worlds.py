@@ -329,11 +329,15 @@ def bench_world(
                     done = SplitResult.from_json(_read_json(result_file)) if result_file.exists() else None
                     if done is not None and done.generations != generations:
                         done = None  # an extended search
+                    archive_dir = workdir / world.name / f"{at}-archive"
+                    if done is not None and {r for r, _ in done.rules} != set(RULES) and done.rules:
+                        say(f"  {world.name} {split.name}: scoring held out the picks of the rules added since")
+                        done = replace(done, rules=_rules_scored(archive_dir, score, dict(done.rules)))
+                        _write_json(result_file, done.to_json())
                     if done is not None and (not archive_top or done.archive_best is not None):
                         say(f"  {world.name} {split.name} (search seed {base + k}): done before, kept")
                         results.append(done)
                         continue
-                    archive_dir = workdir / world.name / f"{at}-archive"
                     if done is None:
                         inner = selection == "inner"
                         config = SearchConfig(
@@ -400,14 +404,25 @@ def _search(
         say(f"  {world} {split}: its search is at generation {last}; {left}")
     run_search(config, EvaluationSetup(data=train), archive_dir, resume=resume, llm=llm, engine=engine)
     with opened(archive_dir) as archive:
-        picks = {rule: choose(archive, rule).program for rule in RULES}
-    chosen = picks[DEFAULT_RULE]
-    distinct = {f"#{p.id}": p for p in picks.values()}
-    scored = dict(zip(distinct, score.all([(n, parse_program(p.source)) for n, p in distinct.items()])))
-    winner = scored[f"#{chosen.id}"]
+        chosen = choose(archive, DEFAULT_RULE).program
+    rules = _rules_scored(archive_dir, score)
+    winner = dict(rules)[DEFAULT_RULE]
     say(f"  {world} {split}: search winner #{chosen.id} held-out loss {winner.loss:.2f}")
-    rules = tuple((rule, scored[f"#{p.id}"]) for rule, p in picks.items())
     return winner, f"seed {chosen.operator_detail}" if chosen.operator == "seed" else chosen.operator, rules
+
+
+def _rules_scored(
+    archive_dir: Path, score: SplitScorer, known: dict[str, HeldOut] | None = None
+) -> tuple[tuple[str, HeldOut], ...]:
+    """Each deployment rule's pick of the archive, scored held out (a program once, whichever rules
+    pick it; the picks of `known` rules, scored before, are kept as they are)."""
+    known = known or {}
+    with opened(archive_dir) as archive:
+        picks = {rule: choose(archive, rule).program for rule in RULES}
+    scored = {h.program: h for h in known.values()}
+    todo = {f"#{p.id}": p for rule, p in picks.items() if rule not in known and f"#{p.id}" not in scored}
+    scored |= dict(zip(todo, score.all([(n, parse_program(p.source)) for n, p in todo.items()])))
+    return tuple((rule, known.get(rule) or scored[f"#{p.id}"]) for rule, p in picks.items())
 
 
 def _with_archive_best(result: SplitResult, archive_dir: Path, top: int, score: SplitScorer) -> SplitResult:

@@ -10,11 +10,13 @@ losses and the program's CV scores."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from stepml_evolve.archive.browse import RULES, Choice, choose, cv_header, fitted_header, opened, resolve
 from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
+from stepml_evolve.evaluator.errors import cut
 from stepml_evolve.evaluator.fitted_header import header_lines
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, EmitError, emit_go, emit_go_test, gofmt
@@ -33,7 +35,12 @@ class Emission:
 
 
 def _is_file_spec(spec: str) -> bool:
-    return spec.endswith(".py") or Path(spec).is_file()
+    """A program file's path: a .py name, a path (a rule or an id holds no "/"), or an existing file
+    (a device too: reading it says what it is, where a rule's lookup would look for an archive)."""
+    try:
+        return spec.endswith(".py") or "/" in spec or os.sep in spec or Path(spec).is_file()
+    except OSError:  # a name too long for the file system: no file, and no rule or id either
+        return False
 
 
 def choose_for_emission(spec: str, archive_dir: Path | None, within: float | None = None) -> Emission:
@@ -44,8 +51,8 @@ def choose_for_emission(spec: str, archive_dir: Path | None, within: float | Non
         raise EmitError(f"--within goes with the `simplest` rule only, not with {spec!r}")
     path = Path(spec)
     if _is_file_spec(spec):
-        if not path.is_file():
-            raise EmitError(f"{path}: no such program file")
+        if not os.path.lexists(path):  # (False for a name too long, too)
+            raise EmitError(f"{cut(spec)}: no such program file")
         program = load_program(path)
         fitted = header_lines(program.source)
         # the file's name only: the Go file goes into other people's checkouts, not this machine's paths

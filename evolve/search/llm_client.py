@@ -7,19 +7,27 @@ replays offline and deterministically: the same archive state gives the same pro
 the cache and yield the same attempts, the same budget spent and the same outcome.
 Transient failures (timeouts, 429 rate limits, 5xx, connection errors) are retried a bounded
 number of times with backoff; every attempt is reported to the caller for the archive.
+The timeout is a deadline on the whole call, not on each read of the socket (a server that
+sends a byte a second never idles long enough for a read timeout): a call still running at the
+deadline is cancelled, its connection closed, and the attempt counts as a timeout (which the
+circuit breaker counts as it counts a hang).
 A reply is kept up to MAX_REPLY_CHARS (the rest is cut off, with a marker saying so), so what is
 cached, archived and fed back into a retry prompt is bounded whatever a server sends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stepml_evolve.evaluator.dsl.program import MAX_SOURCE_BYTES
 from stepml_evolve.evaluator.outputs import write_atomic
@@ -27,7 +35,7 @@ from stepml_evolve.evaluator.outputs import write_atomic
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price table at import
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
-DEFAULT_TIMEOUT_S = 60.0  # seconds before a call is abandoned (then retried)
+DEFAULT_TIMEOUT_S = 60.0  # seconds a call may take in all before it is cancelled (then retried)
 # The longest reply kept: as many characters as the longest program the DSL takes has bytes, so a
 # reply with a program of any admissible size fits, and a runaway reply costs at most this much.
 MAX_REPLY_CHARS = MAX_SOURCE_BYTES
@@ -73,6 +81,47 @@ class LLMUnavailable(Exception):
     def __init__(self, message: str, attempts: list[Attempt]):
         super().__init__(message)
         self.attempts = attempts
+
+
+class CallDeadline(Exception):
+    """A call still running at its deadline (the whole call's timeout), cancelled."""
+
+
+class _CallLoop:
+    """One event loop on a daemon thread, shared by every client of the process, that runs the
+    calls: a call is a task that can be cancelled at its deadline (a blocking call in a thread
+    could only be abandoned, still reading). One loop for the process's lifetime, so the HTTP
+    clients litellm keeps per loop stay usable from call to call."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+    _pid = 0  # the process whose thread runs _loop (a forked child starts its own)
+
+    @classmethod
+    def run(cls, make_call: Callable[[], Awaitable[Any]], deadline_s: float) -> Any:
+        """The result of the coroutine `make_call()` makes, or CallDeadline after deadline_s seconds."""
+        future = asyncio.run_coroutine_threadsafe(cls._call(make_call), cls._get())
+        try:
+            return future.result(timeout=deadline_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # cancels the task: its connection is closed, its reads end
+            raise CallDeadline(f"no complete reply within {deadline_s:g} s (the whole call's deadline)") from None
+        except BaseException:  # e.g. Ctrl-C while waiting: the call ends too
+            future.cancel()
+            raise
+
+    @staticmethod
+    async def _call(make_call):
+        return await make_call()
+
+    @classmethod
+    def _get(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None or cls._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="llm-calls", daemon=True).start()
+                cls._loop, cls._pid = loop, os.getpid()
+            return cls._loop
 
 
 def request_hash(model: str, messages: list[dict], temperature: float, max_tokens: int, tag: str = "") -> str:
@@ -180,15 +229,18 @@ class LLMClient:
             t0 = time.perf_counter()
             a = Attempt(self.model, key)
             try:
-                resp = litellm.completion(
-                    model=self.model,
-                    messages=messages,
-                    temperature=self.temperature,
-                    max_tokens=self.max_tokens,
-                    timeout=self.timeout_s,
-                    num_retries=0,
-                    base_url=self.base_url,
-                    api_key=self.api_key or ("none" if self.base_url else None),
+                resp = _CallLoop.run(
+                    lambda: litellm.acompletion(
+                        model=self.model,
+                        messages=messages,
+                        temperature=self.temperature,
+                        max_tokens=self.max_tokens,
+                        timeout=self.timeout_s,
+                        num_retries=0,
+                        base_url=self.base_url,
+                        api_key=self.api_key or ("none" if self.base_url else None),
+                    ),
+                    self.timeout_s,
                 )
                 a.latency_s = time.perf_counter() - t0
                 usage = getattr(resp, "usage", None)
@@ -217,7 +269,7 @@ class LLMClient:
 def _classify(e: Exception) -> tuple[str, bool]:
     import litellm
 
-    if isinstance(e, litellm.Timeout):
+    if isinstance(e, (CallDeadline, litellm.Timeout)):
         return "timeout", True
     if isinstance(e, litellm.RateLimitError):
         return "rate_limited", True

@@ -53,6 +53,12 @@ def _loss(x: float | None) -> str:
     return fmt(x, ".4f", keep_inf=True)
 
 
+def _one_line(text) -> str:
+    """A path or label as a header's comment line holds it: a line break in it (a directory may be
+    named so) written as \\n, so it never ends the comment early."""
+    return str(text).replace("\n", "\\n").replace("\r", "\\r")
+
+
 def _number(text: str) -> float | None:
     return None if text == "n/a" else float(text)
 
@@ -88,17 +94,17 @@ class FittedHeader:
     @property
     def origin(self) -> str:
         """The archived program: `#ID of DIR (generation G, OPERATOR)`."""
-        return f"#{self.program_id} of {self.archive} (generation {self.generation}, {self.operator})"
+        return f"#{self.program_id} of {_one_line(self.archive)} (generation {self.generation}, {self.operator})"
 
     def render(self) -> str:
         if self.program_id is not None:
             return (
                 f"program {self.origin}\n"
-                f"data={self.data} seed={self.seed} prompt_reuse={self.prompt_reuse} train={_loss(self.train_loss)} "
+                f"data={_one_line(self.data)} seed={self.seed} prompt_reuse={self.prompt_reuse} train={_loss(self.train_loss)} "
                 f"val={_loss(self.val_loss)} test={_loss(self.test_loss)}"
             )
         return (
-            f"data={self.data} seed={self.seed} scope={self.scope} group={self.group}"
+            f"data={_one_line(self.data)} seed={self.seed} scope={self.scope} group={_one_line(self.group)}"
             + (f" restarts={self.restarts}" if self.restarts else "")
             + (" quick" if self.quick else "")
             + (f" semantics={self.semantics}" if self.semantics != DEFAULT_SEMANTICS else "")
@@ -113,7 +119,7 @@ class FittedHeader:
         """The archived form as labelled fields, for a comment block (emit-go's Go file header)."""
         return {
             "program": self.origin,
-            "data": self.data,
+            "data": _one_line(self.data),
             "seed": str(self.seed),
             "prompt reuse": self.prompt_reuse,
             "loss": f"train {_loss(self.train_loss)}, validation {_loss(self.val_loss)}, test {_loss(self.test_loss)}",

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from .executor import ClusterError, Job
 from .experiments import Experiment
@@ -46,6 +46,12 @@ SESSION_FAILURE = "Initialization failure from server"  # Ray Client's message f
 # task spends more on Ray's per-task cost than on the replay (measured through Ray Client on 2
 # cores: a quick and a short fit of the synthetic sample took 15.2 s against 4.3 s on threads).
 TASKS_PER_WORKER = 3
+# No wait on the cluster outlasts this: a task of replays takes seconds (the largest real experiment
+# replays in 0.05 s), so a batch with no answer for this long is a cluster that hangs, not one that
+# works; the run stops in one line (every completed generation is in the archive) instead of waiting
+# without limit. The code check on connecting gets CHECK_DEADLINE_S.
+RAY_DEADLINE_S = 900.0
+CHECK_DEADLINE_S = 120.0
 _CACHED: dict[str, Experiment] = {}  # in a worker process: object id -> experiment
 _CACHE_LIMIT = 256
 
@@ -151,14 +157,19 @@ class RayExecutor:
         nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        prints = ray.get(
-            [
-                _worker_fingerprint.options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-                ).remote()
-                for n in nodes
-            ]
-        )
+        checks = [
+            _worker_fingerprint.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote()
+            for n in nodes
+        ]
+        try:
+            prints = ray.get(checks, timeout=CHECK_DEADLINE_S)
+        except GetTimeoutError:
+            _cancel(checks)
+            raise ClusterError(
+                f"--cluster {self.cluster}: its nodes did not answer the code check within {CHECK_DEADLINE_S:g} s"
+            ) from None
         mine = code_fingerprint()
         other = sorted({p for p in prints if p != mine})
         if other:
@@ -194,10 +205,18 @@ class RayExecutor:
             refs, in_flight = [], []
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 if len(in_flight) >= self.workers:
-                    _, in_flight = ray.wait(in_flight, num_returns=1)
+                    done, in_flight = ray.wait(in_flight, num_returns=1, timeout=RAY_DEADLINE_S)
+                    if not done:
+                        raise GetTimeoutError(f"no task of the batch finished within {RAY_DEADLINE_S:g} s")
                 refs.append(_run_jobs.remote(fn, items[lo:hi]))
                 in_flight.append(refs[-1])
-            return [r for chunk in ray.get(refs) for r in chunk]
+            return [r for chunk in ray.get(refs, timeout=RAY_DEADLINE_S) for r in chunk]
+        except GetTimeoutError:
+            _cancel(refs)
+            raise ClusterError(
+                f"the Ray cluster at {self.cluster} answered no batch of replays within {RAY_DEADLINE_S:g} s (a hung "
+                "node?); every completed generation is in the archive: run the same command with --resume"
+            ) from None
         except RayTaskError as e:  # the replay itself raised: the same error a thread would have raised
             raise e.cause if isinstance(e.cause, BaseException) else e from None
         except Exception as e:
@@ -215,6 +234,15 @@ class RayExecutor:
         try:
             ray.shutdown()
         except Exception:  # a cluster already gone has nothing left to shut down
+            pass
+
+
+def _cancel(refs: list) -> None:
+    """Cancel the tasks still running (a timed-out batch leaves no task to hold a worker)."""
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # finished, or the cluster is gone: nothing to cancel
             pass
 
 

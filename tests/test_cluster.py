@@ -299,3 +299,24 @@ def test_a_cluster_running_other_evaluator_code_is_refused(cluster, monkeypatch,
     )
     only_error_line(res, "2 of 2 nodes run a different stepml-evolve evaluator", "here 0123456789abcdef")
     assert not (tmp_path / "f.py").exists()
+
+
+@needs_ray
+def test_a_batch_the_cluster_never_answers_ends_at_the_deadline_in_one_line(cluster, monkeypatch):
+    """No wait on the cluster outlasts RAY_DEADLINE_S: a task that hangs ends the call with a
+    ClusterError (the run stops in one line; --resume continues), and the task is cancelled."""
+    import time
+
+    from stepml_evolve.evaluator import ray_executor
+    from stepml_evolve.evaluator.datasets import load_data
+
+    monkeypatch.setattr(ray_executor, "RAY_DEADLINE_S", 2.0)
+    experiments = load_data(None).experiments[:1]
+    executor = ray_executor.RayExecutor(experiments, cluster.client, 1)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(ray_executor.ClusterError, match="answered no batch of replays within 2 s"):
+            executor.map(lambda exp, seconds: time.sleep(seconds), [(experiments[0], (20.0,))])
+        assert time.perf_counter() - t0 < 15.0
+    finally:
+        executor.close()

@@ -6,12 +6,15 @@ a header of legal width counts each name once."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from conftest import only_error_line
 from typer.testing import CliRunner
 
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.importers.blis_trace import MAX_COLUMNS, OPTIONAL_COLUMNS
 from stepml_evolve.evaluator.importers.blis_trace_export import TRACE_COLUMNS
+from stepml_evolve.evaluator.importers.common import hf_to_model_config
 from stepml_evolve.evolve.cli.app import app
 
 HEADER = {"trace_version": 2, "time_unit": "microseconds", "mode": "real"}
@@ -46,3 +49,17 @@ def test_a_duplicate_column_in_a_header_of_legal_width_is_still_named(tmp_path):
     assert len(columns) == MAX_COLUMNS
     res = invoke("data", "import", "--from", "blis-trace", _trace(tmp_path, columns), "--out", tmp_path / "exp")
     only_error_line(res, "header row names the column 'status' twice")
+
+
+def test_a_huge_integer_in_a_trace_header_or_a_model_config_is_one_line_naming_the_file(tmp_path):
+    # the trace header's YAML and the Hugging Face config.json go through the one reader rule
+    header = _trace(tmp_path, list(TRACE_COLUMNS))
+    header.write_text(yaml.safe_dump(HEADER).replace("trace_version: 2", "trace_version: " + "9" * 5000))
+    res = invoke("data", "import", "--from", "blis-trace", header, "--out", tmp_path / "exp")
+    only_error_line(res, str(header), "more than 4300 digits")
+    assert not (tmp_path / "exp").exists()
+    config = tmp_path / "config.json"
+    config.write_text('{"num_hidden_layers": ' + "9" * 5000 + "}")
+    with pytest.raises(UserError) as e:
+        hf_to_model_config(config)
+    assert str(config) in str(e.value) and "more than 4300 digits" in str(e.value) and "\n" not in str(e.value)

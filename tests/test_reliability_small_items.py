@@ -73,6 +73,14 @@ def test_a_newline_in_the_archive_path_stays_inside_the_go_comment(tiny_archive,
     head = out.read_text().split("\npackage ")[0].splitlines()
     assert all(line.startswith("//") or not line for line in head), head
     assert any("runs\\nnext" in line for line in head)
+    # the program file's `# fitted:` header too: two comment lines, parsed back as written
+    from stepml_evolve.evaluator.fitted_header import FittedHeader
+
+    res = invoke("archive", "show", "best", "--archive", archive, "--source")
+    assert res.exit_code == 0, res.output
+    header = [line for line in res.stdout.splitlines() if line.startswith("# fitted:")]
+    assert len(header) == 2 and "runs\\nnext" in header[0]
+    assert FittedHeader.parse(res.stdout) is not None
 
 
 def test_the_report_of_an_archive_at_a_non_ascii_path_is_written_in_the_c_locale(tiny_archive, tmp_path):

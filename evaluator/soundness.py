@@ -9,8 +9,9 @@ program (a seed, a search's child, a program `evolve fit` is given), beyond what
           it is zero there by construction.
   floor   no time component is subtracted (or divides, or enters with a negative power): a step
           cannot get faster for doing more of a kind of work; each constant has one role, in one
-          function (a constant that scales a time in one place is not read inside sqrt, beside a
-          count or in a condition in another, nor shared between step_time and queueing_time);
+          function (a constant that scales one resource's time, FLOP, HBM or link time, in one
+          place is not read as another's, inside sqrt, beside a count or in a condition in
+          another, nor shared between step_time and queueing_time);
           and step_time is at or above the physical floor everywhere in the envelope (floor.py).
 
 The parser (dsl/program.py) keeps accepting what these rules refuse, so programs stored before
@@ -54,6 +55,18 @@ NOT_CAUSAL = {
         "the workload, not a cause, and extrapolates a correlation to other output lengths"
     ),
 }
+# the resource each time component's time is spent on: a constant that scales one resource's time
+# (an efficiency) is not read as another's
+RESOURCE = {
+    "gemm_pf": "FLOP time",
+    "gemm_dc": "FLOP time",
+    "attn_pf": "FLOP time",
+    "attn_dc": "FLOP time",
+    "weights": "HBM time",
+    "kv_read": "HBM time",
+    "kv_write": "HBM time",
+    "allreduce": "link time",
+}
 PHYSICS_MODES = ("check", "off")  # --physics: check (the default) applies these rules and the floor; off: neither
 ABSENCE_TOLERANCE_US = 1e-6  # a feature's term counts as absent when it moves a step by less than this
 PERTURBED = (1.3, 0.7)  # the constants are also tried at value * 1.3 + 0.7: a zero is no coincidence
@@ -75,14 +88,16 @@ def default_prior(start: float, bounds: tuple[float, float] | None) -> Prior:
 
 def inherit(child: Program, parent: Program) -> Program:
     """The child with its first parent's bounds and prior on every constant it inherits (by name:
-    a child may not loosen what holds its parent's constants) and a prior on every constant it adds
-    (its own, else `default_prior`); values moved into the bounds."""
+    a child may not loosen what holds its parent's constants), and on every constant it adds a prior
+    (its own, else `default_prior`) and, where it scales a time (`c.k * f.kv_read`) and has no
+    bounds, a min of 0 (a negative one would subtract that work); values moved into the bounds."""
     bounds, priors, values = {}, {}, {}
+    scales_time = _scales_time(child)
     for name, value in child.constants.items():
         if name in parent.constants:
             b, p = parent.bounds.get(name), parent.priors.get(name)
         else:
-            b = child.bounds.get(name)
+            b = child.bounds.get(name) or ((0.0, math.inf) if name in scales_time else None)
             p = child.priors.get(name) or default_prior(clip_to(value, b), b)
         if b is not None:
             bounds[name] = b
@@ -92,6 +107,23 @@ def inherit(child: Program, parent: Program) -> Program:
     if bounds == child.bounds and priors == child.priors and values == child.constants:
         return child
     return child.with_constants(values, bounds=bounds, priors=priors)
+
+
+def _scales_time(program: Program) -> set[str]:
+    """The constants every occurrence of which scales a time (a product with a time component or a
+    step's time, summed into a value)."""
+    roles: dict[str, set] = {}
+    for name, fn in program.functions.items():
+        expr = inlined(fn)
+        parents = _parents(expr)
+        for node in ast.walk(expr):
+            if _is(node, "c"):
+                roles.setdefault(node.attr, set()).add(_role(node, parents, name))
+    return {
+        k
+        for k, rs in roles.items()
+        if all(where == "a value" and multiplies not in ("a count", "nothing") for _, multiplies, where in rs)
+    }
 
 
 def inlined(fn: ast.FunctionDef) -> ast.expr:
@@ -181,15 +213,22 @@ def _role(node: ast.Attribute, parents: dict[int, ast.AST], function: str) -> tu
             cur = parent
         else:
             break
-    kinds = set()
+    times, counts = set(), False
     for f in factors:
         for n in ast.walk(f):
             if _is(n, "f"):
-                kinds.add("a time" if n.attr in TIME_COMPONENTS else "a count")
+                if n.attr in TIME_COMPONENTS:
+                    times.add(RESOURCE[n.attr])
+                else:
+                    counts = True
             elif _is(n, "r"):
-                kinds.add("a time" if n.attr.endswith("_us") else "a count")
-    # a count beside a time only says how many times (padded / n, a batch's share): still a time's scale
-    multiplies = "a time" if "a time" in kinds else "a count" if kinds else "nothing"
+                if n.attr.endswith("_us"):
+                    times.add("a step's time")
+                else:
+                    counts = True
+    # what it scales: the times of which resources (an efficiency of one is not another's); a count
+    # beside a time only says how many times (padded / n, a batch's share): still that time's scale
+    multiplies = " and ".join(sorted(times)) if times else "a count" if counts else "nothing"
     if isinstance(parent, ast.IfExp):
         where = "a condition" if parent.test is cur else "a value"
     elif isinstance(parent, ast.Call):

@@ -4,6 +4,7 @@ priors, refused children, causal operators)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -153,3 +154,23 @@ def test_a_causal_search_s_operators_draw_neither_the_tp_count_nor_the_output_le
         free.append(parse_program(text).inputs)
     assert any("f.tp" in d or "r.output_tokens" in d for d in free)
     assert "add_term" in OPERATORS
+
+
+def test_an_efficiency_of_one_resource_is_not_read_as_anothers():
+    # an HBM efficiency scaling the all-reduce too (what a search's child did, attention_switch)
+    step = "c.o + max(c.c_compute * compute, c.c_memory * memory) + c.c_memory * f.allreduce"
+    problems = physics_problems(program(step))
+    assert problems[0][0] == "floor" and "two roles" in problems[0][1]
+    assert "HBM time" in problems[0][1] and "link time" in problems[0][1]
+    # one efficiency over a whole roofline is one role (FLOP and HBM time)
+    assert rules(program("c.o + c.k * max(compute, memory) + f.allreduce")) == []
+    assert "two roles" in physics_problems(program("c.o + c.k * max(compute, memory) + c.k * f.allreduce"))[0][1]
+
+
+def test_a_new_constant_that_scales_a_time_is_no_less_than_zero():
+    parent = load_program(seed_path("roofline"))
+    text = parent.source.replace("+ f.allreduce\n", "+ f.allreduce + c.k1 * f.kv_read + c.k2 * f.n_req\n", 1)
+    text = text.replace("CONSTANTS = {", 'CONSTANTS = {\n    "k1": -0.5,\n    "k2": 30.0,', 1)
+    child = inherit(parse_program(text), parent)
+    assert child.bounds["k1"] == (0.0, math.inf) and child.constants["k1"] == 0.0  # a negative one subtracts
+    assert "k2" not in child.bounds  # a count's rate: no time it could take away

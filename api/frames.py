@@ -93,6 +93,9 @@ def cv_score_frame(scores: list[CVScoreRecord]) -> pd.DataFrame:
 
 
 def generation_frame(generations: list[GenerationRecord]) -> pd.DataFrame:
-    """One row per completed generation: children, rejections, promotions, best losses, evaluations, seconds."""
+    """One row per completed generation: children, rejections, promotions, best losses, evaluations,
+    seconds; `completed` is when it was written, a UTC timestamp (the archive stores epoch seconds)."""
     records = [{k: v for k, v in dataclasses.asdict(g).items() if k != "run_id"} for g in generations]
-    return _frame(records, [f.name for f in dataclasses.fields(GenerationRecord) if f.name != "run_id"])
+    frame = _frame(records, [f.name for f in dataclasses.fields(GenerationRecord) if f.name != "run_id"])
+    frame["completed"] = pd.to_datetime(frame["completed"], unit="s", utc=True)
+    return frame

@@ -176,7 +176,7 @@ def cross_validate(
     each fold is fitted with that config from the fit's constants and closed loop (no replay for
     its start), so a fold costs its few trust-region steps. Its start has seen the held-out
     experiments' train split, so the CV loss it gives can read lower than independent folds'
-    (docs/results.md measures by how much); `evolve cv` never warm-starts."""
+    (docs/HISTORY.md measures by how much); `evolve cv` never warm-starts."""
     by_name = {e.name: e for e in experiments}
     config = dataclasses.replace(config, scope="global", experiments=None)
     everything = tuple(e.name for e in experiments)

@@ -10,7 +10,7 @@ from its own seed and every replay is a pure function of (experiment, program, c
       the best if the true loss fell, grow rho when the surrogate predicted the fall well, shrink
       it when it did not. At most `candidates` closed-loop evaluations per iteration, so a fit
       costs about a tenth of the replays plain CMA-ES spends (91 against 1123 for trained_physics
-      on the real data; docs/results.md).
+      on the real data; docs/HISTORY.md).
   cmaes  plain CMA-ES on the closed-loop loss (pycma ask/tell), each generation's candidates
       replayed together on the engine's pool. Used where no surrogate can be recorded (the
       starting constants fail to replay).
@@ -106,7 +106,7 @@ class FitConfig:
     # the trust region's surrogate step solves the constants the program is affine in by least
     # squares and samples only the others (linear_solve.py; objective "rms" only). For fits near
     # a good point (the search's screening and promoted fits); from a program's own constants in
-    # the standard box, the surrogate's exact optimum often overshoots (docs/results.md)
+    # the standard box, the surrogate's exact optimum often overshoots (docs/HISTORY.md)
     linear_solve: bool = False
     # constants that put step_time below the physical floor anywhere in the envelope (floor.py) are
     # infeasible; False for a program that is no physics (a regression such as BLIS's blackbox)

@@ -22,7 +22,7 @@ E2E = TTFT + those + post_decode_time. A preempted request starts over.
 
 The loop is numba-compiled once; programs run on the stack machine of dsl/vm.py, so a new
 program or constant vector costs no compilation. Steps in which the batch only decodes (and admits
-a lone arrival) are taken without visiting the batch (`_decode_stretch`; docs/design-notes.md).
+a lone arrival) are taken without visiting the batch (`_decode_stretch`; docs/concepts/design-notes.md).
 """
 
 from __future__ import annotations

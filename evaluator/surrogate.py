@@ -152,7 +152,7 @@ class PendingModel:
     """A recording's TrajectoryModel, built when first asked for (`model()`). A fit judges more
     points than it accepts, and a rejected point needs only its closed-loop means (`recorded_us`)
     and the gain learned from it: building the model (step classes, weights) for every judged
-    point took 45 of the 301 CPU seconds of four generations on the real data (docs/results.md)."""
+    point took 45 of the 301 CPU seconds of four generations on the real data (docs/HISTORY.md)."""
 
     def __init__(self, exp, res, row, vector, constants, split):
         self._recording = (exp, res, row, vector, constants)

@@ -65,7 +65,7 @@ def seed_priors() -> dict:
 
 
 def priors_markdown() -> str:
-    """The priors table of docs/priors.md (generated from priors.yaml, so the page cannot drift)."""
+    """The priors table of docs/concepts/priors.md (generated from priors.yaml, so the page cannot drift)."""
     table = seed_priors()
     users: dict[str, list[str]] = {}
     for seed, constants in table["constants"].items():

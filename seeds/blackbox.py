@@ -6,7 +6,7 @@
 # alpha0_us <= 15000, and the smallest TTFT per input token of any request is 24.3 us
 # (Llama-2-7B roleplay), so alpha1 <= 24; every later token costs a step plus alpha2 and the
 # fastest mean inter-token time of any request is 6.16 ms, so alpha2 <= 6000.
-# Priors: seeds/priors.yaml gives each constant's, with its source (docs/priors.md). The fit adds
+# Priors: seeds/priors.yaml gives each constant's, with its source (docs/concepts/priors.md). The fit adds
 # z^2 loss points for a constant z spreads from its prior's centre, so what the data cannot decide
 # (prefill compute, on prompts the prefix cache served) stays where physics puts it. Each start is
 # its prior's centre. No physics: it reads no FLOP or byte time, so it is below the physical floor

@@ -8,10 +8,10 @@
 # inter-token time of any request is 6.16 ms (Llama-2-7B codegen), so out_tok_us <= 6000.
 # lag_steps: vLLM's engine schedules a step ahead of the one running, so a request that arrives
 # mid-step waits out that step and more before its prefill runs; across the real data the median
-# TTFT is 3.0-3.3 mean inter-token times at every light load (docs/results.md, "Where a cached
+# TTFT is 3.0-3.3 mean inter-token times at every light load (docs/HISTORY.md, "Where a cached
 # prompt's TTFT goes"), about 1.5 steps more than a replay without it gives. r.last_step_us is the
 # step in flight at the arrival; [0, 4] steps.
-# Priors: seeds/priors.yaml gives each constant's, with its source (docs/priors.md). The fit adds
+# Priors: seeds/priors.yaml gives each constant's, with its source (docs/concepts/priors.md). The fit adds
 # z^2 loss points for a constant z spreads from its prior's centre, so what the data cannot decide
 # (prefill compute, on prompts the prefix cache served) stays where physics puts it. Each start is
 # its prior's centre.

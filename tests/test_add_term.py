@@ -59,7 +59,7 @@ def test_a_new_count_term_starts_near_its_parent_where_a_start_of_k_10_did_not(s
     """At the start of its fit, an add_term child adds TERM_START_US at the count's typical size, so
     it starts near its parent on every count; at k = 10 (every count's start before) a term in a
     step's context sum or its longest context started at many times the parent's loss, and no
-    screening fit came back from it (docs/results.md, "New terms start small")."""
+    screening fit came back from it (docs/HISTORY.md, "New terms start small")."""
     parent = load_program(seed_path("roofline"))
     exps = synthetic.experiments
     with Engine(exps) as engine:

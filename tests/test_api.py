@@ -141,6 +141,9 @@ def test_evaluations_cv_scores_and_generations_are_what_the_archive_holds(runs, 
     assert list(generations.generation) == [g.generation for g in stored] == [0, 1, 2, 3]
     assert list(generations.best_val) == [g.best_val for g in stored]
     assert generations.best_val.iloc[-1] == programs.val_loss.min()
+    # when each was written, as a pandas user expects it: a UTC timestamp, in order
+    assert str(generations.completed.dtype) == "datetime64[ns, UTC]" and generations.completed.is_monotonic_increasing
+    assert [t.timestamp() for t in generations.completed] == pytest.approx([g.completed for g in stored])
 
 
 def test_program_is_the_archived_source_file(runs, archive_dir):

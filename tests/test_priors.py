@@ -119,7 +119,7 @@ def test_every_shipped_seed_constant_carries_the_prior_its_quantity_documents():
 
 
 def test_the_priors_page_is_the_table_generated_from_the_seeds_file():
-    page = (ROOT / "docs" / "priors.md").read_text()
+    page = (ROOT / "docs" / "concepts" / "priors.md").read_text()
     assert priors_markdown() in page
 
 

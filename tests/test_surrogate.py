@@ -163,7 +163,7 @@ def test_classes_bin_only_what_the_program_is_not_affine_in(synthetic, name):
 
 def test_trust_region_comes_near_the_cmaes_loss_with_a_tenth_of_the_replays(synthetic_full):
     """Within 10% of the loss plain CMA-ES reaches with its default budget, on the full sample (on
-    a draft of the small one it ended 45% above, 2.27 against 1.57; docs/results.md has the figures
+    a draft of the small one it ended 45% above, 2.27 against 1.57; docs/HISTORY.md has the figures
     on the real data: the trust region does not always match it). On the seed without its bounds:
     inside them CMA-ES finds a luckier point here (2.54 against 2.90; test_bounds.py checks fits
     with bounds)."""

@@ -11,6 +11,7 @@ programs can be compared with the original's.)
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import collections
 import sys
@@ -19,6 +20,22 @@ import time
 
 from stepml_evolve.evaluator import engine, fitting, surrogate
 from stepml_evolve.evolve.cli import main
+
+
+def _help_only(argv: list[str]) -> None:
+    """`-h`/`--help` as the first argument prints this script's help and exits; any other command
+    line goes to `evolve` unchanged (`generation_cpu.py run --help` prints `evolve run`'s)."""
+    if argv[:1] not in (["-h"], ["--help"]):
+        return
+    ap = argparse.ArgumentParser(
+        prog="generation_cpu.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("evolve_args", nargs=argparse.REMAINDER, help="an evolve command line, passed to evolve unchanged")
+    ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    _help_only(sys.argv[1:])
 
 _cpu: collections.Counter = collections.Counter()
 _calls: collections.Counter = collections.Counter()

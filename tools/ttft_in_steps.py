@@ -2,7 +2,7 @@
 TTFT of the successful requests, the mean inter-token time, and the TTFT percentiles divided by it.
 A cached prompt computes a few tokens, so its TTFT is the time to get through the engine's
 pipeline: whether that is a constant or a number of steps decides how a program may express it
-(docs/design-notes.md, "Where a cached prompt's TTFT goes").
+(docs/concepts/design-notes.md, "Where a cached prompt's TTFT goes").
 
     python tools/ttft_in_steps.py [DATA_DIR] [--warmup-s 60]
 

@@ -44,7 +44,7 @@ GRID_SIZES = {
     "full": GridSize(_ALL_MODELS, 2, 600, 100),
     # every model once on every GPU with the small grid's requests: 21 experiments, 14 trained
     # by-gpu, for a winner that fits the small grid's 8 as well as the law and still misses L40S
-    # (docs/results.md, "Why a winner misses")
+    # (docs/HISTORY.md, "Why a winner misses")
     "medium": GridSize(_ALL_MODELS, 1, 120, 25),
     "small": GridSize(
         ("meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-14B", "allenai/OLMoE-1B-7B-0924", "meta-llama/Llama-2-70b-hf"),

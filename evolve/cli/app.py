@@ -609,7 +609,7 @@ def run_cmd(
         "--linear",
         help="sample: CMA-ES samples every constant on the surrogate; solve: screening and promoted "
         "fits solve the constants a program is affine in by least squares and sample the others "
-        "(faster; lower-quality full fits, docs/results.md).",
+        "(faster; lower-quality full fits, docs/HISTORY.md).",
     ),
     max_promotions: int = typer.Option(
         SEARCH.max_promotions, "--max-promotions", min=0, help="Full fits per generation at most."
@@ -917,7 +917,7 @@ def bench_cmd(
         False,
         "--worlds",
         help="Instead of the figures above: the known-truth worlds' benchmark (per world and held-out "
-        "split: best fitted seed, search winner and the law, held out; see docs/results.md).",
+        "split: best fitted seed, search winner and the law, held out; see docs/HISTORY.md).",
     ),
     world: list[str] | None = typer.Option(
         None, "--world", help="With --worlds: only this world (repeatable; default all, or two with --quick)."

@@ -45,7 +45,7 @@ SemanticsOption = Annotated[
     typer.Option(
         "--semantics",
         help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
-        "in the simulator) or vllm (see docs/design-notes.md).",
+        "in the simulator) or vllm (see docs/concepts/design-notes.md).",
     ),
 ]
 ObjectiveOption = Annotated[

@@ -221,7 +221,7 @@ def _held_out(
     seed + 1, ...) and scored held out by one fit, with every fit's held-out and train loss: the
     fit with the lowest train loss (pick "train": the held-out data never chooses), or the median
     held-out loss ("median"). One fit's held-out loss depends on where its optimizer ended
-    (docs/results.md): a program with a world's own structure, fitted from generic starting
+    (docs/HISTORY.md): a program with a world's own structure, fitted from generic starting
     constants, ends 1.4-2.9x above the law's held-out loss, in the order of its train losses."""
     scored = []
     for k in range(fits):

@@ -5,7 +5,7 @@ Two translations, both from ASTs, never from strings:
   * the physics itself (evolve/go/physics.py): `component_values` and `coefficient_values` of
     evaluator/components.py are parsed and translated, and the hardware presets come from the
     catalog, so the Go physics has one Python definition (parity tests hold Go and Python equal).
-Semantics of the protected operations match the VM exactly (see docs/design-notes.md).
+Semantics of the protected operations match the VM exactly (see docs/concepts/design-notes.md).
 jinja2 templates hold the file skeletons (evolve/go/templates/).
 """
 

@@ -40,10 +40,10 @@ FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cro
 LINEAR_MODES = ("sample", "solve")  # --linear: how a fit's surrogate step finds the constants a program is affine in
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
 # keep: a child must use every time component (f.gemm_pf ... f.allreduce) its first parent uses;
-# the default since the worlds' benchmark (docs/results.md "Keeping every time component")
+# the default since the worlds' benchmark (docs/HISTORY.md "Keeping every time component")
 TIME_COMPONENT_MODES = ("keep", "free")
 # reject: a child may not use a component the data never varies (f.allreduce when every experiment
-# runs at tp 1, f.tp at one TP) more often than its first parent does (docs/results.md, "Terms the
+# runs at tp 1, f.tp at one TP) more often than its first parent does (docs/HISTORY.md, "Terms the
 # train configurations cannot judge")
 UNEXERCISED_MODES = ("reject", "allow")
 
@@ -66,19 +66,19 @@ class SearchConfig:
     )
     # the screening fit's surrogate evaluations per trust-region iteration (None: 200 + 40 n, the
     # default before; 80 made the same promotions in 15 of 17 generations of the real-data run for
-    # a fifth less CPU: docs/results.md "Screening with 80 surrogate evaluations")
+    # a fifth less CPU: docs/HISTORY.md "Screening with 80 surrogate evaluations")
     quick_surrogate: int | None = 80
     full_fit_evals: int | None = 8  # closed-loop evaluations of a promoted child's fit (None: the method's default)
     full_fit_sigma: float = 0.2
     seed_fit_evals: int | None = None  # None: the standard fit budget
     # the trust region of a promoted child's full fit: closed-loop judged points per iteration,
     # and surrogate evaluations per iteration (None: 200 + 40 n); seed fits keep the standard
-    # fit's. docs/results.md "Search speed" measured what these buy
+    # fit's. docs/HISTORY.md "Search speed" measured what these buy
     full_fit_candidates: int = 1
     full_fit_surrogate: int | None = 150
     # "solve": the screening and promoted fits' trust region solves the constants a program is
     # affine in by least squares (evaluator/linear_solve.py) and samples only the others; faster,
-    # but the promoted fits ended worse on four seeds of five (docs/results.md), so "sample"
+    # but the promoted fits ended worse on four seeds of five (docs/HISTORY.md), so "sample"
     # (CMA-ES samples them all) stays the default
     linear: str = LINEAR_MODES[0]
     islands: int = 1
@@ -106,7 +106,7 @@ class SearchConfig:
     # check: every seed and child keeps the physics a search cannot trade away (evaluator/soundness.py:
     # the floor, causal inputs, no subtracted time, one role per constant; rejections "floor" and
     # "causal"), fits stay at or above the floor, inherited constants keep their first parent's bounds
-    # and priors and new ones get a weak prior (docs/results.md, "Physics the search cannot trade away")
+    # and priors and new ones get a weak prior (docs/HISTORY.md, "Physics the search cannot trade away")
     physics: str = PHYSICS_MODES[0]
 
     def __post_init__(self):

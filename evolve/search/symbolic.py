@@ -49,7 +49,7 @@ TYPICAL_REQUEST = {"input_tokens": 1000.0, "output_tokens": 250.0, "last_step_us
 # what a new term k * x of `add_term` adds at its start, for a count or a request field x: about what
 # k * f.n_req added when every such term started at k = 10, so small counts start where they did and
 # large ones no longer start at a step's whole time or more (k * f.ctx_sum at k = 10 added a third of
-# a second a step; no screening fit came back from it: docs/results.md, "New terms start small")
+# a second a step; no screening fit came back from it: docs/HISTORY.md, "New terms start small")
 TERM_START_US = 300.0
 # the counts of a step a kernel or a code path changes with: `switch` conditions on one of them
 # (not layers, tp or experts, which one deployment holds fixed)

@@ -306,7 +306,7 @@ def eval_cmd(
     split: Split = typer.Option(
         "test", "--split", help="Split to score: a temporal window, or all (whole experiments)."
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     workers: WorkersOption = None,
     output_len: OutputLenOption = SETUP.output_len,
     prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
@@ -374,7 +374,7 @@ def fit_cmd(
         min=0,
         help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget).",
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     workers: WorkersOption = None,
     output_len: OutputLenOption = SETUP.output_len,
     prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
@@ -459,7 +459,7 @@ def cv_cmd(
         help="Also fit on every experiment and score them all on all requests: "
         "the errors when nothing is held out, beside the CV errors.",
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     workers: WorkersOption = None,
     output_len: OutputLenOption = SETUP.output_len,
     prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
@@ -842,7 +842,7 @@ def blis_compare_cmd(
     ),
     backend: str | None = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
     prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ):
     """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
     from stepml_evolve.evaluator.experiments import experiment_dirs
@@ -865,7 +865,7 @@ def bench_cmd(
     data: Path | None = typer.Option(
         None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     skip_fit: bool = typer.Option(False, "--skip-fit", help="Skip the full fits of the seeds (minutes to an hour)."),
     fit_seed: list[str] | None = typer.Option(
         None, "--fit-seed", help="Seed programs to fit (repeatable; default all of seeds/)."

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.experiments import SPLITS
 from stepml_evolve.evaluator.fitted_header import FittedHeader
@@ -37,8 +39,12 @@ CV_PREFERENCE = (
     "lomo",
     "lowo",
 )  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
-RULES = ("best", "simplest", "lineage", "anchored", "penalized")  # emit-go's deployment rules (`choose`)
+RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered")  # emit-go's deployment rules (`choose`)
 DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
+# tethered: a program's step times stay within this factor of its seed's (as generation 0 fitted it) on
+# TETHER_SHARE of the steps of the floor's envelope (every catalog deployment, the steps users simulate)
+TETHER_FACTOR = 1.5
+TETHER_SHARE = 0.95
 RUNS_DIR = Path("runs")
 
 
@@ -388,6 +394,12 @@ class Choice:
         )
         if self.rule == "best":
             return f"best: #{self.program.id}, the lowest {self.loss_name} ({self.loss:.4f}) of {pool}"
+        if self.rule == "tethered":
+            return (
+                f"tethered: #{self.program.id}, the lowest {self.loss_name} among programs within "
+                f"{TETHER_FACTOR:g}x of their seed's step times on {TETHER_SHARE:.0%} of the steps users simulate "
+                f"(the floor's envelope; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
+            )
         if self.rule == "penalized":
             return (
                 f"penalized: #{self.program.id}, the lowest {self.loss_name} plus its constants' distance from "
@@ -444,7 +456,42 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
         chosen, loss = pick, dict((p.id, v) for p, v in cands).get(pick.id, math.nan)
     elif rule == "penalized":
         chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
+    elif rule == "tethered":
+        chosen, loss = _tethered(cands, programs)
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
+
+
+def tether(program: ProgramRecord, programs: list[ProgramRecord]) -> float:
+    """How far a program's step times stray from its seed's (the seed its first parents lead back to,
+    as generation 0 fitted it) over the floor's envelope: the TETHER_SHARE quantile of the factor
+    between them (1.0: the seed itself; inf: a step time that is not finite)."""
+    from stepml_evolve.evaluator.dsl import parse_program
+    from stepml_evolve.evaluator.floor import envelope_for, step_ratios
+
+    by_id, root = {p.id: p for p in programs}, program
+    while root.operator != "seed" and root.parents and root.parents[0] in by_id:
+        root = by_id[root.parents[0]]
+    if root.id == program.id:
+        return 1.0
+    env = envelope_for()
+    a, b = (parse_program(p.source) for p in (program, root))
+    ratio = step_ratios(a, list(a.constants.values()), env)[0] / step_ratios(b, list(b.constants.values()), env)[0]
+    with np.errstate(all="ignore"):
+        stray = np.abs(np.log(ratio))
+    if not np.isfinite(stray).all():
+        return math.inf
+    return float(np.exp(np.quantile(stray, TETHER_SHARE)))
+
+
+def _tethered(cands: list, programs: list[ProgramRecord]):
+    """The lowest loss among programs tethered to their seed (`tether` at most TETHER_FACTOR); if none
+    is, the best fully evaluated seed by validation loss (a seed is its own tether)."""
+    tethered = [c for c in cands if tether(c[0], programs) <= TETHER_FACTOR]
+    if tethered:
+        return min(tethered, key=lambda c: (c[1], c[0].id))
+    seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]
+    seed = min(seeds, key=lambda p: (_validation(p), p.id))
+    return seed, dict((p.id, v) for p, v in cands).get(seed.id, seed.val_loss)
 
 
 def _prior_distance(p: ProgramRecord) -> float:

@@ -16,7 +16,7 @@ import pytest
 from conftest import downgrade_to_schema_1, only_error_line, table_schemas
 from typer.testing import CliRunner
 
-from stepml_evolve.archive.browse import BrowseError, choose, cv_by_program, select_rows
+from stepml_evolve.archive.browse import BrowseError, choose, cv_by_program, run_programs, select_rows, tether
 from stepml_evolve.archive.records import CVEvaluationRecord, CVScoreRecord, GenerationRecord, NewProgram, ProgramRecord
 from stepml_evolve.archive.store import SCHEMA_VERSION, Archive, ArchiveError
 from stepml_evolve.evaluator.crossval import cross_validate, make_folds
@@ -503,4 +503,31 @@ def test_penalized_adds_each_programs_distance_from_its_priors_to_its_loss(tmp_p
     assert choose(a, "best").program.id == ids[1]
     penalized = choose(a, "penalized")
     assert penalized.program.id == ids[0] and "distance from their priors" in penalized.describe()
+    a.close()
+
+
+def test_tethered_keeps_the_best_program_whose_steps_stay_near_its_seeds(tmp_path):
+    """A child that doubles its seed's step time almost everywhere users simulate is not kept, however
+    well it fits; one within 1.5x on 95 % of the envelope is; with none, the best seed."""
+    roofline = '"""r"""\nCONSTANTS = {{"o": {o}}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
+    ids = _lineage(tmp_path, [10.0, 8.0, 7.0])
+    a = Archive(tmp_path)
+    sources = {
+        ids[0]: roofline.format(o="1500.0", extra=""),
+        ids[1]: roofline.format(o="1500.0", extra=" + 0.1 * f.kv_read"),  # a little more KV time
+        ids[2]: roofline.format(o="1500.0", extra=" + f.weights + f.kv_read + f.gemm_pf"),  # about twice the step
+    }
+    for pid, text in sources.items():
+        a.db.execute("UPDATE programs SET source=? WHERE id=?", (text, pid))
+    a.db.commit()
+    _, programs = run_programs(a)
+    by = {p.id: p for p in programs}
+    assert tether(by[ids[0]], programs) == 1.0 and tether(by[ids[1]], programs) < 1.15
+    assert tether(by[ids[2]], programs) > 1.5
+    assert choose(a, "best").program.id == ids[2]
+    kept = choose(a, "tethered")
+    assert kept.program.id == ids[1] and "within 1.5x of their seed" in kept.describe()
+    a.db.execute("UPDATE programs SET source=? WHERE id=?", (sources[ids[2]], ids[1]))
+    a.db.commit()
+    assert choose(a, "tethered").program.id == ids[0]  # none tethered: the best seed
     a.close()

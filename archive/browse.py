@@ -397,7 +397,7 @@ class Choice:
         if self.rule == "tethered":
             return (
                 f"tethered: #{self.program.id}, the lowest {self.loss_name} among programs within "
-                f"{TETHER_FACTOR:g}x of their seed's step times on {TETHER_SHARE:.0%} of the steps users simulate "
+                f"{1 + self.within / 100:g}x of their seed's step times on {TETHER_SHARE:.0%} of the steps users simulate "
                 f"(the floor's envelope; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
             )
         if self.rule == "penalized":
@@ -427,9 +427,12 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     """The latest run's program by a deployment rule. The loss is the CV loss of the preferred
     protocol (lomo, else lowo, else another) when any program of the run has a finite one, else the
     validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
-    complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older)."""
+    complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
+    anchored, penalized, tethered: see their helpers (tethered: `within` percent over 1 is its factor,
+    default TETHER_FACTOR)."""
     if rule not in RULES:
         raise BrowseError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
+    within_given = within
     within = DEFAULT_WITHIN if within is None else within
     if not (within >= 0 and math.isfinite(within)):
         raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
@@ -457,7 +460,10 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     elif rule == "penalized":
         chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
     elif rule == "tethered":
-        chosen, loss = _tethered(cands, programs)
+        factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
+        chosen, loss = _tethered(cands, programs, factor)
+    if rule == "tethered":
+        within = (factor - 1) * 100
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
 
 
@@ -483,10 +489,10 @@ def tether(program: ProgramRecord, programs: list[ProgramRecord]) -> float:
     return float(np.exp(np.quantile(stray, TETHER_SHARE)))
 
 
-def _tethered(cands: list, programs: list[ProgramRecord]):
-    """The lowest loss among programs tethered to their seed (`tether` at most TETHER_FACTOR); if none
-    is, the best fully evaluated seed by validation loss (a seed is its own tether)."""
-    tethered = [c for c in cands if tether(c[0], programs) <= TETHER_FACTOR]
+def _tethered(cands: list, programs: list[ProgramRecord], factor: float = TETHER_FACTOR):
+    """The lowest loss among programs tethered to their seed (`tether` at most `factor`); if none is,
+    the best fully evaluated seed by validation loss (a seed is its own tether)."""
+    tethered = [c for c in cands if tether(c[0], programs) <= factor]
     if tethered:
         return min(tethered, key=lambda c: (c[1], c[0].id))
     seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]

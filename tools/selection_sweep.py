@@ -1,0 +1,106 @@
+"""Deployment rules held out, on a finished worlds benchmark (`evolve bench --worlds --out DIR`).
+
+For every result of the benchmark (a world, a split, a search seed) this picks the program each
+deployment rule of archive/browse.py would emit from that search's archive (and `tethered` at
+several factors), scores every pick the result has not scored yet held out, exactly as the
+benchmark scores its winner (`evolve cv --protocol groups:split-NAME.yaml`: fitted on the train
+configurations, all requests of the held-out ones replayed), and prints per rule how often its pick
+beats or loses to the best fitted seed held out, and the geometric mean of the ratio. The scores
+are cached in DIR/selection-sweep.json, so a rerun only scores what is new.
+
+    python tools/selection_sweep.py --out bench-worlds [--factors 1.25,1.5,2] [--json]
+
+docs/results/physics.md ("Which program a search should deploy") cites it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from stepml_evolve.archive.browse import RULES, choose, opened
+from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, make_folds
+from stepml_evolve.evaluator.datasets import load_data
+from stepml_evolve.evaluator.dsl import parse_program
+from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.worlds.splits import SPLITS, split_file
+from stepml_evolve.evolve.commands.bench_worlds import SplitResult, SplitScorer
+
+CACHE = "selection-sweep.json"
+
+
+def _results(out: Path) -> list[tuple[Path, SplitResult]]:
+    found = []
+    for path in sorted(out.glob("*/*-result.json")):
+        found.append((path, SplitResult.from_json(json.loads(path.read_text()))))
+    return found
+
+
+def _archive_of(path: Path) -> Path:
+    return path.with_name(path.name.replace("-result.json", "-archive"))
+
+
+def sweep(out: Path, factors: list[float]) -> dict:
+    cache_path = out / CACHE
+    cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
+    rows = []
+    for path, result in _results(out):
+        split = next(s for s in SPLITS if s.name == result.split)
+        data_dir = out / result.world / ("data" if split.grid == "standard" else f"data-{split.grid}")
+        with opened(_archive_of(path)) as archive:
+            picks = {rule: choose(archive, rule).program for rule in RULES}
+            picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
+        key = str(path.relative_to(out))
+        scored = cache.setdefault(key, {})
+        for _rule, held in result.rules:
+            scored.setdefault(held.program, held.loss)
+        todo = {f"#{p.id}": p for p in picks.values() if f"#{p.id}" not in scored}
+        if todo:
+            loaded = load_data(data_dir)
+            protocol = f"{GROUPS_PREFIX}{split_file(data_dir, split.name)}"
+            with Engine(loaded.experiments) as pool:
+                scorer = SplitScorer(loaded, pool, protocol, make_folds(protocol, loaded.experiments), 0, 1, "train")
+                for name, held in zip(todo, scorer.all([(n, parse_program(p.source)) for n, p in todo.items()])):
+                    scored[name] = held.loss
+            cache_path.write_text(json.dumps(cache, indent=1) + "\n")
+        best_seed = result.best_seed.loss
+        rows.append({"cell": key, "best_seed": best_seed, **{r: scored[f"#{p.id}"] for r, p in picks.items()}})
+    summary = {}
+    for rule in [k for k in rows[0] if k not in ("cell", "best_seed")] if rows else []:
+        ratios = [r[rule] / r["best_seed"] for r in rows]
+        summary[rule] = {
+            "cells": len(rows),
+            "beats_seed": sum(x < 1 for x in ratios),
+            "worse_than_seed": sum(x > 1 for x in ratios),
+            "geomean_to_seed": math.exp(sum(math.log(x) for x in ratios) / len(ratios)),
+            "worst_to_seed": max(ratios),
+        }
+    return {"cells": rows, "rules": summary}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out", type=Path, required=True, help="The benchmark's directory (evolve bench --worlds --out)."
+    )
+    parser.add_argument("--factors", default="1.25,1.5,2", help="tethered's factors to try, comma-separated.")
+    parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+    args = parser.parse_args()
+    report = sweep(args.out, [float(x) for x in args.factors.split(",")])
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    for cell in report["cells"]:
+        print(cell["cell"], {k: round(v, 2) for k, v in cell.items() if k != "cell"})
+    print(f"{'rule':14s} beats  worse  geomean  worst (pick's held-out loss over the best seed's)")
+    for rule, s in report["rules"].items():
+        print(
+            f"{rule:14s} {s['beats_seed']:2d}/{s['cells']}  {s['worse_than_seed']:2d}/{s['cells']}  "
+            f"{s['geomean_to_seed']:.3f}  {s['worst_to_seed']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

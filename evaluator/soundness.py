@@ -7,7 +7,9 @@ program (a seed, a search's child, a program `evolve fit` is given), beyond what
           absent: step_time is the same at TP 1 as with no tensor parallelism at all (f.allreduce
           is, k * f.tp is not). f.experts needs no check: it is 0 for a dense model, so a term in
           it is zero there by construction.
-  floor   no time component is subtracted (or divides, or enters with a negative power): a step
+  floor   no FLOP or HBM time counts at the hardware's peak (every one is scaled by an efficiency
+          constant: no kernel reaches the peak, and a child that drops the constant would run
+          prefill at it); no time component is subtracted (or divides, or enters with a negative power): a step
           cannot get faster for doing more of a kind of work; each constant has one role, in one
           function (a constant that scales one resource's time, FLOP, HBM or link time, in one
           place is not read as another's, inside sqrt, beside a count or in a condition in
@@ -250,6 +252,25 @@ def _role_text(role: tuple[str, str, str]) -> str:
     return f"in {function}, multiplying {multiplies}, in {where}"
 
 
+AT_PEAK_EXEMPT = ("allreduce",)  # link time at peak: the seeds' simplification (small next to the step)
+
+
+def _at_peak(expr: ast.expr, parents: dict[int, ast.AST]) -> Iterator[ast.Attribute]:
+    """The FLOP and HBM time components no constant scales: walking up from one, no product (or
+    quotient) on the way has a constant in its other operand."""
+    for node in ast.walk(expr):
+        if not _is(node, "f", TIME_COMPONENTS) or node.attr in AT_PEAK_EXEMPT:
+            continue
+        cur, scaled = node, False
+        while (parent := parents.get(id(cur))) is not None and not scaled:
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Mult, ast.Div)):
+                other = parent.right if parent.left is cur else parent.left
+                scaled = any(_is(n, "c") for n in ast.walk(other))
+            cur = parent
+        if not scaled:
+            yield node
+
+
 def _form_problems(program: Program) -> Iterator[tuple[str, str]]:
     """(rule, message) of what the program reads or computes against the static rules."""
     roles: dict[str, dict[tuple[str, str, str], int]] = {}
@@ -273,6 +294,13 @@ def _form_problems(program: Program) -> Iterator[tuple[str, str]]:
         for node in ast.walk(expr):
             if _is(node, "c"):
                 roles.setdefault(node.attr, {}).setdefault(_role(node, parents, name), 0)
+        for node in _at_peak(expr, parents):
+            yield (
+                "floor",
+                f"{name} counts f.{node.attr} at the hardware's peak (no constant scales it): no kernel runs at "
+                "the peak, so a FLOP or HBM time takes an efficiency constant, and its prior, as the seeds' do",
+            )
+            break
     for constant, seen in roles.items():
         if len(seen) > 1:
             first, second = list(seen)[:2]

@@ -107,7 +107,7 @@ def test_a_constant_has_one_role_in_one_function(step, queue):
 
 
 def test_one_constant_scaling_two_times_is_one_role():
-    step = "c.o + c.c_compute * f.gemm_pf + c.c_compute * f.attn_pf + max(f.gemm_dc + f.attn_dc, c.c_memory * memory) + f.allreduce"
+    step = "c.o + c.c_compute * f.gemm_pf + c.c_compute * f.attn_pf + max(c.k * (f.gemm_dc + f.attn_dc), c.c_memory * memory) + f.allreduce"
     assert rules(program(step)) == []
 
 
@@ -174,3 +174,22 @@ def test_a_new_constant_that_scales_a_time_is_no_less_than_zero():
     child = inherit(parse_program(text), parent)
     assert child.bounds["k1"] == (0.0, math.inf) and child.constants["k1"] == 0.0  # a negative one subtracts
     assert "k2" not in child.bounds  # a count's rate: no time it could take away
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "c.o + max(compute, c.c_memory * memory) + f.allreduce",  # c_compute dropped: prefill at the peak
+        SOUND_STEP + " + f.attn_dc",  # extra decode attention, at the peak
+        SOUND_STEP + " + f.attn_pf * f.n_pf",  # a time times a count, no efficiency
+    ],
+)
+def test_no_flop_or_hbm_time_counts_at_the_hardware_s_peak(step):
+    problems = physics_problems(program(step))
+    assert problems and problems[0][0] == "floor" and "at the hardware's peak" in problems[0][1]
+
+
+def test_every_time_scaled_by_a_constant_is_not_at_peak_nor_is_the_all_reduce():
+    assert rules(program(SOUND_STEP + " + c.k * f.kv_read")) == []
+    assert rules(program("c.o + c.k * max(compute, memory) + f.allreduce")) == []
+    assert rules(program(SOUND_STEP + " + f.attn_dc / c.k")) == []  # an efficiency as a fraction

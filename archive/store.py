@@ -282,6 +282,13 @@ class WriterLock:
             os.close(self.directory_fd)
             self.directory_fd = None
 
+    def __del__(self):
+        # An archive dropped without close(): the garbage collector closes the lock file by
+        # itself but not the directory's descriptor, which would keep the archive locked for
+        # the rest of the process.
+        if getattr(self, "directory_fd", None) is not None:
+            self.release()
+
 
 class Archive:
     FILE = ARCHIVE_DATABASE

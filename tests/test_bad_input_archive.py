@@ -179,6 +179,14 @@ def test_a_second_writer_is_refused_naming_the_holder(archive):
     Archive.open(archive, writable=True).close()  # released on close
 
 
+def test_a_writer_dropped_without_close_leaves_no_stuck_lock(archive):
+    import gc
+
+    Archive.open(archive, writable=True)  # never closed: only the garbage collector ends it
+    gc.collect()
+    Archive.open(archive, writable=True).close()  # the same process writes again
+
+
 def test_a_killed_writer_leaves_no_stuck_lock(archive):
     code = (
         "import sys, time\n"

@@ -103,7 +103,7 @@ def test_same_seed_and_data_give_the_same_archive(reference, interrupted):
 
 def test_archive_records_programs_evaluations_and_rejections(reference):
     d, ref = reference
-    a = Archive(d)
+    a = Archive.open(d)
     run_row = a.run()
     progs = a.programs(run_row.id)
     seeds = [p for p in progs if p.operator == "seed"]
@@ -196,7 +196,7 @@ def test_run_refuses_a_corrupt_or_foreign_database_with_one_line(tmp_path):
 
 def test_islands_evolve_separately_and_exchange_their_best(tmp_path):
     run(tmp_path, 4, "--islands", "2", "--migration-interval", "2", seed=4)
-    a = Archive(tmp_path)
+    a = Archive.open(tmp_path)
     progs = a.programs(a.run().id)
     by_id = {p.id: p for p in progs}
     assert {p.island for p in progs} == {0, 1}
@@ -228,12 +228,12 @@ def test_a_saved_winner_seeds_a_new_run(reference, tmp_path):
     extra = tmp_path / "rf.py"
     extra.write_text(seed_path("roofline").read_text())
     run(tmp_path / "run", 1, "--seeds", str(seeds_dir), "--seeds", str(extra))
-    a = Archive(tmp_path / "run")
+    a = Archive.open(tmp_path / "run")
     run_row = a.run()
     gen0 = [p for p in a.programs(run_row.id) if p.generation == 0]
     a.close()
     assert [(p.operator, p.operator_detail) for p in gen0] == [("seed", "winner"), ("seed", "rf")]
-    ref = Archive(d)
+    ref = Archive.open(d)
     best = min((p for p in ref.programs(ref.run().id) if p.full), key=lambda p: (p.val_loss, p.id))
     ref.close()
     from stepml_evolve.evaluator.dsl import parse_program

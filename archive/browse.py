@@ -40,6 +40,10 @@ CV_PREFERENCE = (
     "lowo",
 )  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
 RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered")  # emit-go's deployment rules (`choose`)
+MARGIN_RULES = ("simplest", "lineage", "anchored", "tethered")  # the rules --within sets a margin of
+# The rule emit-go, blis-compare and the worlds benchmark deploy by default: on the worlds'
+# by-workload split it was the least worse than the best fitted seed held out (docs/results/physics.md).
+DEFAULT_RULE = "tethered"
 DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
 # tethered: a program's step times stay within this factor of its seed's (as generation 0 fitted it) on
 # TETHER_SHARE of the steps of the floor's envelope (every catalog deployment, the steps users simulate)

@@ -271,6 +271,49 @@ def _at_peak(expr: ast.expr, parents: dict[int, ast.AST]) -> Iterator[ast.Attrib
             yield node
 
 
+NOT_WORK = ("tp",)  # a degree of the deployment, not work the step does: `f.allreduce * (1 + k * f.tp)` is fine
+
+
+def _counts_in_value(expr: ast.AST) -> Iterator[ast.Attribute]:
+    """The count components (f.* that are not times) an expression grows with: not those in a
+    divisor (a share per count) or a condition (a branch's test)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        yield from _counts_in_value(expr.left)
+        return
+    if isinstance(expr, ast.IfExp):
+        yield from _counts_in_value(expr.body)
+        yield from _counts_in_value(expr.orelse)
+        return
+    if isinstance(expr, (ast.Compare, ast.BoolOp)):
+        return
+    if _is(expr, "f") and expr.attr not in TIME_COMPONENTS and expr.attr not in NOT_WORK:
+        yield expr
+        return
+    for child in ast.iter_child_nodes(expr):
+        yield from _counts_in_value(child)
+
+
+def _time_times_count(expr: ast.expr, parents: dict[int, ast.AST]) -> Iterator[tuple[ast.Attribute, ast.Attribute]]:
+    """(time, count) where a time component is multiplied by a count: walking up from the time,
+    a product whose other operand grows with a count component."""
+    for node in ast.walk(expr):
+        if not _is(node, "f", TIME_COMPONENTS):
+            continue
+        cur = node
+        while (parent := parents.get(id(cur))) is not None:
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mult):
+                other = parent.right if parent.left is cur else parent.left
+                count = next(_counts_in_value(other), None)
+                if count is not None:
+                    yield node, count
+                    break
+            elif not (
+                isinstance(parent, ast.UnaryOp) or isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div)
+            ):
+                break
+            cur = parent
+
+
 def _form_problems(program: Program) -> Iterator[tuple[str, str]]:
     """(rule, message) of what the program reads or computes against the static rules."""
     roles: dict[str, dict[tuple[str, str, str], int]] = {}
@@ -294,6 +337,14 @@ def _form_problems(program: Program) -> Iterator[tuple[str, str]]:
         for node in ast.walk(expr):
             if _is(node, "c"):
                 roles.setdefault(node.attr, {}).setdefault(_role(node, parents, name), 0)
+        for time, count in _time_times_count(expr, parents):
+            yield (
+                "floor",
+                f"{name} multiplies f.{time.attr} by f.{count.attr}: a time component is already the whole "
+                "step's time for that work (summed over its tokens, requests and layers), so a count "
+                "multiplies it again; scale it by a constant, or divide it by a count for a share",
+            )
+            break
         for node in _at_peak(expr, parents):
             yield (
                 "floor",

@@ -393,12 +393,12 @@ def test_unknown_ids_and_conflicting_selections_are_one_line_errors(scored, tmp_
     assert cv_rows_in(directory) == before
 
 
-def test_within_goes_with_simplest_only(scored, tmp_path):
+def test_within_goes_with_the_rules_that_have_a_margin_only(scored, tmp_path):
     directory = scored[0]
-    for spec in ("best", "3"):
+    for spec in ("best", "penalized", "3"):
         only_error_line(
             invoke("emit-go", spec, "--within", "5", "--archive", directory, "--out", tmp_path / "m.go"),
-            "--within goes with the `simplest` rule only",
+            "--within goes with the rules simplest, lineage, anchored, tethered only",
         )
     res = invoke("emit-go", "simplest", "--within", "-1", "--archive", directory, "--out", tmp_path / "m.go")
     assert res.exit_code == 2 and "Traceback" not in res.output

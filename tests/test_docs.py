@@ -4,6 +4,7 @@ command line has, generated from it, and the README stays a front door a newcome
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -51,3 +52,18 @@ def test_a_command_page_says_what_evolve_help_says():
     fit = next(p for p in command_pages() if p.slug == "fit")
     assert "Fit PROGRAM's constants on the train split" in fit.markdown
     assert "| `--physics` | `check` \\| `off` | `check` |" in fit.markdown
+
+
+def test_the_readme_is_a_front_door():
+    """Short enough to read in five minutes, opening with the two commands CI runs, and every
+    page it links to exists."""
+    readme = (ROOT / "README.md").read_text()
+    lines = readme.splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"
+    first_block = readme.split("```")[1].strip().splitlines()
+    assert len(first_block) == 2 and "evolve run" in first_block[0] and "pytest" in first_block[1]
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    relative = [link for link in links if "://" not in link]
+    assert relative, "the README links to the docs"
+    missing = [link for link in relative if not (ROOT / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"

@@ -13,6 +13,7 @@ import pytest
 from conftest import only_error_line
 from typer.testing import CliRunner
 
+from stepml_evolve.archive.browse import DEFAULT_RULE, choose, opened
 from stepml_evolve.archive.grid import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
@@ -122,6 +123,11 @@ def test_every_run_ends_with_its_front_cross_validated(tmp_path):
     for f in out["front"]:
         assert f["cv"]["lowo"] == pytest.approx([s.loss for s in scores[f["id"]]][0])
     assert run_rec.summary["front"] == out["front"]
+    # the run says what emit-go deploys by default: the rule's pick, ranked by the front's CV loss
+    with opened(tmp_path) as archive:
+        chosen = choose(archive, DEFAULT_RULE)
+    assert out["deployed"]["id"] == chosen.program.id and out["deployed"]["rule"] == DEFAULT_RULE
+    assert "lowo CV loss" in out["deployed"]["why"]
     assert not any(scores[p.id] for p in progs if p.id not in {q.id for q in front})
     # a resume with nothing left to run scores nothing again (every front member has its score)
     db = sqlite3.connect(tmp_path / Archive.FILE)

@@ -186,7 +186,32 @@ def test_a_new_constant_that_scales_a_time_is_no_less_than_zero():
 )
 def test_no_flop_or_hbm_time_counts_at_the_hardware_s_peak(step):
     problems = physics_problems(program(step))
-    assert problems and problems[0][0] == "floor" and "at the hardware's peak" in problems[0][1]
+    assert any(rule == "floor" and "at the hardware's peak" in why for rule, why in problems)
+
+
+@pytest.mark.parametrize(
+    "step, time, count",
+    [
+        # a real search's best on the 16 experiments: decode attention once per layer, again
+        (
+            "c.o + max(c.c_compute * (compute + f.attn_dc * f.layers), c.c_memory * memory) + f.allreduce",
+            "attn_dc",
+            "layers",
+        ),
+        (SOUND_STEP + " + c.k * f.attn_pf * f.n_pf", "attn_pf", "n_pf"),
+        (SOUND_STEP + " + c.k * f.weights * sqrt(f.ctx_max)", "weights", "ctx_max"),
+        (SOUND_STEP + " + c.k * (f.n_req + 1) * f.kv_read", "kv_read", "n_req"),
+    ],
+)
+def test_a_time_multiplied_by_a_count_is_refused(step, time, count):
+    problems = [why for rule, why in physics_problems(program(step)) if rule == "floor"]
+    assert any(f"multiplies f.{time} by f.{count}" in why for why in problems), problems
+
+
+def test_a_count_in_a_divisor_or_a_condition_does_not_multiply_a_time():
+    assert rules(program(SOUND_STEP + " + c.k * f.kv_read / f.n_dc")) == []  # a share per request
+    assert rules(program(SOUND_STEP + " + c.k * f.kv_read * (2 if f.n_dc > 4 else 1)")) == []
+    assert rules(program(SOUND_STEP + " + c.k * f.n_req")) == []  # a count's own rate
 
 
 def test_every_time_scaled_by_a_constant_is_not_at_peak_nor_is_the_all_reduce():

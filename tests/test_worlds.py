@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, archive_rows
 from typer.testing import CliRunner
 
-from stepml_evolve.archive.browse import RULES, opened
+from stepml_evolve.archive.browse import DEFAULT_RULE, RULES, opened
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.catalog import catalog
 from stepml_evolve.evaluator.crossval import make_folds
@@ -43,7 +43,6 @@ from stepml_evolve.evaluator.worlds.grid import (
 from stepml_evolve.evaluator.worlds.workloads import STANDARD_WORKLOADS
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.commands.bench_worlds import (
-    DEFAULT_RULE,
     SETTINGS_FILE,
     HeldOut,
     SplitResult,

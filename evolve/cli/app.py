@@ -10,6 +10,7 @@ from typing import Literal
 
 import typer
 
+from stepml_evolve.archive.browse import DEFAULT_RULE
 from stepml_evolve.evaluator.datasets import SYNTHETIC_SEED, check_data, write_synthetic_sample
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.executor import Cluster
@@ -760,12 +761,15 @@ def run_cmd(
 @app.command("emit-go")
 def emit_go_cmd(
     program: str = typer.Argument(
-        "best",
-        help="best (lowest CV loss, lomo else lowo, when the archive has CV scores; else "
-        "lowest validation loss), simplest (lowest complexity within --within % of best), lineage "
-        "(best's nearest ancestor each of whose steps gained more than --within %), anchored (best, "
-        "unless it beats the best seed's validation loss by at most --within %: then that seed), "
-        "a program id from the archive, or a program file (.py).",
+        DEFAULT_RULE,
+        help="A deployment rule, a program id from the archive, or a program file (.py). The rules rank "
+        "by CV loss (lomo, else lowo) when the archive has CV scores, else by validation loss: tethered "
+        "(the default: the lowest loss among programs whose step times stay within --within % over 1x "
+        "(default 50: 1.5x) of their seed's on 95 % of the floor's envelope, else the best seed), best "
+        "(the lowest loss), simplest (lowest complexity within --within % of best), lineage (best's "
+        "nearest ancestor each of whose steps gained more than --within %), anchored (best, unless it "
+        "beats the best seed's validation loss by at most --within %: then that seed), penalized (the "
+        "lowest loss plus its constants' distance from their priors).",
     ),
     archive_dir: Path | None = typer.Option(
         None, "--archive", help="Archive directory (default: the newest under runs/)."
@@ -775,7 +779,8 @@ def emit_go_cmd(
         "--within",
         min=0.0,
         help="With simplest: percent over the best loss allowed; with lineage and anchored: the gain that "
-        "counts (default 5).",
+        "counts (default 5); with tethered: how far over 1x of its seed's a program's step times may go "
+        "(default 50: 1.5x).",
     ),
     out_path: Path | None = typer.Option(
         None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."
@@ -828,7 +833,9 @@ def emit_go_cmd(
 
 @app.command("blis-compare")
 def blis_compare_cmd(
-    program: str = typer.Argument("best", help="best, a program id from the archive, or a program file (.py)."),
+    program: str = typer.Argument(
+        DEFAULT_RULE, help="A deployment rule (as emit-go's), a program id from the archive, or a program file (.py)."
+    ),
     blis: Path = typer.Option(
         ..., "--blis", help="A built BLIS checkout; the program is installed there as emit-go --blis does."
     ),

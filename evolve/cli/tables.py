@@ -193,7 +193,13 @@ def run_summary_tables(summary: dict) -> list:
     for p in summary["front"]:
         cv = [fmt((p.get("cv") or {}).get(k), ".3f", keep_inf=True) for k in protocols]
         f.add_row(str(p["id"]), str(p["complexity"]), f"{p['val_loss']:.3f}", *cv, p["operator"])
-    return [headline, t, f]
+    deployed = summary.get("deployed")
+    deploy = (
+        [f"deployed by `evolve emit-go` (rule {deployed['rule']}): #{deployed['id']}; {deployed['why']}"]
+        if deployed
+        else []
+    )
+    return [headline, t, f, *deploy]
 
 
 def blis_comparison_table(rows) -> Table:

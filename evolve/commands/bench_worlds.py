@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepml_evolve.archive.browse import RULES, choose, cv_by_program, opened, run_programs
+from stepml_evolve.archive.browse import DEFAULT_RULE, RULES, choose, cv_by_program, opened, run_programs
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
@@ -58,7 +58,6 @@ RECOVERY_FACTOR = 1.5
 # how the baselines are scored: "as-searched" (the seeds as the search fitted them, the law after a seed's
 # fit), or "from-files" (every seed from its file and the law from its truth, benchmarks stored before)
 BASELINES = ("as-searched", "from-files")
-DEFAULT_RULE = "best"  # the deployment rule (archive/browse.py) that picks a search's winner
 DEFAULT_SEARCH_SEEDS = 2  # search seeds per split (the quick benchmark: 1)
 # A winner whose train loss is within this factor of the law's (or below it) fits the configurations
 # the search saw as well as the law does: those configurations cannot tell the two apart, so no rule

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepml_evolve.archive.browse import RULES, Choice, choose, cv_header, fitted_header, opened, resolve
+from stepml_evolve.archive.browse import MARGIN_RULES, RULES, Choice, choose, cv_header, fitted_header, opened, resolve
 from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
 from stepml_evolve.evaluator.errors import cut
 from stepml_evolve.evaluator.fitted_header import header_lines
@@ -44,11 +44,11 @@ def _is_file_spec(spec: str) -> bool:
 
 
 def choose_for_emission(spec: str, archive_dir: Path | None, within: float | None = None) -> Emission:
-    """The program named by `spec`: a .py file, a rule (`best`, `simplest`) or an id of the archive.
-    `within` (percent) goes with `simplest` only."""
+    """The program named by `spec`: a .py file, a deployment rule (RULES) or an id of the archive.
+    `within` (percent) goes with the rules that have a margin (MARGIN_RULES)."""
     rule = spec.strip().lower()
-    if within is not None and (rule != "simplest" or _is_file_spec(spec)):
-        raise EmitError(f"--within goes with the `simplest` rule only, not with {spec!r}")
+    if within is not None and (rule not in MARGIN_RULES or _is_file_spec(spec)):
+        raise EmitError(f"--within goes with the rules {', '.join(MARGIN_RULES)} only, not with {spec!r}")
     path = Path(spec)
     if _is_file_spec(spec):
         if not os.path.lexists(path):  # (False for a name too long, too)

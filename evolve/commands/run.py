@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepml_evolve.archive.browse import RUNS_DIR
+from stepml_evolve.archive.browse import DEFAULT_RULE, RUNS_DIR, BrowseError, choose
 from stepml_evolve.archive.grid import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.crossval import GROUPS, GROUPS_PREFIX, FoldError, make_folds, read_groups
@@ -51,6 +51,15 @@ class RunOutcome:
 
     def to_json(self) -> dict:
         return {"archive": str(self.archive_dir), **self.summary}
+
+
+def _deployed(archive: Archive) -> dict:
+    """What `evolve emit-go` would deploy from this run by default (DEFAULT_RULE), and why."""
+    try:
+        choice = choose(archive, DEFAULT_RULE)
+    except BrowseError:
+        return {}
+    return {"deployed": {"rule": DEFAULT_RULE, "id": choice.program.id, "why": choice.describe()}}
 
 
 def score_front(
@@ -297,6 +306,7 @@ def run_search(
                 raise SearchError(f"{archive_dir}: {e}") from None
             if config.front_cv != "none":
                 summary = score_front(archive, search.run_id, loaded, pool, config, summary, say)
+            summary = {**summary, **_deployed(archive)}
     finally:
         archive.close()
     return RunOutcome(archive_dir, summary)

@@ -17,7 +17,24 @@ import time
 from stepml_evolve.evolve.openevolve.local_server import LocalServer, chat_completion
 
 
-class ScriptedLLM:
+class _Served:
+    """An OpenAI-compatible endpoint on `self.server` (a LocalServer), as a context manager."""
+
+    server: LocalServer
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.server.url}/v1"
+
+    def __enter__(self):
+        self.server.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.__exit__(*exc)
+
+
+class ScriptedLLM(_Served):
     def __init__(self, script: list[tuple], default=None):
         self.script = list(script)
         self.default = default
@@ -41,17 +58,6 @@ class ScriptedLLM:
         if kind == "garbage":
             return 200, arg.encode()
         return 200, _completion(arg)
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.server.url}/v1"
-
-    def __enter__(self):
-        self.server.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.__exit__(*exc)
 
 
 def _completion(text: str) -> dict:
@@ -79,13 +85,13 @@ INVALID_REPLY = "```python\nimport os\ndef step_time(f, c):\n    return os.getpi
 PROSE_REPLY = "I think the step time depends mostly on the batch size. You should add a term for it."
 
 
-class TricklingLLM:
+class TricklingLLM(_Served):
     """A real OpenAI-compatible server on 127.0.0.1 that answers every request with a whole chat
     completion, but one byte every `seconds_per_byte`: no read ever waits long, the reply takes
     minutes. `abandoned` counts the replies whose client closed the connection before the end."""
 
     def __init__(self, seconds_per_byte: float = 0.2):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
 
         owner = self
         self.abandoned = 0
@@ -111,18 +117,4 @@ class TricklingLLM:
                         owner.abandoned += 1
 
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server = LocalServer(handler=Handler)

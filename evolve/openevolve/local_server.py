@@ -17,25 +17,10 @@ Route = Callable[[str, dict], tuple[int, Any]]
 
 
 class LocalServer:
-    def __init__(self, route: Route):
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                code, payload = route(self.path, body)
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    def __init__(self, route: Route | None = None, handler: type[BaseHTTPRequestHandler] | None = None):
+        """Answers POSTs with `route`, or serves with a request handler of its own (`handler`: a
+        test's server that streams its reply)."""
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler or _json_handler(route))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -50,6 +35,27 @@ class LocalServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def _json_handler(route: Route) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            code, payload = route(self.path, body)
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
+                pass
+
+    return Handler
 
 
 def chat_completion(text: str, model: str, usage: dict, reply_id: str = "chatcmpl-local") -> dict:

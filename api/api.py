@@ -30,10 +30,10 @@ from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.errors import UserError, cut, shown
 from stepml_evolve.evaluator.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.fitting import FitConfig
-from stepml_evolve.evolve.commands.emit_go import emit_program, emitted_sources
 from stepml_evolve.evolve.commands.eval import evaluate_program
 from stepml_evolve.evolve.commands.fit import fit_program
 from stepml_evolve.evolve.commands.setup import EvaluationSetup
+from stepml_evolve.evolve.go.emission import emit_program, emitted_sources
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET
 
 from .frames import cv_score_frame, evaluation_frame, generation_frame, metric_frame, program_frame

@@ -136,7 +136,7 @@ def coefficients(arch: ModelArch, hw: Hardware, tp: int) -> np.ndarray:
 #     `k[K_*]` (component_values); `a if x < y else b` with one comparison (coefficient_values
 #     only: component_values also runs on numpy arrays).
 # Nothing else: no calls (numpy, max, int, ...), attributes, //, %, loops, ifs or `+=`.
-# A new parameter of coefficient_values needs its Go value in go_physics.COEFFICIENT_ARGUMENTS.
+# A new parameter of coefficient_values needs its Go value in COEFFICIENT_ARGUMENTS in evolve/go/physics.py.
 # Python gets the architecture as ints (exact) and Go as float64: integer intermediates must
 # stay below 2**53 (true for any real model, ~1e14 at most), so both round at the same divisions.
 

@@ -25,7 +25,7 @@ __getattr__, __dir__, __all__ = attach(
         ".commands.fit": ("fit_program",),
         ".commands.cv": ("cross_validate_program",),
         ".commands.archive": ("cross_validate_archive",),
-        ".commands.emit_go": ("emit_program", "emitted_sources"),
+        ".go.emission": ("emit_program", "emitted_sources"),
         ".commands.report": ("write_report",),
     },
 )

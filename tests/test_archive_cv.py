@@ -28,7 +28,7 @@ from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
 from stepml_evolve.evaluator.objectives import Objective
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.commands.archive import run_fit_settings
-from stepml_evolve.evolve.commands.emit_go import choose_for_emission
+from stepml_evolve.evolve.go.emission import choose_for_emission
 from stepml_evolve.evolve.go.emit import find_go_tool
 
 SMALL_RUN = [

@@ -164,7 +164,7 @@ def compare_program_in_blis(
 ) -> list[Fidelity]:
     """`evolve blis-compare`: install the program (best, an id, or a file) into the checkout as
     `emit-go --blis` does (without BLIS's tests), then compare it on each experiment directory."""
-    from stepml_evolve.evolve.commands.emit_go import program_for_emission
+    from stepml_evolve.evolve.go.emission import program_for_emission
 
     from .install import DEFAULT_BACKEND, install_into_blis
 

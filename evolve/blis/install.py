@@ -7,7 +7,7 @@ latency backend, then build, vet and test BLIS there.
    exactly once, else one line names the file and the anchor and nothing is written. An edit that
    an earlier install made is recognised and kept, so installing twice changes nothing, and
    re-emitting a program replaces the model file without duplicating a registration;
-3. emit the model and its test (evolve/commands/emit_go.py), write the planned files;
+3. emit the model and its test (evolve/go/emission.py), write the planned files;
 4. run `go build ./...`, `go build -o blis .`, `go vet ./sim/latency/` and `go test PATTERN...`
    there, offline as BLIS's build.sh does, one result line each.
 
@@ -452,7 +452,7 @@ def install_into_blis(
 ) -> list[GoResult]:
     """`evolve emit-go SPEC --blis BLIS`: check, plan, emit, write, then the Go checks (one line
     each through `say`); a failed check prints the end of its output through `tail` and raises."""
-    from stepml_evolve.evolve.commands.emit_go import emitted_sources
+    from stepml_evolve.evolve.go.emission import emitted_sources
 
     blis = Path(blis)
     check_checkout(blis, target_name)

@@ -2,11 +2,11 @@
 `EvaluationSetup` a replaying command starts from and `say`, the plain callable they report through.
 They know nothing of the terminal; `evolve.cli` parses, calls one of them and prints."""
 
+from ..go.emission import emit_program
 from .archive import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive
 from .bench import run_bench
 from .bench_cluster import cluster_bench
 from .cv import cross_validate_program
-from .emit_go import emit_program
 from .eval import evaluate_program
 from .fit import fit_program
 from .report import write_report

@@ -182,7 +182,8 @@ def coefficient_function_go(select: str) -> tuple[list[tuple[str, str]], list[st
     missing = [p for p in t.params if p not in COEFFICIENT_ARGUMENTS]
     if missing:
         t.fail(
-            t.tree, f"the parameter(s) {', '.join(missing)} (add their Go values to go_physics.COEFFICIENT_ARGUMENTS)"
+            t.tree,
+            f"the parameter(s) {', '.join(missing)} (add their Go values to COEFFICIENT_ARGUMENTS in evolve/go/physics.py)",
         )
     lines, names = t.body()
     slots = coefficient_slots()

@@ -1,4 +1,4 @@
-"""Go spelling shared by the Go emitters (the program in emit_go.py, the physics in go_physics.py):
+"""Go spelling shared by the Go emitters (the program in emit.py, the physics in physics.py):
 identifiers, float literals, operator precedences and parentheses, and the emitters' error."""
 
 from __future__ import annotations

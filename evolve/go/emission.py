@@ -1,12 +1,11 @@
-"""`evolve emit-go`: the program to emit (a program file, or an archive's program by id or by a
-deployment rule, `best` or `simplest`) with its header, written as gofmt-clean Go and,
+"""What `evolve emit-go` emits: the program (a program file, or an archive's program by id or by a
+deployment rule of archive/browse.py, RULES) with its header, written as gofmt-clean Go and,
 optionally, its Go parity test (`--blis`, which installs both into a BLIS checkout, is
 evolve/blis/install.py).
 
-The rules (archive.browse.choose): `best` is the lowest CV loss when any program of the run has
-one (protocol lomo, else lowo), else the lowest validation loss; `simplest` is the lowest
-complexity within `within` percent of that best loss. The Go file's header names the rule, the
-losses and the program's CV scores."""
+The rules (archive.browse.choose) rank by the lowest CV loss when any program of the run has one
+(protocol lomo, else lowo), else by validation loss; DEFAULT_RULE (tethered) is the default. The
+Go file's header names the rule, the losses and the program's CV scores."""
 
 from __future__ import annotations
 

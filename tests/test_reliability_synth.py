@@ -9,7 +9,6 @@ full disk) leaves nothing behind, and the same command run again is not refused.
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 
@@ -48,17 +47,20 @@ def _synth_with_file_size_limit(out, limit_bytes: int | None, *args) -> subproce
     """`evolve data synth` in a process whose files may not grow past limit_bytes (Python ignores
     SIGXFSZ, so the write past it fails with EFBIG, as a full disk fails it with ENOSPC)."""
 
-    def limit():
-        if limit_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-
-    return subprocess.run(
-        [sys.executable, "-m", "stepml_evolve.evolve", "data", "synth", "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        preexec_fn=limit,
-        env={**os.environ, "STEPML_SAMPLE_SIZE": "small"},
-    )
+    command = [sys.executable, "-m", "stepml_evolve.evolve", "data", "synth", "--out", str(out), *args]
+    if limit_bytes is not None:
+        # the limit is set by a small Python that then execs the command, not by preexec_fn: a
+        # pytest worker that ran the Ray tests has gRPC threads, and a child forked beside them
+        # can abort in gRPC's fork handlers before it execs
+        command = [
+            sys.executable,
+            "-c",
+            "import os, resource, sys; limit = int(sys.argv[1]); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); os.execv(sys.argv[2], sys.argv[2:])",
+            str(limit_bytes),
+            *command,
+        ]
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "STEPML_SAMPLE_SIZE": "small"})
 
 
 @pytest.mark.parametrize(

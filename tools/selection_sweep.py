@@ -2,7 +2,8 @@
 
 For every result of the benchmark (a world, a split, a search seed) this picks the program each
 deployment rule of archive/browse.py would emit from that search's archive (and `tethered` at
-several factors), scores every pick the result has not scored yet held out, exactly as the
+several factors, and, as the reference without a search, the seed with the lowest validation
+loss), scores every pick the result has not scored yet held out, exactly as the
 benchmark scores its winner (`evolve cv --protocol groups:split-NAME.yaml`: fitted on the train
 configurations, all requests of the held-out ones replayed), and prints per rule how often its pick
 beats or loses to the best fitted seed held out, and the geometric mean of the ratio. The scores
@@ -20,7 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from stepml_evolve.archive.browse import RULES, choose, opened
+from stepml_evolve.archive.browse import RULES, choose, opened, run_programs
 from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, make_folds
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
@@ -29,6 +30,7 @@ from stepml_evolve.evaluator.worlds.splits import SPLITS, split_file
 from stepml_evolve.evolve.commands.bench_worlds import SplitResult, SplitScorer
 
 CACHE = "selection-sweep.json"
+SEED_BY_VALIDATION = "seed by validation"  # the reference without a search
 
 
 def _results(out: Path) -> list[tuple[Path, SplitResult]]:
@@ -52,6 +54,10 @@ def sweep(out: Path, factors: list[float]) -> dict:
         with opened(_archive_of(path)) as archive:
             picks = {rule: choose(archive, rule).program for rule in RULES}
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
+            # no search at all: the seed a user would deploy from generation 0 (the lowest validation loss)
+            _, programs = run_programs(archive)
+            seeds = [p for p in programs if p.operator == "seed" and p.val_loss is not None]
+            by_validation = min(seeds, key=lambda p: (p.val_loss, p.id)).operator_detail
         key = str(path.relative_to(out))
         scored = cache.setdefault(key, {})
         for _rule, held in result.rules:
@@ -66,16 +72,28 @@ def sweep(out: Path, factors: list[float]) -> dict:
                     scored[name] = held.loss
             cache_path.write_text(json.dumps(cache, indent=1) + "\n")
         best_seed = result.best_seed.loss
-        rows.append({"cell": key, "best_seed": best_seed, **{r: scored[f"#{p.id}"] for r, p in picks.items()}})
+        held_seeds = {h.program: h.loss for h in result.seeds}
+        rows.append(
+            {
+                "cell": key,
+                "best_seed": best_seed,
+                **{r: scored[f"#{p.id}"] for r, p in picks.items()},
+                SEED_BY_VALIDATION: held_seeds[by_validation],
+            }
+        )
     summary = {}
     for rule in [k for k in rows[0] if k not in ("cell", "best_seed")] if rows else []:
         ratios = [r[rule] / r["best_seed"] for r in rows]
+        to_seed = [r[rule] / r[SEED_BY_VALIDATION] for r in rows]
         summary[rule] = {
             "cells": len(rows),
             "beats_seed": sum(x < 1 for x in ratios),
             "worse_than_seed": sum(x > 1 for x in ratios),
             "geomean_to_seed": math.exp(sum(math.log(x) for x in ratios) / len(ratios)),
             "worst_to_seed": max(ratios),
+            "better_than_validation_seed": sum(x < 1 for x in to_seed),
+            "worse_than_validation_seed": sum(x > 1 for x in to_seed),
+            "geomean_to_validation_seed": math.exp(sum(math.log(x) for x in to_seed) / len(to_seed)),
         }
     return {"cells": rows, "rules": summary}
 
@@ -94,11 +112,15 @@ def main() -> None:
         return
     for cell in report["cells"]:
         print(cell["cell"], {k: round(v, 2) for k, v in cell.items() if k != "cell"})
-    print(f"{'rule':14s} beats  worse  geomean  worst (pick's held-out loss over the best seed's)")
+    print(
+        f"{'rule':18s} beats  worse  geomean  worst (pick's held-out loss over the best seed's) | "
+        "better  worse  geomean (over the seed by validation's)"
+    )
     for rule, s in report["rules"].items():
         print(
-            f"{rule:14s} {s['beats_seed']:2d}/{s['cells']}  {s['worse_than_seed']:2d}/{s['cells']}  "
-            f"{s['geomean_to_seed']:.3f}  {s['worst_to_seed']:.2f}"
+            f"{rule:18s} {s['beats_seed']:2d}/{s['cells']}  {s['worse_than_seed']:2d}/{s['cells']}  "
+            f"{s['geomean_to_seed']:.3f}  {s['worst_to_seed']:.2f} | {s['better_than_validation_seed']:2d}/{s['cells']}  "
+            f"{s['worse_than_validation_seed']:2d}/{s['cells']}  {s['geomean_to_validation_seed']:.3f}"
         )
 
 

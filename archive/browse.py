@@ -466,41 +466,66 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     elif rule == "tethered":
         factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
         chosen, loss = _tethered(cands, programs, factor)
-    if rule == "tethered":
         within = (factor - 1) * 100
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
+
+
+class _Tethers:
+    """How far programs' step times stray from their seeds' over the floor's envelope, each seed's
+    step times computed once."""
+
+    def __init__(self, programs: list[ProgramRecord]):
+        from stepml_evolve.evaluator.floor import envelope_for
+
+        self.by_id = {p.id: p for p in programs}
+        self.env = envelope_for()
+        self.seed_ratios: dict[int, np.ndarray] = {}
+
+    def _ratios(self, program: ProgramRecord) -> np.ndarray:
+        from stepml_evolve.evaluator.dsl import parse_program
+        from stepml_evolve.evaluator.floor import step_ratios
+
+        parsed = parse_program(program.source)
+        return step_ratios(parsed, list(parsed.constants.values()), self.env)[0]
+
+    def __call__(self, program: ProgramRecord) -> float:
+        root = program
+        while root.operator != "seed" and root.parents and root.parents[0] in self.by_id:
+            root = self.by_id[root.parents[0]]
+        if root.id == program.id:
+            return 1.0
+        if root.id not in self.seed_ratios:
+            self.seed_ratios[root.id] = self._ratios(root)
+        ratio = self._ratios(program) / self.seed_ratios[root.id]
+        with np.errstate(all="ignore"):
+            stray = np.abs(np.log(ratio))
+        if not np.isfinite(stray).all():
+            return math.inf
+        return float(np.exp(np.quantile(stray, TETHER_SHARE)))
 
 
 def tether(program: ProgramRecord, programs: list[ProgramRecord]) -> float:
     """How far a program's step times stray from its seed's (the seed its first parents lead back to,
     as generation 0 fitted it) over the floor's envelope: the TETHER_SHARE quantile of the factor
     between them (1.0: the seed itself; inf: a step time that is not finite)."""
-    from stepml_evolve.evaluator.dsl import parse_program
-    from stepml_evolve.evaluator.floor import envelope_for, step_ratios
+    return _Tethers(programs)(program)
 
-    by_id, root = {p.id: p for p in programs}, program
-    while root.operator != "seed" and root.parents and root.parents[0] in by_id:
-        root = by_id[root.parents[0]]
-    if root.id == program.id:
-        return 1.0
-    env = envelope_for()
-    a, b = (parse_program(p.source) for p in (program, root))
-    ratio = step_ratios(a, list(a.constants.values()), env)[0] / step_ratios(b, list(b.constants.values()), env)[0]
-    with np.errstate(all="ignore"):
-        stray = np.abs(np.log(ratio))
-    if not np.isfinite(stray).all():
-        return math.inf
-    return float(np.exp(np.quantile(stray, TETHER_SHARE)))
+
+def best_seed(programs: list[ProgramRecord]) -> ProgramRecord | None:
+    """The fully evaluated seed with the lowest validation loss (ties: the older): what a user would
+    deploy without a search."""
+    seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]
+    return min(seeds, key=lambda p: (_validation(p), p.id)) if seeds else None
 
 
 def _tethered(cands: list, programs: list[ProgramRecord], factor: float = TETHER_FACTOR):
     """The lowest loss among programs tethered to their seed (`tether` at most `factor`); if none is,
     the best fully evaluated seed by validation loss (a seed is its own tether)."""
-    tethered = [c for c in cands if tether(c[0], programs) <= factor]
-    if tethered:
-        return min(tethered, key=lambda c: (c[1], c[0].id))
-    seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]
-    seed = min(seeds, key=lambda p: (_validation(p), p.id))
+    tethers = _Tethers(programs)
+    for c in sorted(cands, key=lambda c: (c[1], c[0].id)):
+        if tethers(c[0]) <= factor:
+            return c
+    seed = best_seed(programs)
     return seed, dict((p.id, v) for p, v in cands).get(seed.id, seed.val_loss)
 
 
@@ -533,10 +558,9 @@ def _lineage(best: ProgramRecord, programs: list[ProgramRecord], within: float) 
 def _anchored(best: ProgramRecord, programs: list[ProgramRecord], within: float) -> ProgramRecord:
     """The best program, unless its validation loss beats the best seed's by at most `within` percent:
     then the best seed (seeds carry physics the search can trade for the training data's quirks)."""
-    seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]
-    if not seeds or best.operator == "seed":
+    seed = best_seed(programs)
+    if seed is None or best.operator == "seed":
         return best
-    seed = min(seeds, key=lambda p: (_validation(p), p.id))
     return best if _validation(best) < _validation(seed) * (1 - within / 100) else seed
 
 

@@ -21,7 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from stepml_evolve.archive.browse import RULES, choose, opened, run_programs
+from stepml_evolve.archive.browse import RULES, best_seed, choose, opened, run_programs
 from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, make_folds
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
@@ -55,9 +55,7 @@ def sweep(out: Path, factors: list[float]) -> dict:
             picks = {rule: choose(archive, rule).program for rule in RULES}
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
             # no search at all: the seed a user would deploy from generation 0 (the lowest validation loss)
-            _, programs = run_programs(archive)
-            seeds = [p for p in programs if p.operator == "seed" and p.val_loss is not None]
-            by_validation = min(seeds, key=lambda p: (p.val_loss, p.id)).operator_detail
+            by_validation = best_seed(run_programs(archive)[1]).operator_detail
         key = str(path.relative_to(out))
         scored = cache.setdefault(key, {})
         for _rule, held in result.rules:
@@ -71,12 +69,12 @@ def sweep(out: Path, factors: list[float]) -> dict:
                 for name, held in zip(todo, scorer.all([(n, parse_program(p.source)) for n, p in todo.items()])):
                     scored[name] = held.loss
             cache_path.write_text(json.dumps(cache, indent=1) + "\n")
-        best_seed = result.best_seed.loss
+        held_out_best_seed = result.best_seed.loss
         held_seeds = {h.program: h.loss for h in result.seeds}
         rows.append(
             {
                 "cell": key,
-                "best_seed": best_seed,
+                "best_seed": held_out_best_seed,
                 **{r: scored[f"#{p.id}"] for r, p in picks.items()},
                 SEED_BY_VALIDATION: held_seeds[by_validation],
             }

@@ -17,30 +17,21 @@ import time
 from stepml_evolve.evolve.openevolve.local_server import LocalServer, chat_completion
 
 
-class _Served:
-    """An OpenAI-compatible endpoint on `self.server` (a LocalServer), as a context manager."""
-
-    server: LocalServer
+class _OpenAIServer(LocalServer):
+    """A LocalServer seen as an OpenAI-compatible endpoint."""
 
     @property
     def base_url(self) -> str:
-        return f"{self.server.url}/v1"
-
-    def __enter__(self):
-        self.server.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.__exit__(*exc)
+        return f"{self.url}/v1"
 
 
-class ScriptedLLM(_Served):
+class ScriptedLLM(_OpenAIServer):
     def __init__(self, script: list[tuple], default=None):
         self.script = list(script)
         self.default = default
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        self.server = LocalServer(self._answer)
+        super().__init__(self._answer)
 
     def _answer(self, path: str, body: dict):
         with self.lock:
@@ -85,7 +76,7 @@ INVALID_REPLY = "```python\nimport os\ndef step_time(f, c):\n    return os.getpi
 PROSE_REPLY = "I think the step time depends mostly on the batch size. You should add a term for it."
 
 
-class TricklingLLM(_Served):
+class TricklingLLM(_OpenAIServer):
     """A real OpenAI-compatible server on 127.0.0.1 that answers every request with a whole chat
     completion, but one byte every `seconds_per_byte`: no read ever waits long, the reply takes
     minutes. `abandoned` counts the replies whose client closed the connection before the end."""
@@ -117,4 +108,4 @@ class TricklingLLM(_Served):
                         owner.abandoned += 1
 
         self.lock = threading.Lock()
-        self.server = LocalServer(handler=Handler)
+        super().__init__(handler=Handler)

@@ -293,9 +293,20 @@ def _counts_in_value(expr: ast.AST) -> Iterator[ast.Attribute]:
         yield from _counts_in_value(child)
 
 
+def _carries_time(parent: ast.AST, child: ast.AST) -> bool:
+    """Whether `parent` passes a time its operand `child` holds on as a time: a sum, a difference, a
+    sign, a quotient, max/min, a branch's value (not its test), so a count that multiplies any of
+    them multiplies the time too."""
+    if isinstance(parent, (ast.UnaryOp, ast.BinOp)):
+        return not isinstance(parent, ast.BinOp) or isinstance(parent.op, (ast.Add, ast.Sub, ast.Div))
+    if isinstance(parent, ast.Call):
+        return isinstance(parent.func, ast.Name) and parent.func.id in ("max", "min")
+    return isinstance(parent, ast.IfExp) and parent.test is not child
+
+
 def _time_times_count(expr: ast.expr, parents: dict[int, ast.AST]) -> Iterator[tuple[ast.Attribute, ast.Attribute]]:
-    """(time, count) where a time component is multiplied by a count: walking up from the time,
-    a product whose other operand grows with a count component."""
+    """(time, count) where a time component is multiplied by a count: walking up from the time
+    through what carries it (`_carries_time`), a product whose other operand grows with a count."""
     for node in ast.walk(expr):
         if not _is(node, "f", TIME_COMPONENTS):
             continue
@@ -307,9 +318,7 @@ def _time_times_count(expr: ast.expr, parents: dict[int, ast.AST]) -> Iterator[t
                 if count is not None:
                     yield node, count
                     break
-            elif not (
-                isinstance(parent, ast.UnaryOp) or isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div)
-            ):
+            elif not _carries_time(parent, cur):
                 break
             cur = parent
 

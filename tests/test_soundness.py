@@ -201,11 +201,20 @@ def test_no_flop_or_hbm_time_counts_at_the_hardware_s_peak(step):
         (SOUND_STEP + " + c.k * f.attn_pf * f.n_pf", "attn_pf", "n_pf"),
         (SOUND_STEP + " + c.k * f.weights * sqrt(f.ctx_max)", "weights", "ctx_max"),
         (SOUND_STEP + " + c.k * (f.n_req + 1) * f.kv_read", "kv_read", "n_req"),
+        # the count multiplies a sum, a roofline or a branch that holds the time
+        ("c.o + max(c.c_compute * compute, c.c_memory * memory) * f.n_req + f.allreduce", None, "n_req"),
+        (
+            "c.o + max(c.c_compute * compute, c.c_memory * memory) + c.k * (f.attn_dc + f.gemm_dc) * f.layers",
+            "attn_dc",
+            "layers",
+        ),
+        (SOUND_STEP + " + c.k * (f.kv_read if f.n_dc > 4 else f.kv_write) * f.n_dc", "kv_read", "n_dc"),
     ],
 )
 def test_a_time_multiplied_by_a_count_is_refused(step, time, count):
     problems = [why for rule, why in physics_problems(program(step)) if rule == "floor"]
-    assert any(f"multiplies f.{time} by f.{count}" in why for why in problems), problems
+    named = f"multiplies f.{time} by f.{count}" if time else f" by f.{count}: a time component"
+    assert any(named in why for why in problems), problems
 
 
 def test_a_count_in_a_divisor_or_a_condition_does_not_multiply_a_time():

@@ -26,13 +26,13 @@ from pathlib import Path
 import pandas as pd
 
 from stepml_evolve.archive.browse import cv_by_program, latest_archive_dir, opened, run_programs, show_source
+from stepml_evolve.evaluator.data.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.errors import UserError, cut, shown
-from stepml_evolve.evaluator.experiments import SCORED_SPLITS
-from stepml_evolve.evaluator.fitting import FitConfig
+from stepml_evolve.evaluator.fit.fitting import FitConfig
 from stepml_evolve.evolve.commands.eval import evaluate_program
+from stepml_evolve.evolve.commands.evaluation_setup import EvaluationSetup
 from stepml_evolve.evolve.commands.fit import fit_program
-from stepml_evolve.evolve.commands.setup import EvaluationSetup
 from stepml_evolve.evolve.go.emission import emit_program, emitted_sources
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from stepml_evolve.archive.browse import CVScores, protocol_order, select_rows
 from stepml_evolve.archive.records import CVScoreRecord, GenerationRecord, ProgramRecord
-from stepml_evolve.evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
 METRIC_COLUMNS = (
     "experiment",

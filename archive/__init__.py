@@ -1,10 +1,10 @@
 """The search archive: SQLite store (store.py) of typed records (records.py), the MAP-Elites grid
-and Pareto front with the add-status query (grid.py), read-only browsing (browse.py) and the HTML
+and Pareto front with the add-status query (map_elites.py), read-only browsing (browse.py) and the HTML
 report (report.py). This package stores what `evaluator` measured; it knows nothing of how
 programs are made."""
 
 from .browse import BrowseError
-from .grid import AddStatus, Elites, best, cell_of, elites, pareto_front
+from .map_elites import AddStatus, Elites, best, cell_of, elites, pareto_front
 from .records import (
     CVEvaluationRecord,
     CVScoreRecord,

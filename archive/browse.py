@@ -4,9 +4,8 @@ Owns: locating an archive (`--archive` or the newest under ./runs), opening it w
 resolving a program reference (an id or `best`), the program rows behind `evolve archive list`
 and `pareto` (with their CV scores), a program's detail for `show` (lineage back to a seed,
 per-split evaluation rows in the shape of `evolve.tables.metrics_table`, CV scores and held-out
-rows), its file for `show --source`, the comparison behind `diff`, and the deployment rules
-`best` and `simplest` of `emit-go` (`choose`); each command's whole query is one function of the
-archive directory (at the end).
+rows), its file for `show --source` and the comparison behind `diff` (emit-go's deployment rules are
+in deployment.py); each command's whole query is one function of the archive directory (at the end).
 Every failure a user can cause is a `BrowseError` with a one-line message (or the store's
 `ArchiveError`, for an archive it cannot read).
 """
@@ -20,17 +19,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from stepml_evolve.evaluator.data.experiments import SPLITS
+from stepml_evolve.evaluator.data.prompt_reuse import LEGACY_POLICY
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.experiments import SPLITS
-from stepml_evolve.evaluator.fitted_header import FittedHeader
-from stepml_evolve.evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.fit.fitted_header import FittedHeader
 from stepml_evolve.evaluator.numbers import fmt
-from stepml_evolve.evaluator.prompt_reuse import LEGACY_POLICY
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
-from .grid import best as best_program
-from .grid import cell_label, cell_of, pareto_front, scored
+from .map_elites import best as best_program
+from .map_elites import cell_label, cell_of, pareto_front
 from .records import CVScoreRecord, ProgramRecord, RunRecord, generation_pace
 from .store import Archive
 
@@ -39,16 +36,6 @@ CV_PREFERENCE = (
     "lomo",
     "lowo",
 )  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
-RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered")  # emit-go's deployment rules (`choose`)
-MARGIN_RULES = ("simplest", "lineage", "anchored", "tethered")  # the rules --within sets a margin of
-# The rule emit-go, blis-compare and the worlds benchmark deploy by default: on the worlds'
-# by-workload split it was the least worse than the best fitted seed held out (docs/results/physics.md).
-DEFAULT_RULE = "tethered"
-DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
-# tethered: a program's step times stay within this factor of its seed's (as generation 0 fitted it) on
-# TETHER_SHARE of the steps of the floor's envelope (every catalog deployment, the steps users simulate)
-TETHER_FACTOR = 1.5
-TETHER_SHARE = 0.95
 RUNS_DIR = Path("runs")
 
 
@@ -367,201 +354,6 @@ def program_file_text(archive: Archive, program: ProgramRecord) -> str:
     return prog.with_constants(
         program.constants or prog.constants, header=fitted_header(archive, program).render()
     ).source
-
-
-# ---- deployment rules (emit-go best / simplest) ----
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The program a deployment rule picked, and why."""
-
-    program: ProgramRecord
-    rule: str  # "best" or "simplest"
-    protocol: str | None  # the CV protocol whose loss ranked the programs; None: validation loss
-    loss: float  # the chosen program's loss of that kind
-    best: ProgramRecord  # the lowest-loss program of that kind
-    best_loss: float
-    candidates: int  # programs that have a loss of that kind
-    within: float | None = None  # simplest: percent over the best loss allowed; lineage, anchored: the gain that counts
-
-    @property
-    def loss_name(self) -> str:
-        return f"{self.protocol} CV loss" if self.protocol else "validation loss"
-
-    def describe(self) -> str:
-        """One line: which rule, which loss, which program (for stderr and the Go file's header)."""
-        pool = (
-            f"{self.candidates} cross-validated programs"
-            if self.protocol
-            else f"{self.candidates} fully evaluated programs, none cross-validated"
-        )
-        if self.rule == "best":
-            return f"best: #{self.program.id}, the lowest {self.loss_name} ({self.loss:.4f}) of {pool}"
-        if self.rule == "tethered":
-            return (
-                f"tethered: #{self.program.id}, the lowest {self.loss_name} among programs within "
-                f"{1 + self.within / 100:g}x of their seed's step times on {TETHER_SHARE:.0%} of the steps users simulate "
-                f"(the floor's envelope; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
-            )
-        if self.rule == "penalized":
-            return (
-                f"penalized: #{self.program.id}, the lowest {self.loss_name} plus its constants' distance from "
-                f"their priors (z^2 each; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
-            )
-        if self.rule in ("lineage", "anchored"):
-            how = (
-                "the best's nearest ancestor whose every step gained more than"
-                if self.rule == "lineage"
-                else "the best unless it beats the best seed's validation loss by at most"
-            )
-            return (
-                f"{self.rule}: #{self.program.id}, {how} {self.within:g}% (the best, #{self.best.id}: "
-                f"{self.loss_name} {self.best_loss:.4f}; of {pool})"
-            )
-        limit = self.best_loss * (1 + self.within / 100)
-        return (
-            f"simplest within {self.within:g}% of the best {self.loss_name} (#{self.best.id}, {self.best_loss:.4f}; "
-            f"limit {limit:.4f}): #{self.program.id}, complexity {self.program.complexity}, "
-            f"{self.loss_name} {self.loss:.4f} (of {pool})"
-        )
-
-
-def choose(archive: Archive, rule: str = "best", within: float | None = None) -> Choice:
-    """The latest run's program by a deployment rule. The loss is the CV loss of the preferred
-    protocol (lomo, else lowo, else another) when any program of the run has a finite one, else the
-    validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
-    complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
-    anchored, penalized, tethered: see their helpers (tethered: `within` percent over 1 is its factor,
-    default TETHER_FACTOR)."""
-    if rule not in RULES:
-        raise BrowseError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
-    within_given = within
-    within = DEFAULT_WITHIN if within is None else within
-    if not (within >= 0 and math.isfinite(within)):
-        raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
-    run, programs = run_programs(archive)
-    cv = cv_by_program(archive, run.id)
-    protocol = preferred_protocol(cv, {p.id for p in programs})
-    if protocol:
-        cands = [
-            (p, cv[p.id][protocol].loss)
-            for p in programs
-            if protocol in cv.get(p.id, {}) and _finite(cv[p.id][protocol].loss)
-        ]
-    else:
-        cands = [(p, p.val_loss) for p in scored(programs)]
-    if not cands:
-        raise BrowseError(f"{archive.dir}: no program has been fully evaluated yet")
-    best, best_loss = min(cands, key=lambda c: (c[1], c[0].id))
-    chosen, loss = best, best_loss
-    if rule == "simplest":
-        limit = best_loss * (1 + within / 100)
-        chosen, loss = min((c for c in cands if c[1] <= limit), key=lambda c: (c[0].complexity, c[1], c[0].id))
-    elif rule in ("lineage", "anchored"):
-        pick = _lineage(best, programs, within) if rule == "lineage" else _anchored(best, programs, within)
-        chosen, loss = pick, dict((p.id, v) for p, v in cands).get(pick.id, math.nan)
-    elif rule == "penalized":
-        chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
-    elif rule == "tethered":
-        factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
-        chosen, loss = _tethered(cands, programs, factor)
-        within = (factor - 1) * 100
-    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
-
-
-class _Tethers:
-    """How far programs' step times stray from their seeds' over the floor's envelope, each seed's
-    step times computed once."""
-
-    def __init__(self, programs: list[ProgramRecord]):
-        from stepml_evolve.evaluator.floor import envelope_for
-
-        self.by_id = {p.id: p for p in programs}
-        self.env = envelope_for()
-        self.seed_ratios: dict[int, np.ndarray] = {}
-
-    def _ratios(self, program: ProgramRecord) -> np.ndarray:
-        from stepml_evolve.evaluator.dsl import parse_program
-        from stepml_evolve.evaluator.floor import step_ratios
-
-        parsed = parse_program(program.source)
-        return step_ratios(parsed, list(parsed.constants.values()), self.env)[0]
-
-    def __call__(self, program: ProgramRecord) -> float:
-        root = program
-        while root.operator != "seed" and root.parents and root.parents[0] in self.by_id:
-            root = self.by_id[root.parents[0]]
-        if root.id == program.id:
-            return 1.0
-        if root.id not in self.seed_ratios:
-            self.seed_ratios[root.id] = self._ratios(root)
-        ratio = self._ratios(program) / self.seed_ratios[root.id]
-        with np.errstate(all="ignore"):
-            stray = np.abs(np.log(ratio))
-        if not np.isfinite(stray).all():
-            return math.inf
-        return float(np.exp(np.quantile(stray, TETHER_SHARE)))
-
-
-def tether(program: ProgramRecord, programs: list[ProgramRecord]) -> float:
-    """How far a program's step times stray from its seed's (the seed its first parents lead back to,
-    as generation 0 fitted it) over the floor's envelope: the TETHER_SHARE quantile of the factor
-    between them (1.0: the seed itself; inf: a step time that is not finite)."""
-    return _Tethers(programs)(program)
-
-
-def best_seed(programs: list[ProgramRecord]) -> ProgramRecord | None:
-    """The fully evaluated seed with the lowest validation loss (ties: the older): what a user would
-    deploy without a search."""
-    seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]
-    return min(seeds, key=lambda p: (_validation(p), p.id)) if seeds else None
-
-
-def _tethered(cands: list, programs: list[ProgramRecord], factor: float = TETHER_FACTOR):
-    """The lowest loss among programs tethered to their seed (`tether` at most `factor`); if none is,
-    the best fully evaluated seed by validation loss (a seed is its own tether)."""
-    tethers = _Tethers(programs)
-    for c in sorted(cands, key=lambda c: (c[1], c[0].id)):
-        if tethers(c[0]) <= factor:
-            return c
-    seed = best_seed(programs)
-    return seed, dict((p.id, v) for p, v in cands).get(seed.id, seed.val_loss)
-
-
-def _prior_distance(p: ProgramRecord) -> float:
-    """The priors' penalty of a program at its archived constants (loss points: z^2 a constant)."""
-    from stepml_evolve.evaluator.dsl import parse_program
-    from stepml_evolve.evaluator.dsl.program import prior_penalty
-
-    program = parse_program(p.source)
-    return float(prior_penalty(program, [list(program.constants.values())])[0])
-
-
-def _validation(p: ProgramRecord) -> float:
-    return p.val_loss if p.full and p.val_loss is not None and math.isfinite(p.val_loss) else math.inf
-
-
-def _lineage(best: ProgramRecord, programs: list[ProgramRecord], within: float) -> ProgramRecord:
-    """The best program's nearest ancestor (itself included) each of whose steps from its first parent
-    gained more than `within` percent of validation loss: a child whose gain is within the fit's noise
-    gives way to its parent, whose physics the data had already judged."""
-    by_id = {p.id: p for p in programs}
-    cur = best
-    while cur.parents and (parent := by_id.get(cur.parents[0])) is not None and _validation(parent) < math.inf:
-        if _validation(cur) < _validation(parent) * (1 - within / 100):
-            break
-        cur = parent
-    return cur
-
-
-def _anchored(best: ProgramRecord, programs: list[ProgramRecord], within: float) -> ProgramRecord:
-    """The best program, unless its validation loss beats the best seed's by at most `within` percent:
-    then the best seed (seeds carry physics the search can trade for the training data's quirks)."""
-    seed = best_seed(programs)
-    if seed is None or best.operator == "seed":
-        return best
-    return best if _validation(best) < _validation(seed) * (1 - within / 100) else seed
 
 
 def cv_header(scores: list[CVScoreRecord]) -> dict[str, str]:

@@ -15,8 +15,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepml_evolve.evaluator.experiments import ALL
-from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
+from stepml_evolve.evaluator.data.experiments import ALL
+from stepml_evolve.evaluator.scoring.metrics import Errors, Means, MetricRow, Timeouts
 
 
 def column(

@@ -17,8 +17,8 @@ from importlib.resources import files
 import jinja2
 from markupsafe import Markup, escape
 
-from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.numbers import finite, fmt
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
 from .browse import (
     cv_by_program,
@@ -29,7 +29,7 @@ from .browse import (
     select_rows,
     split_rows,
 )
-from .grid import COMPLEXITY_BIN, MAX_COMPLEXITY_BIN, best, cell_label, elites, pareto_front, scored
+from .map_elites import COMPLEXITY_BIN, MAX_COMPLEXITY_BIN, best, cell_label, elites, pareto_front, scored
 from .records import GenerationRecord, RunRecord
 from .store import Archive
 

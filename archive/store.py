@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.outputs import ARCHIVE_DATABASE, ARCHIVE_LOCK
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
 from .records import (
     CVEvaluationRecord,

@@ -6,12 +6,18 @@ from pathlib import Path
 
 import mkdocs_gen_files
 
-from stepml_evolve.evolve.cli.reference import command_pages
+from stepml_evolve.evolve.cli.reference import command_pages, settings_page
 
 NOTES = Path(__file__).parent / "commands" / "notes"
 
 pages = command_pages()
-index = ["# Commands", "", "Every command, generated from `evolve COMMAND --help`, with notes on how to use it.", ""]
+index = [
+    "# Commands",
+    "",
+    "Every command, generated from `evolve COMMAND --help`, with notes on how to use it; the settings",
+    "behind the options of `evolve run` and the replaying commands are on [Settings](settings.md).",
+    "",
+]
 for page in pages:
     notes = NOTES / f"{page.slug}.md"
     text = page.markdown
@@ -23,3 +29,5 @@ for page in pages:
     index.append(f"{depth}- [`{page.name}`]({page.slug}.md)")
 with mkdocs_gen_files.open("commands/index.md", "w") as f:
     f.write("\n".join(index) + "\n")
+with mkdocs_gen_files.open("commands/settings.md", "w") as f:
+    f.write(settings_page())

@@ -12,10 +12,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
-from .experiments import Experiment, ExperimentError, LoadOptions, experiment_dirs, load_experiments
-from .outputs import check_output_dir, directory_written_whole
-from .prompt_reuse import DEFAULT_POLICY
+from stepml_evolve.evaluator.data.experiment_reader import experiment_dirs, load_experiments
+from stepml_evolve.evaluator.data.experiments import Experiment, ExperimentError, LoadOptions
+from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.outputs import check_output_dir, directory_written_whole
 
 SYNTHETIC_SEED = 0
 OUTPUT_LEN_POLICIES = ("profile", "reported")  # see LoadOptions.output_len
@@ -127,7 +128,7 @@ def cache_dir() -> Path:
 def sample_size() -> str:
     """STEPML_SAMPLE_SIZE picks the built-in sample: full (the default) or small (the same four
     scenarios in a fifth of the requests: quick demos and the test suite)."""
-    from .synthetic import SAMPLE_SIZES
+    from stepml_evolve.evaluator.known_truth.synthetic_sample import SAMPLE_SIZES
 
     size = os.environ.get("STEPML_SAMPLE_SIZE", "full")
     if size not in SAMPLE_SIZES:
@@ -138,7 +139,7 @@ def sample_size() -> str:
 def synthetic_dir(size: str | None = None) -> Path:
     """The synthetic sample on disk, generated on first use (atomically, safe for parallel runs);
     its size is the built-in sample's (STEPML_SAMPLE_SIZE) unless given."""
-    from .synthetic import GENERATOR_VERSION, write_sample
+    from stepml_evolve.evaluator.known_truth.synthetic_sample import GENERATOR_VERSION, write_sample
 
     size = size or sample_size()
     target = cache_dir() / f"synthetic-v{GENERATOR_VERSION}-seed{SYNTHETIC_SEED}{'' if size == 'full' else '-' + size}"
@@ -184,7 +185,7 @@ def load_data(
 def write_synthetic_sample(out_dir: Path, seed: int = SYNTHETIC_SEED, size: str | None = None) -> list[Path]:
     """The synthetic sample (hidden oracle + noise) written into a new or empty directory, whole or
     not at all; its size is the built-in sample's (STEPML_SAMPLE_SIZE) unless given."""
-    from .synthetic import write_sample
+    from stepml_evolve.evaluator.known_truth.synthetic_sample import write_sample
 
     out_dir = Path(out_dir)
     check_output_dir(out_dir)

@@ -1,6 +1,6 @@
 """The one number formatter of every table, report, header and progress line ("n/a" where no number).
 
-It lives in evaluator/ because the `# fitted:` header (evaluator/fitted_header.py) needs it as
+It lives in evaluator/ because the `# fitted:` header (evaluator/fit/fitted_header.py) needs it as
 much as archive/ and evolve/ do, and dependencies point only towards evaluator/.
 """
 

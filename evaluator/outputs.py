@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import UserError
+from stepml_evolve.evaluator.errors import UserError
 
 
 class OutputError(UserError, ValueError):

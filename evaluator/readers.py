@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError, cut
+from stepml_evolve.evaluator.errors import UserError, cut
 
 DATA_BYTES = 1 << 30  # requests.json, ground_truth.json, imported measurements: ~30 times the largest real run's
 CONFIG_BYTES = 8 << 20  # profile.json, weights and groups files, a model's config.json, a trace header, a deployment

@@ -24,7 +24,7 @@ __getattr__, __dir__, __all__ = attach(
         ".commands.eval": ("evaluate_program",),
         ".commands.fit": ("fit_program",),
         ".commands.cv": ("cross_validate_program",),
-        ".commands.archive": ("cross_validate_archive",),
+        ".commands.archive_cv": ("cross_validate_archive",),
         ".go.emission": ("emit_program", "emitted_sources"),
         ".commands.report": ("write_report",),
     },

@@ -35,7 +35,7 @@ def real_data() -> Path:
 
 @pytest.fixture(scope="session")
 def real_experiments(real_data):
-    from stepml_evolve.evaluator.experiments import load_experiments
+    from stepml_evolve.evaluator.data.experiment_reader import load_experiments
 
     good, bad = load_experiments(real_data)
     assert not bad, bad

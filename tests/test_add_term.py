@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import roofline_children
 
-from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS, TIME_COMPONENTS
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
-from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, N_COMPONENTS, TIME_COMPONENTS
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search.symbolic import (
     COUNT_COMPONENTS,
     TERM_START_US,
@@ -62,7 +62,7 @@ def test_a_new_count_term_starts_near_its_parent_where_a_start_of_k_10_did_not(s
     screening fit came back from it (docs/HISTORY.md, "New terms start small")."""
     parent = load_program(seed_path("roofline"))
     exps = synthetic.experiments
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
 
         def loss(program) -> float:
             vec = np.array(list(program.constants.values()))

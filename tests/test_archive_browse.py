@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.browse import BrowseError, latest_archive_dir
-from stepml_evolve.archive.grid import cell_of, pareto_front
+from stepml_evolve.archive.map_elites import cell_of, pareto_front
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app as main_app

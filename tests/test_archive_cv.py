@@ -1,4 +1,4 @@
-"""CV scores in the archive (`evolve archive cv`, evolve/commands/archive.py, archive/store.py schema 2):
+"""CV scores in the archive (`evolve archive cv`, evolve/commands/archive_cv.py, archive/store.py schema 2):
 stored scores are the numbers `cross_validate` gives with the run's data and settings, a second
 call skips, list/show/pareto/report carry them, `emit-go best` prefers the lowest CV loss and
 `simplest --within` the simplest program within the margin, bad inputs are one `error:` line that
@@ -16,18 +16,19 @@ import pytest
 from conftest import downgrade_to_schema_1, only_error_line, table_schemas
 from typer.testing import CliRunner
 
-from stepml_evolve.archive.browse import BrowseError, choose, cv_by_program, run_programs, select_rows, tether
+from stepml_evolve.archive.browse import BrowseError, cv_by_program, run_programs, select_rows
+from stepml_evolve.archive.deployment import choose, tether
 from stepml_evolve.archive.records import CVEvaluationRecord, CVScoreRecord, GenerationRecord, NewProgram, ProgramRecord
 from stepml_evolve.archive.store import SCHEMA_VERSION, Archive, ArchiveError
-from stepml_evolve.evaluator.crossval import cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import FitConfig
-from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
-from stepml_evolve.evaluator.objectives import Objective
+from stepml_evolve.evaluator.fit.crossval import cross_validate, make_folds
+from stepml_evolve.evaluator.fit.fitting import FitConfig
+from stepml_evolve.evaluator.scoring.metrics import Errors, Means, MetricRow, Timeouts
+from stepml_evolve.evaluator.scoring.objectives import Objective
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.commands.archive import run_fit_settings
+from stepml_evolve.evolve.commands.archive_cv import run_fit_settings
 from stepml_evolve.evolve.go.emission import choose_for_emission
 from stepml_evolve.evolve.go.emit import find_go_tool
 
@@ -107,7 +108,7 @@ def test_archive_cv_scores_the_front_with_the_numbers_cross_validate_gives(score
     a = Archive(directory, read_only=True)
     run = a.run()
     programs = a.programs(run.id)
-    from stepml_evolve.archive.grid import pareto_front
+    from stepml_evolve.archive.map_elites import pareto_front
 
     front = pareto_front(programs)
     assert [p["id"] for p in out["programs"]] == [p.id for p in front] and len(front) >= 2
@@ -128,7 +129,7 @@ def test_archive_cv_scores_the_front_with_the_numbers_cross_validate_gives(score
     config = FitConfig(
         seed=0, max_evals=int(CV_EVALS), method=run.config["search"]["fit_method"], objective=Objective("rms")
     )
-    with Engine(loaded.experiments, 1, semantics=run.config["search"]["semantics"]) as engine:
+    with ReplayPool(loaded.experiments, 1, semantics=run.config["search"]["semantics"]) as engine:
         cv = cross_validate(
             parse_program(target.source),
             loaded.experiments,

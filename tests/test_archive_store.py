@@ -13,7 +13,7 @@ from conftest import downgrade_to_schema_1, table_schemas
 from typer.testing import CliRunner
 
 import stepml_evolve.archive.store as store
-from stepml_evolve.archive.grid import AddStatus, Elites, cell_of
+from stepml_evolve.archive.map_elites import AddStatus, Elites, cell_of
 from stepml_evolve.archive.records import (
     EvaluationRecord,
     GenerationRecord,
@@ -24,7 +24,7 @@ from stepml_evolve.archive.records import (
     column_names,
 )
 from stepml_evolve.archive.store import TABLES, Archive, ArchiveError
-from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts
+from stepml_evolve.evaluator.scoring.metrics import Errors, Means, MetricRow, Timeouts
 from stepml_evolve.evolve.cli.app import app
 
 

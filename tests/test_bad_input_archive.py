@@ -24,7 +24,7 @@ from stepml_evolve.evaluator.outputs import OutputError, write_atomic
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 
-cli_app = importlib.import_module("stepml_evolve.evolve.cli.app")  # the module (the package exports `app`)
+cli_run = importlib.import_module("stepml_evolve.evolve.cli.run_command")  # the module `evolve run` is in
 PAGE = 4096
 # a tiny run: one seed fitted, two children a generation, screened only; --resume repeats these settings
 TINY = ["--seed", "3", "--children", "2", *ONE_SEED_SCREENED]
@@ -133,7 +133,7 @@ def test_an_archive_deleted_during_a_run_stops_it_with_one_line(tmp_path, monkey
     """`rm -rf D` after generation 1 of `evolve run --generations 3 --archive D`: the run stops at
     its next write with exit 2, and does not claim the archive."""
     d = tmp_path / "D"
-    real_progress = cli_app.run_progress
+    real_progress = cli_run.run_progress
 
     @contextmanager
     def progress_then_delete(total, start):
@@ -146,7 +146,7 @@ def test_an_archive_deleted_during_a_run_stops_it_with_one_line(tmp_path, monkey
 
             yield on_progress
 
-    monkeypatch.setattr(cli_app, "run_progress", progress_then_delete)
+    monkeypatch.setattr(cli_run, "run_progress", progress_then_delete)
     res = invoke("run", "--generations", 3, "--archive", d, *TINY)
     only_error_line(res, str(d / Archive.FILE), "was deleted while this command was writing it")
     assert "browse:" not in res.output and not (d / Archive.FILE).exists()

@@ -14,8 +14,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from stepml_evolve.evaluator.data.experiment_reader import load_experiments
 from stepml_evolve.evaluator.dsl import ProgramError, parse_program
-from stepml_evolve.evaluator.experiments import load_experiments
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.experiments import load_experiment
+from stepml_evolve.evaluator.data.experiment_reader import load_experiment
 from stepml_evolve.evaluator.importers.blis_trace_export import (
     TRACE_COLUMNS,
     BlisTraceError,
@@ -23,7 +23,7 @@ from stepml_evolve.evaluator.importers.blis_trace_export import (
     export_experiment_dir,
     read_blis_results,
 )
-from stepml_evolve.evaluator.model_arch import ModelArch
+from stepml_evolve.evaluator.physics.model_arch import ModelArch
 
 CODEGEN = "20260217-155451-llama-2-7b-tp1-codegen"
 REASONING = "20260217-170634-llama-2-7b-tp1-reasoning"  # overloaded: most requests time out

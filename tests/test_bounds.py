@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.dsl import ProgramError, load_program, parse_program
 from stepml_evolve.evaluator.dsl.program import render_constants
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import Coordinates, FitConfig, fit
-from stepml_evolve.evaluator.synthetic import ORACLE_SOURCE
+from stepml_evolve.evaluator.fit.fitting import Coordinates, FitConfig, fit
+from stepml_evolve.evaluator.known_truth.synthetic_sample import ORACLE_SOURCE
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.go.emit import emit_go
 from stepml_evolve.evolve.search.symbolic import OPERATORS, NotRepresentable, mutate
@@ -171,7 +171,7 @@ def test_both_fit_methods_keep_constants_inside_bounds_the_unbounded_fit_leaves(
     # the floor off: the unbounded fit may take c_memory below 1 (faster than the HBM allows), which
     # is what shows the bounds at work here
     cfg = FitConfig(seed=3, max_evals=evals, method=method, linear_solve=solve, floor=False)
-    with Engine(exps, 2) as engine:
+    with ReplayPool(exps, 2) as engine:
         free = fit(plain, exps, engine, cfg).constants["all"]
         # every point CMA-ES proposes is inside the bounds before the final ulp clip: pycma's bound
         # handling keeps it there, not a clip of the candidates
@@ -205,7 +205,7 @@ def test_a_bounded_fit_is_the_same_whatever_the_worker_count(synthetic):
     _, bounded = _oracle_variants()
     results = []
     for workers in (1, 2):
-        with Engine(synthetic.experiments, workers) as engine:
+        with ReplayPool(synthetic.experiments, workers) as engine:
             results.append(fit(bounded, synthetic.experiments, engine, FitConfig(seed=5, max_evals=8)))
     assert results[0].constants == results[1].constants and results[0].history == results[1].history
 
@@ -321,7 +321,7 @@ def test_emit_go_of_a_bounded_program_equals_that_of_the_same_program_with_plain
 
 
 def test_the_llm_is_told_what_bounds_mean():
-    from stepml_evolve.evaluator.components import COMPONENTS
+    from stepml_evolve.evaluator.physics.components import COMPONENTS
     from stepml_evolve.evolve.search.llm_operator import prompt_templates
 
     text = prompt_templates().get_template("system.j2").render(components=COMPONENTS, budget_tokens=2048, max_seqs=128)

@@ -7,7 +7,7 @@ import dataclasses
 import typer
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.fitting import FitConfig
+from stepml_evolve.evaluator.fit.fitting import FitConfig
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search import SearchConfig
 

@@ -182,7 +182,7 @@ def test_a_closed_grpc_channel_in_a_background_thread_prints_nothing(monkeypatch
     """What made a lost head print a traceback beside its one line: gRPC's connectivity-poll thread
     dies with "Channel closed". That exception is dropped; any other thread's error still reaches
     the hook that was there before (Python's, which prints it)."""
-    from stepml_evolve.evaluator.ray_executor import _quiet_closed_channels
+    from stepml_evolve.evaluator.replay.ray_executor import _quiet_closed_channels
 
     shown = []
     monkeypatch.setattr(threading, "excepthook", lambda args: shown.append(str(args.exc_value)))
@@ -291,7 +291,7 @@ def test_an_unreachable_cluster_is_one_line(tmp_path):
 @needs_ray
 def test_a_cluster_running_other_evaluator_code_is_refused(cluster, monkeypatch, tmp_path):
     """This process's evaluator hash is changed; the workers compute theirs from the installed source."""
-    from stepml_evolve.evaluator import ray_executor
+    from stepml_evolve.evaluator.replay import ray_executor
 
     monkeypatch.setattr(ray_executor, "code_fingerprint", lambda: "0123456789abcdef")
     res = CliRunner().invoke(
@@ -307,8 +307,8 @@ def test_a_batch_the_cluster_never_answers_ends_at_the_deadline_in_one_line(clus
     ClusterError (the run stops in one line; --resume continues), and the task is cancelled."""
     import time
 
-    from stepml_evolve.evaluator import ray_executor
     from stepml_evolve.evaluator.datasets import load_data
+    from stepml_evolve.evaluator.replay import ray_executor
 
     monkeypatch.setattr(ray_executor, "RAY_DEADLINE_S", 2.0)
     experiments = load_data(None).experiments[:1]

@@ -8,10 +8,11 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from stepml_evolve.evaluator import components
-from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.catalog import load as load_catalog
-from stepml_evolve.evaluator.components import (
+from stepml_evolve.evaluator.known_truth.synthetic_sample import MODELS
+from stepml_evolve.evaluator.physics import components
+from stepml_evolve.evaluator.physics.catalog import catalog
+from stepml_evolve.evaluator.physics.catalog import load as load_catalog
+from stepml_evolve.evaluator.physics.components import (
     COMPONENT_INDEX,
     K_ALLREDUCE_US_PER_TOKEN,
     K_ATTN_US_PER_PAIR,
@@ -28,9 +29,8 @@ from stepml_evolve.evaluator.components import (
     component_values,
     from_trajectory,
 )
-from stepml_evolve.evaluator.hardware import get_hardware
-from stepml_evolve.evaluator.model_arch import ModelArch
-from stepml_evolve.evaluator.synthetic import MODELS
+from stepml_evolve.evaluator.physics.hardware import get_hardware
+from stepml_evolve.evaluator.physics.model_arch import ModelArch
 from stepml_evolve.evolve.go.emit import EmitError
 from stepml_evolve.evolve.go.physics import coefficient_function_go, component_formulas_go, hardware_presets
 
@@ -225,7 +225,7 @@ def test_catalog_models_are_the_replay_model_configs():
     ],
 )
 def test_catalog_loader_rejects_bad_entries(tmp_path, edit, message):
-    text = (resources.files("stepml_evolve.evaluator") / "catalog.yaml").read_text()
+    text = (resources.files("stepml_evolve.evaluator.physics") / "catalog.yaml").read_text()
     bad = edit(text)
     assert bad != text
     (tmp_path / "c.yaml").write_text(bad)

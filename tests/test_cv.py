@@ -1,4 +1,4 @@
-"""Cross-validation (evaluator/crossval.py, `evolve cv`) and whole-experiment scoring (`--split all`):
+"""Cross-validation (evaluator/fit/crossval.py, `evolve cv`) and whole-experiment scoring (`--split all`):
 folds hold out what the protocol says and train on the rest only, the held-out experiments are
 scored on every request, the CV loss is the objective over the held-out rows, same seed same
 numbers, and bad protocols or groups files are refused in one line before any fit."""
@@ -13,12 +13,12 @@ import pytest
 from conftest import only_error_line
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.crossval import FoldError, cross_validate, make_folds
+from stepml_evolve.evaluator.data.experiments import ALL, SPLITS
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.experiments import ALL, SPLITS
-from stepml_evolve.evaluator.fitting import FitConfig, fit
-from stepml_evolve.evaluator.objectives import DEFAULT
+from stepml_evolve.evaluator.fit.crossval import FoldError, cross_validate, make_folds
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.scoring.objectives import DEFAULT
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 
@@ -60,7 +60,7 @@ def test_split_all_scores_every_request_and_combines_the_windows(synthetic):
     """The whole experiment's means are the request-weighted means of its three windows."""
     program = load_program(seed_path("roofline"))
     vec = np.array(list(program.constants.values()))
-    with Engine(synthetic.experiments, 1) as engine:
+    with ReplayPool(synthetic.experiments, 1) as engine:
         rows = engine.score(program, [vec] * len(synthetic.experiments), SPLITS + (ALL,))
     for i, e in enumerate(synthetic.experiments):
         whole = rows[ALL][i]
@@ -90,7 +90,7 @@ def test_fold_fits_see_only_their_train_experiments(synthetic):
     exps = synthetic.experiments
     folds = make_folds("lomo", exps)[:2]
     config = FitConfig(seed=3, max_evals=6)
-    with Engine(exps, 2) as engine:
+    with ReplayPool(exps, 2) as engine:
         cv = cross_validate(program, exps, engine, "lomo", folds, config)
         for f in cv.folds:
             alone = fit(program, [e for e in exps if e.name in f.fold.train], engine, config)

@@ -13,7 +13,8 @@ import yaml
 from conftest import REAL_DATA, needs_real_data
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.experiments import ExperimentError, load_experiment
+from stepml_evolve.evaluator.data.experiment_reader import load_experiment
+from stepml_evolve.evaluator.data.experiments import ExperimentError
 from stepml_evolve.evaluator.importers import DataImportError, import_experiment
 from stepml_evolve.evaluator.importers.blis_trace_export import TRACE_COLUMNS, export_experiment_dir
 

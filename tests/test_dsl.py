@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepml_evolve.evaluator.components import COMPONENT_NAMES, N_COMPONENTS
 from stepml_evolve.evaluator.dsl import (
     ProgramError,
     ScalarProgram,
@@ -24,6 +23,7 @@ from stepml_evolve.evaluator.dsl import (
     step_times,
 )
 from stepml_evolve.evaluator.dsl.operators import OPERATORS, Kind, Operator
+from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, N_COMPONENTS
 from stepml_evolve.seeds import seed_paths
 
 SEED_NAMES = {"blackbox", "roofline", "phase_decomposed", "regime_switch", "trained_physics"}

@@ -13,7 +13,7 @@ from test_dsl import _random_program
 from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.dsl import load_program, parse_program
-from stepml_evolve.evaluator.synthetic import ORACLE_SOURCE
+from stepml_evolve.evaluator.known_truth.synthetic_sample import ORACLE_SOURCE
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.go.emit import TARGETS, EmitError, emit_go, emit_go_test, find_go_tool, gofmt
 from stepml_evolve.evolve.go.parity import DEFAULT_DEPLOYMENTS, samples
@@ -107,13 +107,13 @@ def go(root, *args):
 def _fitted(seed_name: str):
     """A seed fitted by CMA-ES on the synthetic sample (small budget: the constants are real fits)."""
     from stepml_evolve.evaluator.datasets import load_data
-    from stepml_evolve.evaluator.engine import Engine
-    from stepml_evolve.evaluator.fitting import FitConfig, fit
+    from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+    from stepml_evolve.evaluator.scoring.pool import ReplayPool
     from stepml_evolve.seeds import seed_path
 
     prog = load_program(seed_path(seed_name))
     data = load_data(None)
-    with Engine(data.experiments) as engine:
+    with ReplayPool(data.experiments) as engine:
         res = fit(prog, data.experiments, engine, FitConfig(seed=1, max_evals=24))
     return prog.with_constants(res.constants["all"], header=f"synthetic seed=1 loss={res.loss:.3f}")
 

@@ -10,7 +10,8 @@ import pytest
 from conftest import needs_real_data
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.experiments import ExperimentError, LoadOptions, load_experiment, load_experiments
+from stepml_evolve.evaluator.data.experiment_reader import load_experiment, load_experiments
+from stepml_evolve.evaluator.data.experiments import ExperimentError, LoadOptions
 from stepml_evolve.evolve.cli.app import app
 
 REAL_PROFILE_OUTPUT_LENS = {247, 248, 251, 1448}
@@ -66,7 +67,7 @@ def test_system_prompt_policy_shares_each_group_s_system_prompt_and_hits_its_ful
     import numpy as np
 
     from stepml_evolve.evaluator.dsl import compile_program, load_program
-    from stepml_evolve.evaluator.replay import replay
+    from stepml_evolve.evaluator.replay.closed_loop import replay
     from stepml_evolve.seeds import seed_path
 
     def load(name):

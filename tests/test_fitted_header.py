@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from stepml_evolve.archive.records import GenerationRecord, NewProgram, ProgramRecord
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.dsl import load_program, parse_program
-from stepml_evolve.evaluator.fitted_header import FittedHeader, header_lines
+from stepml_evolve.evaluator.fit.fitted_header import FittedHeader, header_lines
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 

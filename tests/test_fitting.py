@@ -10,10 +10,10 @@ from conftest import needs_real_data
 from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.dsl import load_program, parse_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import FitConfig, fit, quick_config
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit, quick_config
+from stepml_evolve.evaluator.known_truth.synthetic_sample import ORACLE_SOURCE
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.seeding import cma_seed, mix
-from stepml_evolve.evaluator.synthetic import ORACLE_SOURCE
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 
@@ -25,11 +25,11 @@ def test_same_seed_same_constants_bit_for_bit_whatever_the_worker_count(syntheti
     cfg = FitConfig(seed=11, max_evals=50)
     results = []
     for workers in (1, 2, 2):
-        with Engine(synthetic.experiments, workers) as engine:
+        with ReplayPool(synthetic.experiments, workers) as engine:
             results.append(fit(prog, synthetic.experiments, engine, cfg))
     assert results[0].constants == results[1].constants == results[2].constants
     assert results[0].loss == results[1].loss
-    with Engine(synthetic.experiments, 2) as engine:
+    with ReplayPool(synthetic.experiments, 2) as engine:
         other = fit(prog, synthetic.experiments, engine, FitConfig(seed=12, max_evals=50))
     assert other.constants != results[0].constants
 
@@ -51,7 +51,7 @@ def test_fit_recovers_the_synthetic_oracle_from_perturbed_constants(synthetic_fu
     oracle = parse_program(ORACLE_SOURCE)
     perturbed = {k: v * (1.4 if i % 2 else 0.7) for i, (k, v) in enumerate(oracle.constants.items())}
     start = oracle.with_constants(perturbed)
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         before = engine.population_losses(
             __import__("stepml_evolve.evaluator.dsl", fromlist=["compile_program"]).compile_program(start),
             [np.array(list(perturbed.values()))],
@@ -65,7 +65,7 @@ def test_fit_recovers_the_synthetic_oracle_from_perturbed_constants(synthetic_fu
 
 def test_restarts_continue_from_the_best_point_and_never_lose_it(synthetic):
     prog = load_program(seed_path("regime_switch"))
-    with Engine(synthetic.experiments) as engine:
+    with ReplayPool(synthetic.experiments) as engine:
         one = fit(prog, synthetic.experiments, engine, FitConfig(seed=4, max_evals=30))
         more = fit(prog, synthetic.experiments, engine, FitConfig(seed=4, max_evals=30, restarts=2))
     assert more.history[: len(one.history)] == one.history  # the first run is the same run
@@ -74,7 +74,7 @@ def test_restarts_continue_from_the_best_point_and_never_lose_it(synthetic):
 
 def test_fit_never_ends_worse_than_its_start_and_reports_history(synthetic):
     prog = load_program(seed_path("trained_physics"))
-    with Engine(synthetic.experiments) as engine:
+    with ReplayPool(synthetic.experiments) as engine:
         r = fit(prog, synthetic.experiments, engine, FitConfig(seed=3, max_evals=40))
     first = r.history[0][1]
     assert r.loss <= first
@@ -88,7 +88,7 @@ def test_a_fit_started_from_a_recorded_closed_loop_is_the_fit_that_replays_its_s
     replays its start with one evaluation more, step for step."""
     prog = load_program(seed_path("trained_physics"))
     exps = synthetic.experiments
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         first = fit(prog, exps, engine, FitConfig(seed=5, max_evals=8))
         assert set(first.recorded) == {e.name for e in exps}
         subset, cfg = exps[1:], FitConfig(seed=6, max_evals=6)
@@ -107,7 +107,7 @@ def test_quick_fit_uses_one_experiment_per_model_and_a_small_budget(synthetic):
     cfg = quick_config(0, synthetic.experiments)
     assert len(cfg.experiments) == len({e.model for e in synthetic.experiments})
     prog = load_program(ROOFLINE)
-    with Engine(synthetic.experiments) as engine:
+    with ReplayPool(synthetic.experiments) as engine:
         r = fit(prog, synthetic.experiments, engine, cfg, start={k: v * 1.1 for k, v in prog.constants.items()})
     assert r.evaluations <= cfg.max_evals + cfg.popsize
     assert set(sum(r.groups.values(), [])) == set(cfg.experiments)
@@ -115,7 +115,7 @@ def test_quick_fit_uses_one_experiment_per_model_and_a_small_budget(synthetic):
 
 def test_model_scope_fits_one_constant_set_per_model(synthetic):
     prog = load_program(ROOFLINE)
-    with Engine(synthetic.experiments) as engine:
+    with ReplayPool(synthetic.experiments) as engine:
         r = fit(prog, synthetic.experiments, engine, FitConfig(scope="model", seed=2, max_evals=30))
     assert set(r.constants) == {e.model for e in synthetic.experiments}
     vecs = {e.model: tuple(r.vector_for(prog, e)) for e in synthetic.experiments}
@@ -202,6 +202,6 @@ def test_a_program_with_one_constant_is_fitted_by_either_method(synthetic, metho
         'CONSTANTS = {"k": {"start": 1.5, "min": 0.1, "max": 50.0}}\n\n\n'
         "def step_time(f, c):\n    return c.k * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc + f.weights) + 500.0\n"
     )
-    with Engine(synthetic.experiments) as engine:
+    with ReplayPool(synthetic.experiments) as engine:
         r = fit(prog, synthetic.experiments, engine, FitConfig(seed=2, max_evals=8, method=method))
     assert r.loss < r.history[0][1] and 0.1 <= r.constants["all"]["k"] <= 50.0

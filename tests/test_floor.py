@@ -1,4 +1,4 @@
-"""The physical floor (evaluator/floor.py): no program predicts a step faster than the roofline of
+"""The physical floor (evaluator/soundness/floor.py): no program predicts a step faster than the roofline of
 its work at the hardware's peak, on an envelope of steps users simulate; refused before any fit,
 never crossed by one."""
 
@@ -11,13 +11,14 @@ import pytest
 from conftest import only_error_line
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.components import COMPONENT_INDEX
+from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.experiments import Experiment
-from stepml_evolve.evaluator.fitting import FitConfig, fit
-from stepml_evolve.evaluator.floor import (
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.physics.catalog import catalog
+from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX
+from stepml_evolve.evaluator.replay.closed_loop import replay
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evaluator.soundness.floor import (
     BUDGETS,
     DECODE_BATCHES,
     PREFILL_CHUNKS,
@@ -26,7 +27,6 @@ from stepml_evolve.evaluator.floor import (
     envelope_for,
     floor_of,
 )
-from stepml_evolve.evaluator.replay import replay
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 
@@ -143,7 +143,7 @@ def _fast_world_experiment() -> Experiment:
 def test_a_fit_never_takes_constants_below_the_floor_even_where_the_data_want_them():
     exp = _fast_world_experiment()
     program = parse_program(SCALED)
-    with Engine([exp]) as engine:
+    with ReplayPool([exp]) as engine:
         free = fit(program, [exp], engine, FitConfig(seed=0, floor=False, max_evals=20))
         held = fit(program, [exp], engine, FitConfig(seed=0, max_evals=20))
     assert free.constants["all"]["k"] < 0.8  # the data's optimum is faster than peak

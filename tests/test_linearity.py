@@ -9,14 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
 from stepml_evolve.evaluator.dsl.linearity import linear_constants, nonaffine_inputs
 from stepml_evolve.evaluator.dsl.operators import OPERATORS
-from stepml_evolve.evaluator.fitting import _quiet_cma
-from stepml_evolve.evaluator.linear_solve import LinearSolve, solvable
-from stepml_evolve.evaluator.objectives import Objective
-from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record
+from stepml_evolve.evaluator.fit.fitting import _quiet_cma
+from stepml_evolve.evaluator.fit.linear_solve import LinearSolve, solvable
+from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
+from stepml_evolve.evaluator.scoring.objectives import Objective
+from stepml_evolve.evaluator.scoring.surrogate import SurrogateSet, VectorProgram, record
 from stepml_evolve.seeds import seed_path
 
 # (operator symbol, exponent kind) -> step_time bodies and the constants they are affine in

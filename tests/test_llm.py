@@ -13,7 +13,7 @@ from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.components import COMPONENT_NAMES
+from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, LLMOperator, extract_code

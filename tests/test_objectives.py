@@ -1,4 +1,4 @@
-"""Objectives (evaluator/objectives.py): rms is the project's loss (`reference_loss`), worst3 is
+"""Objectives (evaluator/scoring/objectives.py): rms is the project's loss (`reference_loss`), worst3 is
 the mean of the three largest per-experiment APE of mean E2E, weights from a YAML file; and the
 CLI options that carry them (`evolve eval/fit/run --objective --weights`)."""
 
@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.dsl import compile_program, load_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitted_header import FittedHeader
-from stepml_evolve.evaluator.metrics import Errors, Means, MetricRow, Timeouts, rms
-from stepml_evolve.evaluator.objectives import DEFAULT, OBJECTIVES, Objective, ObjectiveError, load_objective
+from stepml_evolve.evaluator.fit.fitted_header import FittedHeader
+from stepml_evolve.evaluator.scoring.metrics import Errors, Means, MetricRow, Timeouts, rms
+from stepml_evolve.evaluator.scoring.objectives import DEFAULT, OBJECTIVES, Objective, ObjectiveError, load_objective
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 
@@ -80,7 +80,7 @@ def test_rms_unweighted_is_the_reference_loss_exactly_on_replayed_rows(synthetic
     """Real metric rows of the roofline seed on every split: the default objective changes no figure."""
     program = load_program(seed_path("roofline"))
     start = np.array(list(program.constants.values()), dtype=float)
-    with Engine(synthetic.experiments, workers=2) as engine:
+    with ReplayPool(synthetic.experiments, workers=2) as engine:
         for scale in (1.0, 0.5, 3.0):
             rows = engine.score(program, [start * scale] * len(synthetic.experiments), ("train", "validate", "test"))
             for split, rs in rows.items():
@@ -181,7 +181,7 @@ def test_engine_population_losses_use_the_objective(synthetic):
     start = np.array(list(program.constants.values()), dtype=float)
     pop = [start, start * 2.0]
     goal = Objective("worst3", (("*mixtral*", 3.0),))
-    with Engine(synthetic.experiments, workers=2) as engine:
+    with ReplayPool(synthetic.experiments, workers=2) as engine:
         losses = engine.population_losses(compile_program(program), pop, synthetic.experiments, "train", goal)
         for vec, got in zip(pop, losses):
             rows = engine.score(program, [vec] * len(synthetic.experiments), ("train",))["train"]

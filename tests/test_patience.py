@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from stepml_evolve.archive.records import GenerationRecord
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search import LEGACY_SETTINGS, PATIENCE_GAIN, Search, SearchConfig
 
@@ -130,7 +130,7 @@ def test_only_a_gain_of_more_than_half_a_percent_resets_the_patience(synthetic, 
     assert PATIENCE_GAIN == 0.005
     a = Archive(tmp_path / "archive", create=True)
     try:
-        with Engine(synthetic.experiments, workers=1) as engine:
+        with ReplayPool(synthetic.experiments, workers=1) as engine:
 
             def search(patience):
                 return Search(a, synthetic, engine, SearchConfig(patience=patience), resume=True)
@@ -162,7 +162,7 @@ def test_exactly_half_a_percent_is_not_a_gain(synthetic, tmp_path):
     for second, out in ((100.0 * (1 - PATIENCE_GAIN), True), (100.0 * (1 - PATIENCE_GAIN) - 1e-6, False)):
         a = Archive(tmp_path / str(second), create=True)
         try:
-            with Engine(synthetic.experiments, workers=1) as engine:
+            with ReplayPool(synthetic.experiments, workers=1) as engine:
                 config = SearchConfig(patience=1, generations=5)
                 run_id = Search(a, synthetic, engine, config).run_id
                 for g, v in enumerate((100.0, second)):

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.dsl import ProgramError, load_program, parse_program
 from stepml_evolve.evaluator.dsl.program import PRIOR_WEIGHT, prior_penalty
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import FitConfig, fit
-from stepml_evolve.evaluator.identifiability import VERDICTS, _verdict, identify
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.fit.identifiability import VERDICTS, _verdict, identify
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.cascade import structure_hash
 from stepml_evolve.seeds import priors_markdown, seed_path, seed_paths, seed_priors
@@ -81,7 +81,7 @@ def test_a_constant_the_data_cannot_see_stays_at_its_prior_and_the_profile_says_
     with_prior = parse_program(WITH_PRIOR.format(k=k))
     without = parse_program(WITH_PRIOR.format(k='{"start": 10.0, "min": 0.0}'))
     config = FitConfig(seed=1, max_evals=10)
-    with Engine(dense) as engine:
+    with ReplayPool(dense) as engine:
         held = fit(with_prior, dense, engine, config)
         free = fit(without, dense, engine, config)
         reports = {r.name: r for r in identify(with_prior, held.constants["all"], dense, engine, config)}

@@ -12,8 +12,9 @@ import pytest
 from conftest import needs_real_data
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.experiments import LoadOptions, load_experiment
-from stepml_evolve.evaluator.prompt_reuse import Sharing, assign_prompts, detect_cycle, expected_cached_share
+from stepml_evolve.evaluator.data.experiment_reader import load_experiment
+from stepml_evolve.evaluator.data.experiments import LoadOptions
+from stepml_evolve.evaluator.data.prompt_reuse import Sharing, assign_prompts, detect_cycle, expected_cached_share
 from stepml_evolve.evolve.cli.app import app
 
 
@@ -103,7 +104,7 @@ def test_every_real_run_cycles_100_prompts_and_the_cache_serves_most_prompt_toke
 @needs_real_data
 def test_the_replay_serves_resent_prompts_from_the_cache_unless_kv_binds(real_data, real_experiments):
     from stepml_evolve.evaluator.dsl import compile_program, load_program
-    from stepml_evolve.evaluator.replay import replay
+    from stepml_evolve.evaluator.replay.closed_loop import replay
     from stepml_evolve.seeds import seed_path
 
     prog = load_program(seed_path("roofline"))
@@ -123,7 +124,7 @@ def test_the_replay_serves_resent_prompts_from_the_cache_unless_kv_binds(real_da
 
 def test_data_check_shows_the_cycle_and_the_policy_changes_it(synthetic):
     from stepml_evolve.evaluator.datasets import sample_size
-    from stepml_evolve.evaluator.synthetic import SAMPLE_SIZES
+    from stepml_evolve.evaluator.known_truth.synthetic_sample import SAMPLE_SIZES
 
     period = SAMPLE_SIZES[sample_size()].n_prompts  # the prompt list the generator cycled
     res = cli("data", "check", "--json")
@@ -162,7 +163,7 @@ def test_lengths_without_a_cycle_are_replayed_as_before_and_data_check_says_so(s
 
 
 def test_fit_stores_the_policy_in_its_header_and_its_json(tmp_path):
-    from stepml_evolve.evaluator.fitted_header import FittedHeader
+    from stepml_evolve.evaluator.fit.fitted_header import FittedHeader
     from stepml_evolve.seeds import seed_path
 
     out = tmp_path / "rf.py"

@@ -16,12 +16,12 @@ import yaml
 from conftest import only_error_line
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.crossval import read_groups
 from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.fit.crossval import read_groups
 from stepml_evolve.evaluator.importers.common import resolve_deployment
 from stepml_evolve.evaluator.importers.inference_perf import read_inference_perf
 from stepml_evolve.evaluator.importers.otel import read_otel
-from stepml_evolve.evaluator.objectives import load_objective
+from stepml_evolve.evaluator.scoring.objectives import load_objective
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.seeds import seed_path
 

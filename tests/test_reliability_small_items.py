@@ -74,7 +74,7 @@ def test_a_newline_in_the_archive_path_stays_inside_the_go_comment(tiny_archive,
     assert all(line.startswith("//") or not line for line in head), head
     assert any("runs\\nnext" in line for line in head)
     # the program file's `# fitted:` header too: two comment lines, parsed back as written
-    from stepml_evolve.evaluator.fitted_header import FittedHeader
+    from stepml_evolve.evaluator.fit.fitted_header import FittedHeader
 
     res = invoke("archive", "show", "best", "--archive", archive, "--source")
     assert res.exit_code == 0, res.output

@@ -16,7 +16,7 @@ import pytest
 from conftest import only_error_line
 from typer.testing import CliRunner
 
-from stepml_evolve.evaluator.worlds import WorldError, load_world, write_world
+from stepml_evolve.evaluator.known_truth import WorldError, load_world, write_world
 from stepml_evolve.evolve.cli.app import app
 
 ABSURD_LAW = '''"""Absurd: a step of 1e14 us (three years), whatever the batch."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepml_evolve.evaluator.components import COMPONENT_NAMES, coefficients, from_trajectory
+from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl import compile_program, parse_program, step_times
-from stepml_evolve.evaluator.experiments import Experiment
-from stepml_evolve.evaluator.model_arch import ModelArch
-from stepml_evolve.evaluator.replay import BAD_STEP_TIME, FINISHED, OK, TIMED_OUT, replay
+from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, coefficients, from_trajectory
+from stepml_evolve.evaluator.physics.model_arch import ModelArch
+from stepml_evolve.evaluator.replay.closed_loop import replay
+from stepml_evolve.evaluator.replay.state import BAD_STEP_TIME, FINISHED, OK, TIMED_OUT
 
 TINY = ModelArch(layers=2, hidden=256, heads=4, kv_heads=4, ffn=512, vocab=1000)
 LLAMA7 = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)

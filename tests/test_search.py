@@ -272,7 +272,7 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter_and_programs(tmp_pa
     """What a resumed run knows must equal what the uninterrupted run knew at that generation,
     seeds and children that failed evaluation included, or the two runs diverge."""
     from stepml_evolve.evaluator.datasets import load_data
-    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evaluator.scoring.pool import ReplayPool
     from stepml_evolve.evolve.search import Search, SearchConfig
     from stepml_evolve.evolve.search.emitters import SymbolicEmitter
 
@@ -293,7 +293,7 @@ def test_a_resumed_search_rebuilds_the_live_duplicate_filter_and_programs(tmp_pa
         "def step_time(f, c):\n    return c.base_us * f.n_req / (f.n_req - f.n_req)\n"
     )
     failing.share = 0.3
-    with Engine(loaded.experiments, 2) as engine:
+    with ReplayPool(loaded.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
         live = Search(archive, loaded, engine, cfg, [SymbolicEmitter(), failing])
         live.run()
@@ -320,7 +320,7 @@ def test_stop_at_each_generation_then_resume_gives_the_uninterrupted_archive(ref
 
 def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children(tmp_path):
     from stepml_evolve.evaluator.datasets import load_data
-    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evaluator.scoring.pool import ReplayPool
     from stepml_evolve.evolve.search import Search, SearchConfig
     from stepml_evolve.evolve.search.emitters import SymbolicEmitter
     from stepml_evolve.seeds import seed_path
@@ -342,7 +342,7 @@ def test_a_new_emitter_plugs_into_the_loop_and_hears_what_became_of_its_children
         time_components="free",  # the fixed child drops some of roofline's components
     )
     seeds = [("roofline", seed_path("roofline").read_text())]
-    with Engine(loaded.experiments, 2) as engine:
+    with ReplayPool(loaded.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
         search = Search(archive, loaded, engine, cfg, [SymbolicEmitter(), fixed], seeds=seeds)
         search.run()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import FitConfig, fit
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search.cascade import Candidate, Cascade
 from stepml_evolve.evolve.search.emitters import Proposal
 from stepml_evolve.evolve.search.settings import SearchConfig
@@ -18,7 +18,7 @@ def test_a_promoted_child_gets_the_full_fit_trust_region_and_a_seed_the_standard
     exps = synthetic.experiments
     program = load_program(seed_path("roofline"))
     config = SearchConfig(seed=3, full_fit_evals=5, full_fit_candidates=1, full_fit_surrogate=60, linear="solve")
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         cascade = Cascade(synthetic, engine, config)
         cand = Candidate(program, Proposal(program.source, "seed", []), None, 0, constants=dict(program.constants))
         (promoted,) = cascade.full_fits([(cand, (1, 2))])
@@ -45,7 +45,7 @@ def test_the_trust_region_stalls_on_judged_points_not_iterations(synthetic):
     exps = synthetic.experiments
     program = load_program(seed_path("roofline"))
     config = FitConfig(seed=1, max_evals=40, surrogate_evals=60, tolfun=1e9, stall_points=3)
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         one = fit(program, exps, engine, dataclasses.replace(config, candidates=1), start=program.constants)
         three = fit(program, exps, engine, dataclasses.replace(config, candidates=3), start=program.constants)
     assert (one.iterations, three.iterations) == (3, 1)
@@ -58,7 +58,7 @@ def test_the_runs_linear_setting_reaches_its_screening_and_full_fits(synthetic):
     exps = synthetic.experiments
     program = load_program(seed_path("blackbox"))  # affine in all six constants
     fits = {}
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         for mode in ("solve", "sample"):
             cascade = Cascade(synthetic, engine, SearchConfig(seed=3, full_fit_evals=4, linear=mode))
             assert cascade.quick.linear_solve is (mode == "solve")
@@ -91,7 +91,7 @@ def test_screening_fits_search_their_surrogate_with_80_evaluations_unless_told_o
     the same child to other constants."""
     program = load_program(seed_path("roofline"))
     screened = {}
-    with Engine(synthetic.experiments) as engine:
+    with ReplayPool(synthetic.experiments) as engine:
         for budget in (SearchConfig.quick_surrogate, None):
             cascade = Cascade(synthetic, engine, SearchConfig(seed=3, quick_surrogate=budget))
             assert cascade.quick.surrogate_evals == budget

@@ -13,8 +13,9 @@ import pytest
 from conftest import only_error_line
 from typer.testing import CliRunner
 
-from stepml_evolve.archive.browse import DEFAULT_RULE, choose, opened
-from stepml_evolve.archive.grid import pareto_front
+from stepml_evolve.archive.browse import opened
+from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
+from stepml_evolve.archive.map_elites import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search.settings import SearchConfig

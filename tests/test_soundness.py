@@ -1,4 +1,4 @@
-"""Physics a program cannot trade away beyond the floor (evaluator/soundness.py): causal inputs, no
+"""Physics a program cannot trade away beyond the floor (evaluator/soundness/rules.py): causal inputs, no
 subtracted time, one role per constant; and what a search does with them (inherited bounds and
 priors, refused children, causal operators)."""
 
@@ -10,7 +10,7 @@ import random
 import pytest
 
 from stepml_evolve.evaluator.dsl import load_program, parse_program
-from stepml_evolve.evaluator.soundness import DEFAULT_SPREAD, check_physics, inherit, physics_problems
+from stepml_evolve.evaluator.soundness.rules import DEFAULT_SPREAD, check_physics, inherit, physics_problems
 from stepml_evolve.evolve.search.symbolic import OPERATORS, mutate
 from stepml_evolve.seeds import seed_path
 

@@ -7,9 +7,9 @@ import pytest
 from conftest import needs_real_data
 
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import FitConfig, fit
-from stepml_evolve.evaluator.surrogate import SurrogateSet, VectorProgram, record, retime
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evaluator.scoring.surrogate import SurrogateSet, VectorProgram, record, retime
 from stepml_evolve.seeds import seed_path, seed_paths
 
 QUEUE_BY_REQUEST = """
@@ -112,8 +112,9 @@ def test_surrogate_set_scores_every_experiment_as_its_own_model_does(synthetic):
 def test_decoded_tokens_per_step_from_runs_are_those_of_the_rows(synthetic):
     """record counts the tokens decoded per step for finished requests after their first token
     from each request's runs of steps: the numbers the trajectory's rows give."""
-    from stepml_evolve.evaluator.replay import FINISHED, replay
-    from stepml_evolve.evaluator.surrogate import _decode_steps
+    from stepml_evolve.evaluator.replay.closed_loop import replay
+    from stepml_evolve.evaluator.replay.state import FINISHED
+    from stepml_evolve.evaluator.scoring.surrogate import _decode_steps
 
     program = load_program(seed_path("roofline"))
     compiled, c0 = compile_program(program), _vector(program)
@@ -139,7 +140,7 @@ def test_classes_bin_only_what_the_program_is_not_affine_in(synthetic, name):
     in every component has one step class per weight row)."""
     import dataclasses
 
-    from stepml_evolve.evaluator.surrogate import REQUEST_ROWS
+    from stepml_evolve.evaluator.scoring.surrogate import REQUEST_ROWS
 
     program = parse_program(NONLINEAR_QUEUE) if name == "nonlinear_queue" else load_program(seed_path(name))
     compiled, vector = compile_program(program), VectorProgram.of(program)
@@ -171,12 +172,12 @@ def test_trust_region_comes_near_the_cmaes_loss_with_a_tenth_of_the_replays(synt
 
     program = dataclasses.replace(load_program(seed_path("roofline")), bounds={})
     exps = synthetic_full.experiments
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         tr = fit(program, exps, engine, FitConfig(seed=3))
         cma = fit(program, exps, engine, FitConfig(seed=3, method="cmaes"))
     assert tr.loss <= cma.loss * 1.10, (tr.loss, cma.loss)
     assert tr.evaluations * 10 <= cma.evaluations, (tr.evaluations, cma.evaluations)
-    start = fit(program, exps, Engine(exps, 1), FitConfig(seed=3, max_evals=1))
+    start = fit(program, exps, ReplayPool(exps, 1), FitConfig(seed=3, max_evals=1))
     assert tr.loss < start.loss  # it moved
 
 
@@ -185,7 +186,7 @@ def test_trust_region_fit_is_the_same_whatever_the_worker_count(synthetic):
     cfg = FitConfig(seed=5, max_evals=8)
     results = []
     for workers in (1, 2):
-        with Engine(synthetic.experiments, workers) as engine:
+        with ReplayPool(synthetic.experiments, workers) as engine:
             results.append(fit(program, synthetic.experiments, engine, cfg))
     assert results[0].constants == results[1].constants and results[0].history == results[1].history
 
@@ -195,7 +196,7 @@ def test_a_start_that_cannot_be_replayed_falls_back_to_cmaes(synthetic):
     (which, on a landscape where every replay fails, stops after one generation)."""
     program = parse_program(QUEUE_BY_REQUEST)  # unbounded: a seed's bounds would move the start back into range
     bad = {**program.constants, "base": -1e5}
-    with Engine(synthetic.experiments) as engine:
+    with ReplayPool(synthetic.experiments) as engine:
         res = fit(program, synthetic.experiments, engine, FitConfig(seed=1, max_evals=60), start=bad)
     assert res.history[0][1] >= 1e5 and res.evaluations > 1 and res.iterations >= 1
 
@@ -234,8 +235,8 @@ def test_a_model_with_no_weighted_step_keeps_its_recorded_errors_in_a_set(synthe
 def test_a_replay_in_which_no_step_ran_records_an_empty_model_not_a_traceback():
     """A child whose queueing delay outlasts every request's client limit schedules no step (seen
     at generation 38 of a real-data run): record returns its row and an empty model."""
-    from stepml_evolve.evaluator.catalog import catalog
-    from stepml_evolve.evaluator.experiments import Experiment
+    from stepml_evolve.evaluator.data.experiments import Experiment
+    from stepml_evolve.evaluator.physics.catalog import catalog
 
     program = parse_program(
         '"""q"""\nCONSTANTS = {"q": 1.0e12}\n\ndef step_time(f, c):\n    return 1000 + f.weights\n\n'
@@ -273,7 +274,7 @@ def test_classes_are_the_plain_numpy_grouping_to_the_last_bit(keys):
     """Classes labelled by pandas' hash table and summed for every weight row in one pass are the
     grouping np.unique(return_inverse=True) and np.bincount give, bit for bit: the same classes in
     the same order, the same sums (the search's archive does not move with the implementation)."""
-    from stepml_evolve.evaluator.surrogate import CLASS_WIDTH, _class_hash, _classes
+    from stepml_evolve.evaluator.scoring.surrogate import CLASS_WIDTH, _class_hash, _classes
 
     rng = np.random.default_rng(3)
     # few distinct rows, repeated and scaled inside one class width, with zeros and negatives

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import archived_children, roofline_children, tiny_run
 
-from stepml_evolve.evaluator.components import COMPONENT_INDEX, N_COMPONENTS
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import step_times
+from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, N_COMPONENTS
 from stepml_evolve.evolve.search.emitters import OPERATOR_WEIGHTS, operator_weights
 from stepml_evolve.evolve.search.symbolic import SWITCH_COUNTS, TYPICAL_COUNT, term_start
 from stepml_evolve.seeds import seed_path

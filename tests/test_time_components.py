@@ -6,7 +6,7 @@ import json
 
 from conftest import archive_rows, tiny_run
 
-from stepml_evolve.evaluator.components import COMPONENTS, TIME_COMPONENTS
+from stepml_evolve.evaluator.physics.components import COMPONENTS, TIME_COMPONENTS
 
 
 def _children(archive) -> list[tuple[set[str], set[str]]]:

@@ -8,9 +8,9 @@ import shutil
 
 from conftest import archive_rows, tiny_run
 
-from stepml_evolve.evaluator.components import unexercised_components
 from stepml_evolve.evaluator.dsl import parse_program
-from stepml_evolve.evaluator.replay import experiment_coefficients
+from stepml_evolve.evaluator.physics.components import unexercised_components
+from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients
 
 ONE_DEPLOYMENT = "synth-llama-2-7b-tp1-general"  # the built-in sample's one experiment at TP 1
 

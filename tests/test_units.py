@@ -14,9 +14,9 @@ from conftest import FixedEmitter
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.components import COMPONENTS
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, infer_units, parse_program
 from stepml_evolve.evaluator.dsl.operators import OPERATORS, UNIT_RULES
+from stepml_evolve.evaluator.physics.components import COMPONENTS
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.search import LEGACY_SETTINGS, UNITS_MODES, SearchConfig
 from stepml_evolve.seeds import seed_path, seed_paths
@@ -184,7 +184,7 @@ def stored_search(d) -> dict:
 
 @pytest.mark.parametrize("units", UNITS_MODES)
 def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless_units_off(synthetic, tmp_path, units):
-    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evaluator.scoring.pool import ReplayPool
     from stepml_evolve.evolve.search import Search
     from stepml_evolve.evolve.search.emitters import SymbolicEmitter
 
@@ -201,7 +201,7 @@ def test_a_child_whose_step_time_is_not_a_time_is_rejected_before_fitting_unless
         time_components="free",  # the hand-made child drops roofline's components
         physics="off",  # and reads no attention: the units check, not the floor, is what this pins
     )
-    with Engine(synthetic.experiments, 2) as engine:
+    with ReplayPool(synthetic.experiments, 2) as engine:
         archive = Archive(tmp_path, create=True)
         search = Search(
             archive,
@@ -355,10 +355,10 @@ def test_a_seed_that_is_not_unit_consistent_is_a_one_line_error_naming_the_file(
 
 
 def test_the_library_refuses_such_a_seed_too_before_storing_a_run(synthetic, tmp_path):
-    from stepml_evolve.evaluator.engine import Engine
+    from stepml_evolve.evaluator.scoring.pool import ReplayPool
     from stepml_evolve.evolve.search import Search, SearchError
 
-    with Engine(synthetic.experiments, 1) as engine:
+    with ReplayPool(synthetic.experiments, 1) as engine:
         archive = Archive(tmp_path, create=True)
         try:
             with pytest.raises(SearchError, match=r"seed mixed: line 5: adds microseconds and a count .*\[units\]"):

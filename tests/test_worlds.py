@@ -12,16 +12,15 @@ import pytest
 from conftest import ROOT, archive_rows
 from typer.testing import CliRunner
 
-from stepml_evolve.archive.browse import DEFAULT_RULE, RULES, opened
+from stepml_evolve.archive.browse import opened
+from stepml_evolve.archive.deployment import DEFAULT_RULE, RULES
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.crossval import make_folds
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import load_program, parse_program
 from stepml_evolve.evaluator.dsl.units import check_units
-from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.worlds import (
+from stepml_evolve.evaluator.fit.crossval import make_folds
+from stepml_evolve.evaluator.known_truth import (
     SPLITS,
     WorldError,
     configurations,
@@ -32,7 +31,7 @@ from stepml_evolve.evaluator.worlds import (
     world_names,
     write_world,
 )
-from stepml_evolve.evaluator.worlds.grid import (
+from stepml_evolve.evaluator.known_truth.configurations import (
     HELD_OUT_WORKLOADS,
     KNOBS,
     TRAIN_WORKLOADS,
@@ -40,16 +39,12 @@ from stepml_evolve.evaluator.worlds.grid import (
     TRAINED_TOKENS,
     kv_blocks,
 )
-from stepml_evolve.evaluator.worlds.workloads import STANDARD_WORKLOADS
+from stepml_evolve.evaluator.known_truth.workloads import STANDARD_WORKLOADS
+from stepml_evolve.evaluator.physics.catalog import catalog
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.commands.bench_worlds import (
-    SETTINGS_FILE,
-    HeldOut,
-    SplitResult,
-    _check_resumable,
-    _held_out,
-    bench_world,
-)
+from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out, bench_world
+from stepml_evolve.evolve.commands.bench_worlds_results import HeldOut, SplitResult
 from stepml_evolve.evolve.search.cascade import structure_hash
 from stepml_evolve.seeds import seed_path, seed_paths
 
@@ -454,7 +449,7 @@ def test_a_programs_held_out_score_is_the_fit_with_the_lowest_train_loss_or_the_
     protocol = f"groups:{split_files['by-gpu']}"
     folds = make_folds(protocol, loaded.experiments)
     program = load_program(seed_path("roofline"))
-    with Engine(loaded.experiments) as engine:
+    with ReplayPool(loaded.experiments) as engine:
         by_train = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4)
         median = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4, pick="median")
         ones = [_held_out("roofline", program, loaded, engine, protocol, folds, s, max_evals=4) for s in (5, 6, 7)]

@@ -14,10 +14,11 @@ import sys
 
 import numpy as np
 
+from stepml_evolve.evaluator.data.experiment_reader import load_experiments
+from stepml_evolve.evaluator.data.experiments import LoadOptions  # noqa: E402
+from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY, POLICIES  # noqa: E402
 from stepml_evolve.evaluator.dsl import compile_program, load_program  # noqa: E402
-from stepml_evolve.evaluator.experiments import LoadOptions, load_experiments  # noqa: E402
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY, POLICIES  # noqa: E402
-from stepml_evolve.evaluator.replay import replay  # noqa: E402
+from stepml_evolve.evaluator.replay.closed_loop import replay  # noqa: E402
 
 
 def main() -> None:

@@ -22,11 +22,11 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.crossval import cross_validate
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl.program import parse_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import fit
+from stepml_evolve.evaluator.fit.crossval import cross_validate
+from stepml_evolve.evaluator.fit.fitting import fit
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search.cascade import Cascade
 from stepml_evolve.evolve.search.settings import SearchConfig
 
@@ -54,7 +54,7 @@ def main() -> None:
         archive.close()
     data = load_data(args.data)
     rows = []
-    with Engine(data.experiments) as engine:
+    with ReplayPool(data.experiments) as engine:
         cascade = Cascade(data, engine, SearchConfig(seed=7, cv=args.cv))
         for p in programs:
             program = parse_program(p.source)

@@ -13,7 +13,7 @@ import time
 
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search.cascade import Cascade
 from stepml_evolve.evolve.search.settings import SearchConfig
 from stepml_evolve.seeds import seed_path, seed_paths
@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     data = load_data(args.data)
     out = []
-    with Engine(data.experiments) as engine:
+    with ReplayPool(data.experiments) as engine:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
             row = {"seed": name}

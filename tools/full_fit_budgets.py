@@ -21,11 +21,11 @@ import dataclasses
 import json
 import time
 
+from stepml_evolve.evaluator.data.experiments import SPLITS
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.experiments import SPLITS
-from stepml_evolve.evaluator.fitting import FitConfig, fit, quick_config
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit, quick_config
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search.settings import SearchConfig
 from stepml_evolve.seeds import seed_path, seed_paths
 
@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     data = load_data(args.data)
     exps = data.experiments
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
             row: dict = {"seed": name, "from": args.start}

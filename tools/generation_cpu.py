@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 
-from stepml_evolve.evaluator import engine, fitting, surrogate
+from stepml_evolve.evaluator.fit import fitting
+from stepml_evolve.evaluator.scoring import pool, surrogate
 from stepml_evolve.evolve.cli import main
 
 
@@ -58,10 +59,10 @@ def _timed(owner, name: str, label: str) -> None:
 
 
 _timed(surrogate, "replay", "closed-loop replay inside record")
-_timed(engine, "record", "record (replay, metric row)")
+_timed(pool, "record", "record (replay, metric row)")
 _timed(surrogate.PendingModel, "_build", "trajectory models built (fit starts and accepted points)")
-_timed(engine, "_replay_rows", "scoring replays (every split)")
-_timed(engine, "_replay_row", "population replays (plain)")
+_timed(pool, "_replay_rows", "scoring replays (every split)")
+_timed(pool, "_replay_row", "population replays (plain)")
 _timed(fitting._GroupFit, "surrogate_losses", "surrogate scoring")
 _timed(fitting._GroupFit, "sampled_step", "surrogate step (CMA-ES and scoring)")
 _start, _start_cpu = time.perf_counter(), time.process_time()

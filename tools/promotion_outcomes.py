@@ -16,7 +16,7 @@ import collections
 
 import numpy as np
 
-from stepml_evolve.archive.grid import cell_of, elites, pareto_front
+from stepml_evolve.archive.map_elites import cell_of, elites, pareto_front
 from stepml_evolve.archive.store import Archive
 
 

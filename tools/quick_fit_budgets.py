@@ -16,8 +16,8 @@ import time
 
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import fit, quick_config
+from stepml_evolve.evaluator.fit.fitting import fit, quick_config
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.seeds import seed_path, seed_paths
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     exps = load_data(args.data).experiments
-    with Engine(exps) as engine:
+    with ReplayPool(exps) as engine:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
             row: dict = {"seed": name}

@@ -16,13 +16,14 @@ import time
 import numpy as np
 from numba import njit
 
-from stepml_evolve.evaluator.components import N_COMPONENTS
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program
 from stepml_evolve.evaluator.dsl.vm import LOCALS_SIZE, STACK_SIZE, run_code
-from stepml_evolve.evaluator.metrics import split_horizon
-from stepml_evolve.evaluator.replay import _component_values, experiment_coefficients, replay
-from stepml_evolve.evaluator.surrogate import VectorProgram, record
+from stepml_evolve.evaluator.physics.components import N_COMPONENTS
+from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients, replay
+from stepml_evolve.evaluator.replay.state import _component_values
+from stepml_evolve.evaluator.scoring.metrics import split_horizon
+from stepml_evolve.evaluator.scoring.surrogate import VectorProgram, record
 from stepml_evolve.seeds import seed_path
 
 

@@ -21,13 +21,15 @@ import json
 import math
 from pathlib import Path
 
-from stepml_evolve.archive.browse import RULES, best_seed, choose, opened, run_programs
-from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, make_folds
+from stepml_evolve.archive.browse import opened, run_programs
+from stepml_evolve.archive.deployment import RULES, best_seed, choose
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.worlds.splits import SPLITS, split_file
-from stepml_evolve.evolve.commands.bench_worlds import SplitResult, SplitScorer
+from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, make_folds
+from stepml_evolve.evaluator.known_truth.splits import SPLITS, split_file
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evolve.commands.bench_worlds import SplitScorer
+from stepml_evolve.evolve.commands.bench_worlds_results import SplitResult
 
 CACHE = "selection-sweep.json"
 SEED_BY_VALIDATION = "seed by validation"  # the reference without a search
@@ -64,7 +66,7 @@ def sweep(out: Path, factors: list[float]) -> dict:
         if todo:
             loaded = load_data(data_dir)
             protocol = f"{GROUPS_PREFIX}{split_file(data_dir, split.name)}"
-            with Engine(loaded.experiments) as pool:
+            with ReplayPool(loaded.experiments) as pool:
                 scorer = SplitScorer(loaded, pool, protocol, make_folds(protocol, loaded.experiments), 0, 1, "train")
                 for name, held in zip(todo, scorer.all([(n, parse_program(p.source)) for n, p in todo.items()])):
                     scored[name] = held.loss

@@ -17,7 +17,8 @@ import argparse
 
 import numpy as np
 
-from stepml_evolve.evaluator.experiments import LoadOptions, experiment_dirs, load_experiment  # noqa: E402
+from stepml_evolve.evaluator.data.experiment_reader import experiment_dirs, load_experiment
+from stepml_evolve.evaluator.data.experiments import LoadOptions  # noqa: E402
 from stepml_evolve.evaluator.readers import read_json  # noqa: E402
 
 

@@ -1,8 +1,8 @@
 """The program DSL: the operator table (operators.py), parse/validate (program.py), units
 (units.py), scalar VM (vm.py), numexpr (numexpr_compile.py)."""
 
-from .numexpr_compile import compile_vector, evaluate_vector, step_times
-from .program import (
+from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector, step_times
+from stepml_evolve.evaluator.dsl.program import (
     FUNCTIONS,
     REQUEST_FIELDS,
     Program,
@@ -11,8 +11,8 @@ from .program import (
     parse_program,
     read_program_text,
 )
-from .units import Unit, UnitReport, check_units, infer_units
-from .vm import CompiledProgram, ScalarProgram, compile_program
+from stepml_evolve.evaluator.dsl.units import Unit, UnitReport, check_units, infer_units
+from stepml_evolve.evaluator.dsl.vm import CompiledProgram, ScalarProgram, compile_program
 
 __all__ = [
     "FUNCTIONS",

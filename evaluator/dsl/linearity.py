@@ -1,7 +1,7 @@
 """The constants a program is affine in: those a fit may solve by least squares.
 
 A replay's latency means, on a fixed schedule, are sums of step times and per-request delays
-(surrogate.py). If every function of a program is affine in a set L of its constants (jointly:
+(evaluator/scoring/surrogate.py). If every function of a program is affine in a set L of its constants (jointly:
 no product of two of them, none inside max, abs, log, a condition, ...), the surrogate's means
 are affine in L for any fixed value of the others, and the trust region's surrogate step finds
 L's best values with one bounded least-squares solve instead of sampling them (variable
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import ast
 
-from .operators import literal_number, operands, operator_of
-from .program import Program
+from stepml_evolve.evaluator.dsl.operators import literal_number, operands, operator_of
+from stepml_evolve.evaluator.dsl.program import Program
 
 # the order the functions are read in: queueing_time reads step_time's result (r.last_step_us)
 _ORDER = ("step_time", "queueing_time", "output_token_time", "post_decode_time")

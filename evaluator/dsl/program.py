@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepml_evolve.evaluator.components import COMPONENT_NAMES
+from stepml_evolve.evaluator.dsl.operators import Kind, float_or_inf, literal_number, operands, operator_of, symbols
 from stepml_evolve.evaluator.errors import UserError
-
-from .operators import Kind, float_or_inf, literal_number, operands, operator_of, symbols
+from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "step_time": ("f", "c"),
@@ -618,7 +617,7 @@ def read_program_text(path) -> str:
     """A program file's text, read only if it is a regular file within the DSL's MAX_SOURCE_BYTES
     (a device such as /dev/zero, a FIFO or a huge file is refused before reading); ProgramError
     (rule "file", the caller names the file) otherwise. The one way a program file is read."""
-    from ..readers import FileProblem, file_text
+    from stepml_evolve.evaluator.readers import FileProblem, file_text
 
     try:
         return file_text(path, MAX_SOURCE_BYTES)

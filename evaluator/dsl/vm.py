@@ -17,10 +17,18 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from stepml_evolve.evaluator.components import COMPONENT_INDEX
-
-from .operators import AND, EXP_CLAMP, OPERATORS, Kind, Operator, literal_number, operands, operator_of
-from .program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
+from stepml_evolve.evaluator.dsl.operators import (
+    AND,
+    EXP_CLAMP,
+    OPERATORS,
+    Kind,
+    Operator,
+    literal_number,
+    operands,
+    operator_of,
+)
+from stepml_evolve.evaluator.dsl.program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
+from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX
 
 # run_code compares against the members of this IntEnum: numba freezes them as constants
 Opcode = enum.unique(

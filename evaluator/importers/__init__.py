@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .blis_trace import read_blis_trace
-from .common import DataImportError, Measured, check_out_dir, resolve_deployment, write_experiment
-from .inference_perf import read_inference_perf
-from .otel import read_otel
+from stepml_evolve.evaluator.importers.blis_trace import read_blis_trace
+from stepml_evolve.evaluator.importers.common import (
+    DataImportError,
+    Measured,
+    check_out_dir,
+    resolve_deployment,
+    write_experiment,
+)
+from stepml_evolve.evaluator.importers.inference_perf import read_inference_perf
+from stepml_evolve.evaluator.importers.otel import read_otel
 
 FORMATS = ("blis-trace", "inference-perf", "otel")
 

@@ -30,10 +30,9 @@ from collections import Counter
 from pathlib import Path
 
 from stepml_evolve.evaluator.errors import shown
+from stepml_evolve.evaluator.importers.blis_trace_export import TRACE_COLUMNS
+from stepml_evolve.evaluator.importers.common import DataImportError, Measured
 from stepml_evolve.evaluator.readers import DATA_BYTES, FileProblem, open_text, read_yaml
-
-from .blis_trace_export import TRACE_COLUMNS
-from .common import DataImportError, Measured
 
 REQUIRED = ("input_tokens", "output_tokens", "arrival_time_us", "first_chunk_time_us", "last_chunk_time_us", "status")
 INT_COLUMNS = (

@@ -49,10 +49,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from stepml_evolve.evaluator.data.experiment_reader import load_experiment
+from stepml_evolve.evaluator.data.experiments import Experiment, ExperimentError, LoadOptions
+from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.experiments import Experiment, ExperimentError, LoadOptions, load_experiment
 from stepml_evolve.evaluator.outputs import OutputError, check_outputs, write_atomic
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.readers import CONFIG_BYTES, FileProblem, file_text, parse_yaml, read_json
 
 DEFAULT_LATENCY_MODEL = "stepml-evolved"

@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.errors import UserError, shown
-from stepml_evolve.evaluator.experiments import (
+from stepml_evolve.evaluator.data.experiment_reader import load_experiment
+from stepml_evolve.evaluator.data.experiments import (
     MAX_BLOCK_SIZE,
     MAX_KV_BLOCKS,
     MAX_SEQS,
@@ -33,11 +32,12 @@ from stepml_evolve.evaluator.experiments import (
     MAX_TP,
     ExperimentError,
     LoadOptions,
-    load_experiment,
 )
-from stepml_evolve.evaluator.hardware import get_hardware
-from stepml_evolve.evaluator.model_arch import ModelArch
+from stepml_evolve.evaluator.errors import UserError, shown
 from stepml_evolve.evaluator.outputs import OutputError, check_output_dir, directory_written_whole
+from stepml_evolve.evaluator.physics.catalog import catalog
+from stepml_evolve.evaluator.physics.hardware import get_hardware
+from stepml_evolve.evaluator.physics.model_arch import ModelArch
 from stepml_evolve.evaluator.readers import CONFIG_BYTES, read_json, read_yaml
 
 

@@ -16,9 +16,8 @@ import math
 from pathlib import Path
 
 from stepml_evolve.evaluator.errors import shown
+from stepml_evolve.evaluator.importers.common import DataImportError, Measured
 from stepml_evolve.evaluator.readers import read_json
-
-from .common import DataImportError, Measured
 
 
 def _num(v):

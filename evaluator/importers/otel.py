@@ -18,9 +18,8 @@ import math
 from pathlib import Path
 
 from stepml_evolve.evaluator.errors import cut, shown
+from stepml_evolve.evaluator.importers.common import DataImportError, Measured
 from stepml_evolve.evaluator.readers import DATA_BYTES, FileProblem, parse_json, read_text
-
-from .common import DataImportError, Measured
 
 SPAN = "llm_request"
 PROMPT, COMPLETION = "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"

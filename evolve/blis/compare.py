@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.dsl import Program, compile_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.importers.blis_trace_export import (
@@ -24,8 +25,8 @@ from stepml_evolve.evaluator.importers.blis_trace_export import (
     load_for_export,
     read_blis_results,
 )
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
-from stepml_evolve.evaluator.replay import FINISHED, replay
+from stepml_evolve.evaluator.replay.closed_loop import replay
+from stepml_evolve.evaluator.replay.state import FINISHED
 
 
 class BlisRunError(UserError):

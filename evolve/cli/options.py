@@ -1,82 +1,32 @@
-"""The options several commands share, each defined once as a typed alias (its default is the
-parameter's: `SETUP`'s field for the options that make an `EvaluationSetup`)."""
+"""The options several commands share, each defined once as a typed alias: those of an
+`EvaluationSetup` or `SearchConfig` field are made from the field (its flag, help and limits; the
+default is the parameter's: `SETUP`'s field)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
 
-from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fitting import METHODS
-from stepml_evolve.evaluator.objectives import OBJECTIVES
-from stepml_evolve.evaluator.prompt_reuse import POLICIES as PROMPT_REUSE_POLICIES
-from stepml_evolve.evaluator.replay import SEMANTICS
-from stepml_evolve.evaluator.soundness import PHYSICS_MODES
+from stepml_evolve.evaluator.fit.fitting import METHODS
 from stepml_evolve.evolve.commands import EvaluationSetup
+from stepml_evolve.evolve.search import SearchConfig
+
+from .settings_options import option_type
 
 SETUP = EvaluationSetup()
 Method = Literal[METHODS]
 
-DataOption = Annotated[
-    Path | None,
-    typer.Option("--data", help="Directory of replay experiments (default: the built-in synthetic sample)."),
-]
-OutputLenOption = Annotated[
-    Literal[OUTPUT_LEN_POLICIES],
-    typer.Option(
-        "--output-len", help="Output length policy: profile (server output_len) or reported (client token counts)."
-    ),
-]
-PromptReuseOption = Annotated[
-    Literal[PROMPT_REUSE_POLICIES],
-    typer.Option(
-        "--prompt-reuse",
-        help="Which requests sent the same prompt, for the replay's prefix cache: detect (a prompt "
-        "list the client cycled through, found in the input lengths, plus shared system "
-        "prompts; system prompts only when the lengths show no cycle), system-prompt (only "
-        "the system prompts are shared) or off (nothing is).",
-    ),
-]
-SemanticsOption = Annotated[
-    Literal[SEMANTICS],
-    typer.Option(
-        "--semantics",
-        help="How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same "
-        "in the simulator) or vllm (see docs/concepts/design-notes.md).",
-    ),
-]
-ObjectiveOption = Annotated[
-    Literal[OBJECTIVES],
-    typer.Option(
-        "--objective",
-        help="The loss: rms (RMS APE of mean E2E + RMS APE of mean TTFT over experiments) or worst3 "
-        "(mean of the three worst experiments' APE of mean E2E).",
-    ),
-]
-WeightsOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--weights",
-        help="YAML file of experiment-name pattern -> weight (first match wins, others weigh 1), "
-        "e.g. '\"*mixtral*\": 2'.",
-    ),
-]
-PhysicsOption = Annotated[
-    Literal[PHYSICS_MODES],
-    typer.Option(
-        "--physics",
-        help="check: refuse a program below the physical floor (the roofline of a step's work at the "
-        "hardware's peak, on an envelope of steps users simulate), one that subtracts a time component, "
-        "shares a constant between roles, or reads an input that cannot cause its time, and keep fits "
-        "at or above the floor; off: neither (a regression such as BLIS's blackbox).",
-    ),
-]
-WorkersOption = Annotated[
-    int | None, typer.Option("--workers", min=1, help="Parallel replay threads (default: all cores).")
-]
+DataOption = option_type(EvaluationSetup, "data")
+OutputLenOption = option_type(EvaluationSetup, "output_len")
+PromptReuseOption = option_type(EvaluationSetup, "prompt_reuse")
+SemanticsOption = option_type(EvaluationSetup, "semantics")
+ObjectiveOption = option_type(EvaluationSetup, "objective")
+WeightsOption = option_type(EvaluationSetup, "weights")
+WorkersOption = option_type(EvaluationSetup, "workers")
+SkipBadOption = option_type(EvaluationSetup, "skip_bad")
+PhysicsOption = option_type(SearchConfig, "physics")
 ClusterOption = Annotated[
     str | None,
     typer.Option(
@@ -98,14 +48,6 @@ MethodOption = Annotated[
         "--method",
         help="trust-region (trajectory surrogate judged by the closed loop; about a tenth of the replays) "
         "or cmaes (CMA-ES on the closed loop).",
-    ),
-]
-SkipBadOption = Annotated[
-    bool,
-    typer.Option(
-        "--skip-bad",
-        help="Leave out the experiments that do not load (each said in a 'skipped:' line) instead of "
-        "exiting 2: eval scores the good ones first, fit, cv and run stop before any work.",
     ),
 ]
 

@@ -4,11 +4,16 @@ never drift from `evolve COMMAND --help` (docs/gen_commands.py builds them into 
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import typer
+
+from stepml_evolve.evolve.commands import EvaluationSetup
+from stepml_evolve.evolve.option_fields import option_fields
+from stepml_evolve.evolve.search import SearchConfig
 
 from .app import app
 
@@ -103,3 +108,27 @@ def command_pages() -> list[CommandPage]:
 
     walk(typer.main.get_command(app), ())
     return pages
+
+
+def settings_page() -> str:
+    """The settings of a search and of every replaying command, one table per class, from the
+    fields themselves (evolve/option_fields.py): the Python name, the flag, the default, the help."""
+    lines = [
+        "# Settings",
+        "",
+        "Every setting of a search (`SearchConfig`) and of every replaying command (`EvaluationSetup`),",
+        "generated from the fields that declare them: the same field gives the command line its option",
+        "and the Python API its keyword. Fields without a flag are set from Python only.",
+        "",
+    ]
+    for cls, where in ((SearchConfig, "`evolve run`"), (EvaluationSetup, "`evolve run`, `eval`, `fit`, `cv`")):
+        flagged = {f.name: f for f in option_fields(cls)}
+        lines += [f"## `{cls.__name__}`", "", f"Options of {where}.", ""]
+        lines += ["| field | option | default | meaning |", "|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            o = flagged.get(f.name)
+            default = "" if f.default is dataclasses.MISSING else f"`{f.default!r}`"
+            flag = f"`{o.opt}`" if o else "(Python only)"
+            lines.append(f"| `{f.name}` | {flag} | {default} | {_cell(o.flag.help) if o else ''} |")
+        lines.append("")
+    return "\n".join(lines)

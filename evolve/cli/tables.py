@@ -10,8 +10,8 @@ import math
 from rich.table import Table
 
 from stepml_evolve.evaluator.datasets import ExperimentSummary
-from stepml_evolve.evaluator.metrics import MetricRow
 from stepml_evolve.evaluator.numbers import fmt
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
 from .console import plain
 

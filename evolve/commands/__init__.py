@@ -3,20 +3,19 @@
 They know nothing of the terminal; `evolve.cli` parses, calls one of them and prints."""
 
 from ..go.emission import emit_program
-from .archive import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive
+from .archive_cv import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive
 from .bench import run_bench
 from .bench_cluster import cluster_bench
 from .cv import cross_validate_program
 from .eval import evaluate_program
+from .evaluation_setup import SKIPPED, EvaluationSetup, Say
 from .fit import fit_program
 from .report import write_report
-from .run import ENGINES, PARENT_RULES, LLMSettings, engine_rule, rule_flag, run_search
-from .setup import SKIPPED, EvaluationSetup, Say
+from .run import ENGINES, LLMSettings, engine_rule, run_search
 
 __all__ = [
     "DEFAULT_PROTOCOL",
     "ENGINES",
-    "PARENT_RULES",
     "SKIPPED",
     "EvaluationSetup",
     "LLMSettings",
@@ -26,7 +25,6 @@ __all__ = [
     "cross_validate_program",
     "emit_program",
     "engine_rule",
-    "rule_flag",
     "evaluate_program",
     "fit_program",
     "migrate_archive",

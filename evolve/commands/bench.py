@@ -11,13 +11,13 @@ import numpy as np
 
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program
-from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fitting import METHODS, FitConfig, fit, quick_config
-from stepml_evolve.evaluator.replay import replay
+from stepml_evolve.evaluator.fit.fitting import METHODS, FitConfig, fit, quick_config
+from stepml_evolve.evaluator.replay.closed_loop import replay
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.seeds import seed_path, seed_paths
 
-from .setup import Say
+from .evaluation_setup import Say
 
 BENCH_PROGRAM = "roofline"
 
@@ -42,7 +42,7 @@ def _median_time(fn, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def timed_search(loaded, engine: Engine, generations: int, say: Say, **settings) -> dict:
+def timed_search(loaded, engine: ReplayPool, generations: int, say: Say, **settings) -> dict:
     """A search with the default settings but `settings`, seed 0, timed: generation 0 (the seed
     fits) and the mean of generations 1..N (the front's CV at the end is not run)."""
     import tempfile
@@ -83,7 +83,7 @@ def timed_search(loaded, engine: Engine, generations: int, say: Say, **settings)
 
 
 def search_figures(
-    loaded, engine: Engine, generations: int, say: Say, cv: str | None, baseline: bool, seed_fit_evals: int | None
+    loaded, engine: ReplayPool, generations: int, say: Say, cv: str | None, baseline: bool, seed_fit_evals: int | None
 ) -> dict:
     """The search's speed with the default settings (but `seed_fit_evals`, if given); with `cv`,
     also under --cv `cv` and the ratio of its generations' time to the plain run's; with
@@ -181,7 +181,7 @@ def blis_vs_tool(blis: Path, data: Path, say: Say) -> dict:
     return {"blis_vs_tool": rows}
 
 
-def seed_fits(exps, engine: Engine, seeds: list[str], methods: list[str], say: Say) -> list[dict]:
+def seed_fits(exps, engine: ReplayPool, seeds: list[str], methods: list[str], say: Say) -> list[dict]:
     """A full global fit (seed 0, default budget) of each seed program with each method: seconds,
     closed-loop replays of all training windows, and the training loss reached."""
     known = [p.stem for p in seed_paths()]
@@ -247,7 +247,7 @@ def run_bench(
         f"{figures['replay_s_slowest_any']} s"
     )
 
-    with Engine(exps, workers) as engine:
+    with ReplayPool(exps, workers) as engine:
         vectors = [consts] * len(exps)
         figures["full_eval_s"] = round(_median_time(lambda: engine.score(compiled, vectors, ("test",))), 4)
         figures["workers"] = engine.workers

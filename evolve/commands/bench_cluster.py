@@ -10,12 +10,12 @@ import numpy as np
 
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.executor import Cluster
+from stepml_evolve.evaluator.replay.executor import Cluster
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.seeds import seed_path
 
 from .bench import BENCH_PROGRAM, default_bench_data, timed_search
-from .setup import Say
+from .evaluation_setup import Say
 
 POPULATION = 8  # constant vectors per timed batch: one CMA-ES generation of a 4-constant program
 
@@ -25,7 +25,7 @@ def _population(constants: np.ndarray) -> list[np.ndarray]:
     return [constants * np.exp(rng.normal(0, 0.2, constants.size)) for _ in range(POPULATION)]
 
 
-def _throughput(engine: Engine, compiled, population, experiments, repeat: int) -> tuple[float, list[float]]:
+def _throughput(engine: ReplayPool, compiled, population, experiments, repeat: int) -> tuple[float, list[float]]:
     """Replays per second over `repeat` batches of population x experiments, and the batch's losses."""
     engine.population_losses(compiled, population, experiments)  # warm: numba and the workers' caches
     t0 = time.perf_counter()
@@ -53,7 +53,7 @@ def cluster_bench(
     population = _population(np.array(list(prog.constants.values()), dtype=float))
     rows = []
 
-    def measure(engine: Engine, where: str, workers: int) -> tuple[dict, list[float]]:
+    def measure(engine: ReplayPool, where: str, workers: int) -> tuple[dict, list[float]]:
         rate, losses = _throughput(engine, compiled, population, exps, repeat)
         row = {"where": where, "workers": workers, "replays_per_s": round(rate, 1)}
         say(f"{where}, {workers} workers: {row['replays_per_s']} replays/s")
@@ -64,11 +64,11 @@ def cluster_bench(
             say(f"{where}, {workers} workers: {row['generations_per_hour']} generations/hour")
         return row, losses
 
-    with Engine(exps, threads) as local:
+    with ReplayPool(exps, threads) as local:
         row, reference = measure(local, "threads", local.workers)
         rows.append(row)
     t0 = time.perf_counter()
-    with Engine(exps, cluster=Cluster(cluster.address)) as remote:
+    with ReplayPool(exps, cluster=Cluster(cluster.address)) as remote:
         connect_s = round(time.perf_counter() - t0, 2)
         say(
             f"connected to {cluster.address} ({remote.workers} CPUs) and stored {len(exps)} experiments in {connect_s} s"

@@ -1,5 +1,5 @@
 """`evolve bench --worlds`: does the search find laws that generalize? Per known-truth world
-(evaluator/worlds) and held-out split, the held-out error of every seed fitted on the train
+(evaluator/known_truth) and held-out split, the held-out error of every seed fitted on the train
 configurations, of a search's winner (`evolve run` on the train configurations only, its best
 program by the default deployment rule), and of the world's own law refitted the same way (the
 noise floor). "Recovered": the winner's held-out loss is within RECOVERY_FACTOR of the law's and
@@ -15,7 +15,7 @@ the seeds as the search fitted them in its generation 0, the winner as the searc
 law as a seed's generation-0 fit takes it from its true constants, so a winner that is a seed
 scores exactly as that seed does and fit luck is shared alike; each split is searched with `--search-seeds` search seeds (a
 result per seed: a world's row moves with the search seed as much as with the operators); and each
-deployment rule of archive/browse.py (RULES) is scored held out beside the winner (the default
+deployment rule of archive/deployment.py (RULES) is scored held out beside the winner (the default
 rule's pick), so the rules can be compared on data no rule saw.
 
 The benchmark is many searches, more than one sitting at the default budget, so it keeps its work
@@ -35,26 +35,26 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stepml_evolve.archive.browse import DEFAULT_RULE, RULES, choose, cv_by_program, opened, run_programs
+from stepml_evolve.archive.browse import cv_by_program, opened, run_programs
+from stepml_evolve.archive.deployment import DEFAULT_RULE, RULES, choose
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
 from stepml_evolve.evaluator.dsl import Program, parse_program
-from stepml_evolve.evaluator.engine import Engine
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fitting import FitConfig, fit
-from stepml_evolve.evaluator.objectives import DEFAULT
+from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.known_truth import GRIDS, SPLITS, load_world, world_names, write_world
+from stepml_evolve.evaluator.known_truth.generate import WORLD_FILE, world_identity
+from stepml_evolve.evaluator.known_truth.splits import grid_splits, split_file
 from stepml_evolve.evaluator.outputs import check_output_dir, write_atomic
-from stepml_evolve.evaluator.worlds import GRIDS, SPLITS, load_world, world_names, write_world
-from stepml_evolve.evaluator.worlds.generate import WORLD_FILE, world_identity
-from stepml_evolve.evaluator.worlds.splits import grid_splits, split_file
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
 
+from .bench_worlds_results import HeldOut, SplitResult, _held_out_of
+from .evaluation_setup import EvaluationSetup, Say, quiet
 from .run import ENGINES, LLMSettings, check_engine, engine_rule, run_search
-from .setup import EvaluationSetup, Say, quiet
 
-RECOVERY_FACTOR = 1.5
 # how the baselines are scored: "as-searched" (the seeds as the search fitted them, the law after a seed's
 # fit), or "from-files" (every seed from its file and the law from its truth, benchmarks stored before)
 BASELINES = ("as-searched", "from-files")
@@ -63,7 +63,6 @@ DEFAULT_SEARCH_SEEDS = 2  # search seeds per split (the quick benchmark: 1)
 # the search saw as well as the law does: those configurations cannot tell the two apart, so no rule
 # that selects by them could have preferred the law (SplitResult.diagnosis)
 TRAIN_TIE = 1.1
-DIAGNOSES = ("recovered", "unidentified", "not found")
 QUICK_WORLDS = ("launch_bound", "cuda_graph_buckets")
 QUICK_GENERATIONS = 2
 QUICK_SPLITS = ("by-gpu",)
@@ -72,125 +71,6 @@ SELECTIONS = ("validation", "inner")  # how a search picks its winner (see bench
 # fit, what a user keeps), or the median of the fits' held-out losses (the benchmark's first rule)
 PICKS = ("train", "median")
 SETTINGS_FILE = "bench-worlds.settings.json"  # what a resumed benchmark must match
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """A program's held-out scores on one split (APE of the per-experiment means, in %)."""
-
-    program: str
-    loss: float  # the objective over the held-out experiments (RMS E2E + RMS TTFT)
-    e2e_ape: float  # mean over held-out experiments
-    ttft_ape: float
-    # with several fits (fit seeds seed, seed + 1, ...): each fit's held-out and train loss; the
-    # fields above are the picked fit's (PICKS)
-    losses: tuple[float, ...] = ()
-    train_losses: tuple[float, ...] = ()
-    train_loss: float = math.nan  # the picked fit's loss on the train configurations (NaN: not known)
-
-
-@dataclass(frozen=True)
-class SplitResult:
-    world: str
-    split: str
-    held_out: int  # experiments
-    seeds: tuple[HeldOut, ...]
-    winner: HeldOut
-    law: HeldOut
-    generations: int
-    winner_origin: str = ""  # "seed NAME" when the search kept a seed, else the operator that made it
-    selection: str = SELECTIONS[0]
-    # --archive-top K: the lowest held-out loss among the winner and the archive's K best by each
-    # rule (a diagnostic the held-out data chooses, never a winner), and how many were scored
-    archive_best: HeldOut | None = None
-    archive_scored: int = 0
-    search_seed: int | None = None  # the search's seed (None: stored before several search seeds)
-    rules: tuple[tuple[str, HeldOut], ...] = ()  # each deployment rule's pick, scored held out
-
-    @property
-    def best_seed(self) -> HeldOut:
-        return min(self.seeds, key=lambda s: (s.loss, s.program))
-
-    @property
-    def beats_seed(self) -> bool:
-        return self.winner.loss < self.best_seed.loss
-
-    def recovers(self, scored: HeldOut) -> bool:
-        """Within RECOVERY_FACTOR of the law's held-out loss, and better than the best seed held out."""
-        return scored.loss <= RECOVERY_FACTOR * self.law.loss and scored.loss < self.best_seed.loss
-
-    @property
-    def recovered(self) -> bool:
-        return self.recovers(self.winner)
-
-    @property
-    def train_ratio(self) -> float:
-        """The winner's train loss over the law's (both fitted the same way on the train configurations)."""
-        return self.winner.train_loss / self.law.train_loss if self.law.train_loss > 0 else math.nan
-
-    @property
-    def diagnosis(self) -> str | None:
-        """recovered; unidentified: not recovered, yet the winner fits the train configurations as well
-        as the law (within TRAIN_TIE) or better, so they cannot tell the two apart and only a prior or
-        other train configurations could; not found: the winner fits them worse than the law, so the
-        search never reached what the law explains of them. None: a train loss is not known."""
-        if self.recovered:
-            return DIAGNOSES[0]
-        if math.isnan(self.train_ratio):
-            return None
-        return DIAGNOSES[1] if self.train_ratio <= TRAIN_TIE else DIAGNOSES[2]
-
-    @property
-    def archive_recovers(self) -> bool | None:
-        """Whether a program of the archive recovers the law (None: not scored)."""
-        return None if self.archive_best is None else self.recovers(self.archive_best)
-
-    def to_json(self) -> dict:
-        return {
-            **{k: v for k, v in asdict(self).items() if k not in ("seeds", "rules")},
-            "seeds": [asdict(s) for s in self.seeds],
-            "rules": {rule: asdict(h) for rule, h in self.rules},
-            "best_seed": asdict(self.best_seed),
-            "beats_seed": self.beats_seed,
-            "recovered": self.recovered,
-            "archive_recovers": self.archive_recovers,
-            "train_ratio": _json_number(self.train_ratio),
-            "diagnosis": self.diagnosis,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> SplitResult:
-        fields = {k: d[k] for k in ("world", "split", "held_out", "generations", "winner_origin", "selection")}
-        return cls(
-            **fields,
-            seeds=tuple(_held_out_of(s) for s in d["seeds"]),
-            winner=_held_out_of(d["winner"]),
-            law=_held_out_of(d["law"]),
-            archive_best=_held_out_of(d["archive_best"]) if d.get("archive_best") else None,
-            archive_scored=d.get("archive_scored", 0),
-            search_seed=d.get("search_seed"),
-            rules=tuple((rule, _held_out_of(h)) for rule, h in (d.get("rules") or {}).items()),
-        )
-
-
-def _json_number(x: float) -> float | None:
-    return None if math.isnan(x) else x
-
-
-def _held_out_of(d: dict) -> HeldOut:
-    losses, train_losses = tuple(d.get("losses", ())), tuple(d.get("train_losses", ()))
-    train = d.get("train_loss")
-    if train is None and d["loss"] in losses and len(train_losses) == len(losses):
-        train = train_losses[losses.index(d["loss"])]  # stored before train_loss: the picked fit's
-    return HeldOut(
-        d["program"],
-        d["loss"],
-        d["e2e_ape"],
-        d["ttft_ape"],
-        losses,
-        train_losses,
-        math.nan if train is None else train,
-    )
 
 
 def _read_json(path: Path):
@@ -208,7 +88,7 @@ def _held_out(
     name: str,
     program: Program,
     loaded: LoadedData,
-    engine: Engine,
+    engine: ReplayPool,
     protocol: str,
     folds: list[Fold],
     seed: int,
@@ -245,7 +125,7 @@ class SplitScorer:
     """How a split scores every program held out (`_held_out` with the benchmark's fits and pick)."""
 
     loaded: LoadedData
-    pool: Engine
+    pool: ReplayPool
     protocol: str
     folds: list[Fold]
     seed: int
@@ -316,7 +196,7 @@ def bench_world(
         loaded = load_data(data_dir)
         if loaded.errors:
             raise UserError(f"world {world.name}: {loaded.errors[0]}")
-        with Engine(loaded.experiments) as pool:
+        with ReplayPool(loaded.experiments) as pool:
             for split in in_grid:
                 protocol = f"{GROUPS_PREFIX}{split_files[split.name]}"
                 folds = make_folds(protocol, loaded.experiments)
@@ -659,54 +539,3 @@ def _check_resumable(out_dir: Path, settings: dict) -> None:
                 f"{out_dir}: the benchmark started with {key} {started.get(key)!r}, not {value!r}; "
                 "resume it with the same settings (only --generations may change)"
             )
-
-
-def summary(results: list[SplitResult]) -> dict:
-    """Per world (over its splits and search seeds): beats the best seed on the mean held-out loss,
-    recovered on every split and seed; over every result (a cell: a world, a split, a search seed):
-    how often the winner is worse than the best seed held out, and the same for each deployment rule."""
-    worlds: dict[str, list[SplitResult]] = {}
-    for r in results:
-        worlds.setdefault(r.world, []).append(r)
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    per_world = {
-        w: {
-            "winner_loss": mean([r.winner.loss for r in rs]),
-            "best_seed_loss": mean([r.best_seed.loss for r in rs]),
-            "law_loss": mean([r.law.loss for r in rs]),
-            "beats_seed": mean([r.winner.loss for r in rs]) < mean([r.best_seed.loss for r in rs]),
-            "recovered": all(r.recovered for r in rs),
-            # --archive-top: a program of the archive within 1.5x of the law on every split
-            "archive_recovers": all(r.archive_recovers for r in rs)
-            if all(r.archive_best is not None for r in rs)
-            else None,
-        }
-        for w, rs in worlds.items()
-    }
-    rules: dict[str, dict] = {}
-    for r in results:
-        for rule, h in r.rules:
-            cell = rules.setdefault(
-                rule, {"cells": 0, "beats_seed": 0, "worse_than_seed": 0, "recovered": 0, "ratios": []}
-            )
-            cell["cells"] += 1
-            cell["beats_seed"] += h.loss < r.best_seed.loss
-            cell["worse_than_seed"] += h.loss > r.best_seed.loss
-            cell["recovered"] += r.recovers(h)
-            if h.loss > 0 and r.best_seed.loss > 0 and math.isfinite(h.loss):
-                cell["ratios"].append(math.log(h.loss / r.best_seed.loss))
-    for cell in rules.values():
-        ratios = cell.pop("ratios")
-        cell["geomean_to_seed"] = math.exp(mean(ratios)) if ratios else None
-    return {
-        "objective": DEFAULT.name,
-        "worlds": per_world,
-        "beats_seed": sum(v["beats_seed"] for v in per_world.values()),
-        "recovered": sum(v["recovered"] for v in per_world.values()),
-        "of": len(per_world),
-        "cells": len(results),
-        "worse_than_seed": sum(r.winner.loss > r.best_seed.loss for r in results),
-        # per split: how many were recovered, unidentified by their train configurations, not found
-        "diagnoses": {d: sum(r.diagnosis == d for r in results) for d in DIAGNOSES},
-        "rules": rules,
-    }

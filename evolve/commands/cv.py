@@ -7,16 +7,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepml_evolve.evaluator.crossval import CrossValidation, cross_validate, make_folds, summarize
+from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fitting import FitConfig
-from stepml_evolve.evaluator.floor import envelope_for
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
-from stepml_evolve.evaluator.soundness import PHYSICS_MODES, physics_problems
+from stepml_evolve.evaluator.fit.crossval import CrossValidation, cross_validate, make_folds, summarize
+from stepml_evolve.evaluator.fit.fitting import FitConfig
+from stepml_evolve.evaluator.soundness.floor import envelope_for
+from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES, physics_problems
 
-from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
+from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
 
 @dataclass
@@ -79,7 +79,7 @@ def cross_validate_program(
     progress: FitProgress = no_progress,
 ) -> CrossValidatedProgram:
     """Folds are made (and a bad protocol or groups file refused) before any fit starts; with
-    physics "check" a program that breaks a rule of evaluator/soundness.py is refused too, and the
+    physics "check" a program that breaks a rule of evaluator/soundness/rules.py is refused too, and the
     fold fits keep it at or above the floor."""
     program = load_program(path)
     loaded = setup.load(say)
@@ -90,7 +90,7 @@ def cross_validate_program(
     config = dataclasses.replace(
         FitConfig(seed=seed, max_evals=max_evals, method=method, floor=physics == "check"), objective=setup.goal(loaded)
     )
-    with setup.engine(loaded) as engine, progress() as on_progress:
+    with setup.replay_pool(loaded) as engine, progress() as on_progress:
         cv = cross_validate(
             program,
             loaded.experiments,

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import numpy as np
 
+from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.floor import FloorCheck, check_floor, envelope_for
-from stepml_evolve.evaluator.metrics import MetricRow
-from stepml_evolve.evaluator.objectives import DEFAULT, Objective
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
-from stepml_evolve.evaluator.soundness import physics_problems
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
+from stepml_evolve.evaluator.scoring.objectives import DEFAULT, Objective
+from stepml_evolve.evaluator.soundness.floor import FloorCheck, check_floor, envelope_for
+from stepml_evolve.evaluator.soundness.rules import physics_problems
 
-from .setup import EvaluationSetup, Say, quiet
+from .evaluation_setup import EvaluationSetup, Say, quiet
 
 
 class EvaluationError(UserError):
@@ -81,7 +81,7 @@ def evaluate_program(
     loaded = setup.load(say, keep_bad=True)
     goal = setup.goal(loaded)
     vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
-    with setup.engine(loaded) as engine:
+    with setup.replay_pool(loaded) as engine:
         rows = engine.score(program, vectors, (split,), percentiles=True)[split]
     env = envelope_for(loaded.experiments)
     return Evaluation(

@@ -7,11 +7,12 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fitted_header import FittedHeader
-from stepml_evolve.evaluator.fitting import (
+from stepml_evolve.evaluator.fit.fitted_header import FittedHeader
+from stepml_evolve.evaluator.fit.fitting import (
     FAILED_LOSS,
     FAILED_REASON,
     FitConfig,
@@ -20,14 +21,13 @@ from stepml_evolve.evaluator.fitting import (
     group_key,
     quick_config,
 )
-from stepml_evolve.evaluator.floor import FloorCheck, check_floor, envelope_for
-from stepml_evolve.evaluator.identifiability import ConstantReport, identify
-from stepml_evolve.evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.fit.identifiability import ConstantReport, identify
 from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
-from stepml_evolve.evaluator.prompt_reuse import DEFAULT_POLICY
-from stepml_evolve.evaluator.soundness import PHYSICS_MODES, physics_problems
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
+from stepml_evolve.evaluator.soundness.floor import FloorCheck, check_floor, envelope_for
+from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES, physics_problems
 
-from .setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
+from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 
 SCORED_SPLITS = ("validate", "test")
 
@@ -95,9 +95,9 @@ def fit_program(
 ) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts. physics "check":
-    a program that breaks a rule of evaluator/soundness.py (below the floor, a non-causal input,
+    a program that breaks a rule of evaluator/soundness/rules.py (below the floor, a non-causal input,
     ...) is refused before any fit, and the fit keeps it at or above the floor; "off": neither.
-    profile: each group's constants profiled after the fit (evaluator/identifiability.py)."""
+    profile: each group's constants profiled after the fit (evaluator/fit/identifiability.py)."""
     program = load_program(path)
     loaded = setup.load(say)
     goal = setup.goal(loaded)
@@ -120,7 +120,7 @@ def fit_program(
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
-    with setup.engine(loaded) as engine, progress() as on_progress:
+    with setup.replay_pool(loaded) as engine, progress() as on_progress:
         result = fit(program, loaded.experiments, engine, config, progress=on_progress)
         if not result.loss < FAILED_LOSS:
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")

@@ -9,22 +9,24 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepml_evolve.archive.browse import DEFAULT_RULE, RUNS_DIR, BrowseError, choose
-from stepml_evolve.archive.grid import pareto_front
+from stepml_evolve.archive.browse import RUNS_DIR, BrowseError
+from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
+from stepml_evolve.archive.map_elites import pareto_front
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.crossval import GROUPS, GROUPS_PREFIX, FoldError, make_folds, read_groups
 from stepml_evolve.evaluator.datasets import LoadedData
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import ProgressFn
-from stepml_evolve.evaluator.floor import envelope_for
+from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, FoldError, make_folds, read_groups
+from stepml_evolve.evaluator.fit.fitting import ProgressFn
 from stepml_evolve.evaluator.outputs import OutputError, slug
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evaluator.soundness.floor import envelope_for
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
 from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S
+from stepml_evolve.evolve.search.settings import OPTS, PARENT_RULES
 from stepml_evolve.seeds import load_seeds
 
-from .archive import cross_validate_programs, run_fit_settings
-from .setup import SKIPPED, EvaluationSetup, Say, no_progress, quiet
+from .archive_cv import cross_validate_programs, run_fit_settings
+from .evaluation_setup import SKIPPED, EvaluationSetup, Say, no_progress, quiet
 
 SearchProgress = Callable[
     [int, int], AbstractContextManager[ProgressFn]
@@ -66,7 +68,7 @@ def score_front(
     archive: Archive,
     run_id: int,
     loaded: LoadedData,
-    engine: Engine,
+    engine: ReplayPool,
     config: SearchConfig,
     summary: dict,
     say: Say = quiet,
@@ -161,14 +163,6 @@ def check_engine(engine: str, llm: LLMSettings | None) -> None:
 
 
 # the settings whose rule compares a child with its first parent: (on, off) modes
-PARENT_RULES = {"time_components": ("keep", "free"), "unexercised": ("reject", "allow")}
-
-
-def rule_flag(name: str) -> str:
-    """The command-line option of a rule of PARENT_RULES."""
-    return "--" + name.replace("_", "-")
-
-
 def engine_rule(engine: str, name: str, chosen: str | None) -> str:
     """A setting of PARENT_RULES for an engine (chosen: None when its option was not given).
     OpenEvolve's candidates reach our judge without their parent, so there is nothing to compare
@@ -178,7 +172,7 @@ def engine_rule(engine: str, name: str, chosen: str | None) -> str:
         return chosen or getattr(SearchConfig, name)
     if chosen == on:
         raise SearchError(
-            f"{rule_flag(name)} {on}: --engine openevolve's candidates reach the judge without their "
+            f"{OPTS[name]} {on}: --engine openevolve's candidates reach the judge without their "
             f"parent, so there is no parent to compare with; leave the option out (openevolve runs with {off})"
         )
     return off
@@ -260,7 +254,7 @@ def run_search(
             "llm_base_url": llm.base_url if llm else None,
             "engine": engine,
         }
-        with setup.engine(loaded) as pool:
+        with setup.replay_pool(loaded) as pool:
             search = Search(
                 archive,
                 loaded,

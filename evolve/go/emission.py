@@ -3,7 +3,7 @@ deployment rule of archive/browse.py, RULES) with its header, written as gofmt-c
 optionally, its Go parity test (`--blis`, which installs both into a BLIS checkout, is
 evolve/blis/install.py).
 
-The rules (archive.browse.choose) rank by the lowest CV loss when any program of the run has one
+The rules (archive.deployment.choose) rank by the lowest CV loss when any program of the run has one
 (protocol lomo, else lowo), else by validation loss; DEFAULT_RULE (tethered) is the default. The
 Go file's header names the rule, the losses and the program's CV scores."""
 
@@ -13,10 +13,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepml_evolve.archive.browse import MARGIN_RULES, RULES, Choice, choose, cv_header, fitted_header, opened, resolve
+from stepml_evolve.archive.browse import cv_header, fitted_header, opened, resolve
+from stepml_evolve.archive.deployment import MARGIN_RULES, RULES, Choice, choose
 from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
 from stepml_evolve.evaluator.errors import cut
-from stepml_evolve.evaluator.fitted_header import header_lines
+from stepml_evolve.evaluator.fit.fitted_header import header_lines
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, EmitError, emit_go, emit_go_test, gofmt
 from stepml_evolve.evolve.go.emit import target as target_of

@@ -3,7 +3,7 @@
 Two translations, both from ASTs, never from strings:
   * the program's functions (step_time, queueing_time, output_token_time, post_decode_time);
   * the physics itself (evolve/go/physics.py): `component_values` and `coefficient_values` of
-    evaluator/components.py are parsed and translated, and the hardware presets come from the
+    evaluator/physics/components.py are parsed and translated, and the hardware presets come from the
     catalog, so the Go physics has one Python definition (parity tests hold Go and Python equal).
 Semantics of the protected operations match the VM exactly (see docs/concepts/design-notes.md).
 jinja2 templates hold the file skeletons (evolve/go/templates/).
@@ -19,11 +19,11 @@ from importlib import resources
 
 import jinja2
 
-from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.components import COMPONENT_NAMES
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.dsl.operators import AND, Kind, Operator, operands, operator_of
 from stepml_evolve.evaluator.dsl.program import literal_number
+from stepml_evolve.evaluator.physics.catalog import catalog
+from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
 
 from .physics import physics_context
 from .text import ATOM, EmitError, camel, go_float, go_value, wrap

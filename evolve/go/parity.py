@@ -11,10 +11,10 @@ import random
 
 import numpy as np
 
-from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.components import coefficients, from_trajectory
 from stepml_evolve.evaluator.dsl import Program, ScalarProgram, compile_program
-from stepml_evolve.evaluator.hardware import get_hardware
+from stepml_evolve.evaluator.physics.catalog import catalog
+from stepml_evolve.evaluator.physics.components import coefficients, from_trajectory
+from stepml_evolve.evaluator.physics.hardware import get_hardware
 
 # The deployments of the real data: dense MHA TP1, GQA TP4, MoE TP2, GQA TP2; plus one A100.
 DEFAULT_DEPLOYMENTS = [

@@ -1,9 +1,9 @@
 """Go for the physics, generated from the one Python definition: the component formulas
 (`components.component_values`), the coefficient function (`components.coefficient_values`)
-and one hardware preset per catalog entry (evaluator/catalog.yaml).
+and one hardware preset per catalog entry (evaluator/physics/catalog.yaml).
 
 Both functions are parsed from their source and translated node by node; what they may contain
-is written above them in evaluator/components.py. `physics_context(name)` returns every variable
+is written above them in evaluator/physics/components.py. `physics_context(name)` returns every variable
 the physics parts of templates/latency_model.go.j2 use.
 """
 
@@ -14,9 +14,9 @@ import inspect
 import operator
 import textwrap
 
-from stepml_evolve.evaluator import components as comps_mod
-from stepml_evolve.evaluator.catalog import catalog
-from stepml_evolve.evaluator.components import COMPONENT_NAMES, COMPONENTS, N_COEFFICIENTS
+from stepml_evolve.evaluator.physics import components as comps_mod
+from stepml_evolve.evaluator.physics.catalog import catalog
+from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, COMPONENTS, N_COEFFICIENTS
 
 from .text import ATOM, BINARY, COMPARISONS, UNARY, EmitError, camel, go_number, go_value, wrap
 
@@ -68,7 +68,7 @@ def _literal(node: ast.AST):
 
 
 class _Translator:
-    """One physics function of evaluator/components.py to Go statements (contract: see there)."""
+    """One physics function of evaluator/physics/components.py to Go statements (contract: see there)."""
 
     def __init__(self, fn, select: str | None = None, receiver_k: bool = False):
         self.name = fn.__name__
@@ -84,7 +84,7 @@ class _Translator:
         line = self.first_line + getattr(node, "lineno", 1) - 1
         raise EmitError(
             f"components.{self.name} (line {line}): cannot translate {what} to Go; see the contract "
-            "above coefficient_values in evaluator/components.py"
+            "above coefficient_values in evaluator/physics/components.py"
         )
 
     def body(self) -> tuple[list[str], list[str]]:

@@ -35,9 +35,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from stepml_evolve.archive.grid import best
+from stepml_evolve.archive.map_elites import best
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, RejectionRecord
-from stepml_evolve.evaluator.components import COMPONENTS
+from stepml_evolve.evaluator.physics.components import COMPONENTS
 from stepml_evolve.evolve.search import Judgement, Search, SearchError
 from stepml_evolve.evolve.search.emitters import Proposal, signed_errors
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
@@ -421,7 +421,7 @@ def openevolve_config(
     cfg.database.random_seed = seed
     cfg.database.num_islands = islands
     cfg.database.migration_interval = migration_interval
-    cfg.database.feature_dimensions = ["dsl_complexity", "n_components"]  # as our grid (archive/grid.py)
+    cfg.database.feature_dimensions = ["dsl_complexity", "n_components"]  # as our grid (archive/map_elites.py)
     cfg.evaluator.cascade_evaluation = False  # the judge runs our own cascade
     cfg.evaluator.parallel_evaluations = 1  # one worker: the judge fits on every core anyway
     cfg.evaluator.max_retries = 0

@@ -26,14 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepml_evolve.archive.grid import AddStatus, Elites, best
+from stepml_evolve.archive.map_elites import AddStatus, Elites, best
 from stepml_evolve.archive.records import CVEvaluationRecord, CVScoreRecord, NewProgram, ProgramRecord, RejectionRecord
-from stepml_evolve.evaluator.crossval import CrossValidation, cross_validate, make_folds
+from stepml_evolve.evaluator.data.experiments import SPLITS
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, compile_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.experiments import SPLITS
-from stepml_evolve.evaluator.fitting import (
+from stepml_evolve.evaluator.fit.crossval import CrossValidation, cross_validate, make_folds
+from stepml_evolve.evaluator.fit.fitting import (
     FAILED_LOSS,
     FAILED_REASON,
     FitConfig,
@@ -42,7 +41,8 @@ from stepml_evolve.evaluator.fitting import (
     fit_experiments,
     quick_config,
 )
-from stepml_evolve.evaluator.metrics import MetricRow
+from stepml_evolve.evaluator.scoring.metrics import MetricRow
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.seeding import mix
 
 from .emitters import Emitter, Proposal
@@ -149,7 +149,7 @@ def program_record(
 class Cascade:
     """A run's cascade: its fit settings and data, and a count of the closed-loop evaluations spent."""
 
-    def __init__(self, data: LoadedData, engine: Engine, config: SearchConfig):
+    def __init__(self, data: LoadedData, engine: ReplayPool, config: SearchConfig):
         self.exps, self.engine, self.cfg = data.experiments, engine, config
         self.goal = config.goal()
         # the data must allow them

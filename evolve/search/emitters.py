@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stepml_evolve.archive.grid import Elites
+from stepml_evolve.archive.map_elites import Elites
 from stepml_evolve.archive.records import LLMCallRecord, ProgramRecord, RejectionRecord
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.dsl import Program, parse_program

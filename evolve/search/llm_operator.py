@@ -11,10 +11,10 @@ from importlib import resources
 
 import jinja2
 
-from stepml_evolve.evaluator.components import COMPONENTS, dropped_time_components
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, compile_program, parse_program
-from stepml_evolve.evaluator.floor import Envelope
-from stepml_evolve.evaluator.soundness import check_physics, inherit
+from stepml_evolve.evaluator.physics.components import COMPONENTS, dropped_time_components
+from stepml_evolve.evaluator.soundness.floor import Envelope
+from stepml_evolve.evaluator.soundness.rules import check_physics, inherit
 
 from .llm_client import MAX_REPLY_CHARS, Attempt, LLMClient, LLMUnavailable
 
@@ -129,7 +129,7 @@ class LLMOperator:
         (as the search would reject it; `evolve run --units check`); keep_time_components: so is a
         reply that drops a time component of its parent (`--time-components keep`), and the system
         prompt says so; envelope (`--physics check`): so is a reply that, with its parent's bounds
-        and priors on the constants it keeps, breaks the physics of evaluator/soundness.py on it."""
+        and priors on the constants it keeps, breaks the physics of evaluator/soundness/rules.py on it."""
         self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
         self.keep_time_components = keep_time_components
         self.envelope = envelope

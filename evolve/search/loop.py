@@ -25,18 +25,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from stepml_evolve.archive.grid import Elites, best, pareto_front
+from stepml_evolve.archive.map_elites import Elites, best, pareto_front
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.components import dropped_time_components, unexercised_components
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
-from stepml_evolve.evaluator.engine import Engine
-from stepml_evolve.evaluator.fitting import FAILED_LOSS, FAILED_REASON
-from stepml_evolve.evaluator.floor import envelope_for
-from stepml_evolve.evaluator.replay import experiment_coefficients
+from stepml_evolve.evaluator.fit.fitting import FAILED_LOSS, FAILED_REASON
+from stepml_evolve.evaluator.physics.components import dropped_time_components, unexercised_components
+from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.seeding import mix
-from stepml_evolve.evaluator.soundness import inherit, physics_problems
+from stepml_evolve.evaluator.soundness.floor import envelope_for
+from stepml_evolve.evaluator.soundness.rules import inherit, physics_problems
 from stepml_evolve.seeds import seed_paths
 
 from .cascade import Candidate, Cascade, Judgement, program_record, structure_hash
@@ -57,7 +57,7 @@ class Search:
         self,
         archive: Archive,
         data: LoadedData,
-        engine: Engine,
+        engine: ReplayPool,
         config: SearchConfig,
         emitters: list[Emitter] | None = None,
         progress: ProgressFn | None = None,

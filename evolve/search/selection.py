@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from stepml_evolve.archive.grid import Cell
+from stepml_evolve.archive.map_elites import Cell
 from stepml_evolve.archive.records import ProgramRecord
 
 TOURNAMENT = 3

@@ -19,20 +19,22 @@ from pathlib import Path
 
 from stepml_evolve.archive.records import RunRecord
 from stepml_evolve.archive.store import Archive
-from stepml_evolve.evaluator.crossval import GROUPS, GROUPS_PREFIX, PROTOCOLS
+from stepml_evolve.evaluator.data.prompt_reuse import (
+    DEFAULT_POLICY as DEFAULT_PROMPT_REUSE,
+)
+from stepml_evolve.evaluator.data.prompt_reuse import (
+    LEGACY_POLICY as LEGACY_PROMPT_REUSE,
+)
+from stepml_evolve.evaluator.data.prompt_reuse import POLICIES as PROMPT_REUSE_POLICIES
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fitting import METHODS
-from stepml_evolve.evaluator.objectives import Objective
-from stepml_evolve.evaluator.prompt_reuse import (
-    DEFAULT_POLICY as DEFAULT_PROMPT_REUSE,
-)
-from stepml_evolve.evaluator.prompt_reuse import (
-    LEGACY_POLICY as LEGACY_PROMPT_REUSE,
-)
-from stepml_evolve.evaluator.replay import DEFAULT_SEMANTICS
-from stepml_evolve.evaluator.soundness import PHYSICS_MODES
+from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, PROTOCOLS
+from stepml_evolve.evaluator.fit.fitting import METHODS, QUICK_EVALS
+from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS, SEMANTICS
+from stepml_evolve.evaluator.scoring.objectives import OBJECTIVES, Objective
+from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES
+from stepml_evolve.evolve.option_fields import option_fields, setting
 
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
 # and groups:FILE, which a run stores as GROUPS with the file's folds (cv_groups)
@@ -48,66 +50,151 @@ TIME_COMPONENT_MODES = ("keep", "free")
 UNEXERCISED_MODES = ("reject", "allow")
 
 
+# help texts of settings SearchConfig shares with EvaluationSetup (evolve/commands/evaluation_setup.py)
+SEMANTICS_HELP = (
+    "How the replay accounts a step: blis (as BLIS does, so fitted constants mean the same in the "
+    "simulator) or vllm (see docs/concepts/design-notes.md)."
+)
+PROMPT_REUSE_HELP = (
+    "Which requests sent the same prompt, for the replay's prefix cache: detect (a prompt list the client "
+    "cycled through, found in the input lengths, plus shared system prompts; system prompts only when the "
+    "lengths show no cycle), system-prompt (only the system prompts are shared) or off (nothing is)."
+)
+OBJECTIVE_HELP = (
+    "The loss: rms (RMS APE of mean E2E + RMS APE of mean TTFT over experiments) or worst3 (mean of the "
+    "three worst experiments' APE of mean E2E)."
+)
+PHYSICS_HELP = (
+    "check: refuse a program below the physical floor (the roofline of a step's work at the hardware's "
+    "peak, on an envelope of steps users simulate), one that subtracts a time component, shares a constant "
+    "between roles, or reads an input that cannot cause its time, and keep fits at or above the floor; "
+    "off: neither (a regression such as BLIS's blackbox)."
+)
+OPERATOR_SHAPES = {  # what the opt-in symbolic operators make
+    "modulate": "a time component f.T becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n) for a count n of the step",
+    "switch": "a change of regime at a fitted threshold t of a step's count n: f.T becomes "
+    "(f.T * k if f.n > t else f.T), or the step time gains + (k * X if f.n > t else 0)",
+}
+PARENT_RULES = {"time_components": TIME_COMPONENT_MODES, "unexercised": UNEXERCISED_MODES}  # (on, off)
+PARENT_RULE_HELP = {  # what each rule of PARENT_RULES does when on, and what its off mode allows
+    "time_components": "reject a child that drops a time component (f.gemm_pf ... f.allreduce) its first "
+    "parent uses, rule 'time-components'; free: children may drop them",
+    "unexercised": "reject a child that uses a component the data never varies (f.allreduce when every "
+    "experiment runs at tp 1, f.tp at one TP, f.layers of one model) more often than its first parent, "
+    "rule 'unexercised': no fit can judge such a term; allow: admit them",
+}
+
+
+def _surrogate_help(whose: str) -> str:
+    return f"{whose} (trust region): surrogate evaluations per iteration (0: 200 + 40 per constant)."
+
+
+def _share_help(operator: str, what: str) -> str:
+    return f"Share of the symbolic children made by `{operator}`: {what} (0: not used)."
+
+
+def _parent_rule_help(name: str) -> str:
+    on, off = PARENT_RULES[name]
+    return f"{on} (the default): {PARENT_RULE_HELP[name]} (--engine openevolve runs with {off} and refuses {on})."
+
+
 class SearchError(UserError, RuntimeError):
     """The search cannot go on; the message is one line."""
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    generations: int = 500
-    seed: int = 7
-    children: int = 8  # per generation
-    llm_ratio: float = 0.5  # share of children asked of the LLM (when one is configured)
-    max_promotions: int = 2  # full fits per generation at most (they dominate a generation's time)
+    """A search's settings. The fields with a flag are `evolve run`'s options (evolve/option_fields.py):
+    their help is the documentation of the setting."""
+
+    generations: int = setting(500, "Generations to complete (generation 0 fits the seeds).", min=0)
+    seed: int = setting(7, "Same seed and data give the same archive (offline).", min=0)
+    children: int = setting(8, "Children per generation.", min=1)
+    llm_ratio: float = setting(0.5, "Share of children asked of the LLM; the rest are symbolic.", min=0.0, max=1.0)
+    # full fits dominate a generation's time
+    max_promotions: int = setting(2, "Full fits per generation at most.", min=0)
     promote_margin: float = 0.05  # promote when the quick loss is within 5% of the reference it must beat
     sanity_factor: float = 3.0  # never promote a quick loss above 3x the best screening loss
-    quick_evals: int | None = (
-        None  # screening fit budget per child (closed-loop evaluations; None: the method's default)
+    quick_evals: int | None = setting(
+        None,
+        "Screening-fit budget per child (closed-loop evaluations; default by --fit-method: "
+        + ", ".join(f"{n} {m}" for m, n in QUICK_EVALS.items())
+        + ").",
+        min=1,
     )
-    # the screening fit's surrogate evaluations per trust-region iteration (None: 200 + 40 n, the
-    # default before; 80 made the same promotions in 15 of 17 generations of the real-data run for
-    # a fifth less CPU: docs/HISTORY.md "Screening with 80 surrogate evaluations")
-    quick_surrogate: int | None = 80
-    full_fit_evals: int | None = 8  # closed-loop evaluations of a promoted child's fit (None: the method's default)
+    # 80 made the same promotions as 200 + 40 n in 15 of 17 generations of the real-data run for a
+    # fifth less CPU: docs/HISTORY.md "Screening with 80 surrogate evaluations"
+    quick_surrogate: int | None = setting(80, _surrogate_help("A screening fit"), min=0, zero_is_none=True)
+    full_fit_evals: int | None = setting(8, "Full-fit budget for promoted children (default by --fit-method).", min=1)
     full_fit_sigma: float = 0.2
-    seed_fit_evals: int | None = None  # None: the standard fit budget
-    # the trust region of a promoted child's full fit: closed-loop judged points per iteration,
-    # and surrogate evaluations per iteration (None: 200 + 40 n); seed fits keep the standard
-    # fit's. docs/HISTORY.md "Search speed" measured what these buy
-    full_fit_candidates: int = 1
-    full_fit_surrogate: int | None = 150
-    # "solve": the screening and promoted fits' trust region solves the constants a program is
-    # affine in by least squares (evaluator/linear_solve.py) and samples only the others; faster,
-    # but the promoted fits ended worse on four seeds of five (docs/HISTORY.md), so "sample"
-    # (CMA-ES samples them all) stays the default
-    linear: str = LINEAR_MODES[0]
-    islands: int = 1
-    migration_interval: int = 25
-    semantics: str = DEFAULT_SEMANTICS  # how the replay accounts a step: "blis" or "vllm"
-    prompt_reuse: str = DEFAULT_PROMPT_REUSE  # which requests shared prompts (evaluator/prompt_reuse.py)
-    fit_method: str = METHODS[0]
-    objective: str = "rms"
-    weights: tuple[tuple[str, float], ...] = ()  # (experiment-name pattern, weight); see evaluator/objectives.py
-    patience: int | None = None  # stop after this many generations without a 0.5% gain in best validation loss
-    units: str = UNITS_MODES[0]  # "check": reject a seed or child whose step time is not a time; "off"
-    cv: str = CV_MODES[0]  # lomo/lowo: a full fit is the fold fits too, and its validation loss is the CV loss
-    # closed-loop evaluations of each fold's fit, warm-started from the fit on every experiment
-    # (0: independent folds from the child's screening constants, each with the full-fit budget)
-    cv_fit_evals: int = 2
+    seed_fit_evals: int | None = setting(None, "Fit budget for the seeds (default: the standard fit).", min=1)
+    # seed fits keep the standard fit's trust region; docs/HISTORY.md "Search speed" measured what these buy
+    full_fit_candidates: int = setting(
+        1, "A promoted child's fit (trust region): closed-loop judged points per iteration.", min=1
+    )
+    full_fit_surrogate: int | None = setting(150, _surrogate_help("A promoted child's fit"), min=0, zero_is_none=True)
+    # "solve" ended worse on four seeds of five in promoted fits (docs/HISTORY.md), so "sample" stays the default
+    linear: str = setting(
+        LINEAR_MODES[0],
+        "sample: CMA-ES samples every constant on the surrogate; solve: screening and promoted "
+        "fits solve the constants a program is affine in by least squares and sample the others "
+        "(faster; lower-quality full fits, docs/HISTORY.md).",
+        choices=LINEAR_MODES,
+    )
+    islands: int = setting(1, "Independent islands with periodic migration of their best.", min=1)
+    migration_interval: int = setting(25, "Generations between migrations (with --islands > 1).", min=1)
+    semantics: str = setting(DEFAULT_SEMANTICS, SEMANTICS_HELP, choices=SEMANTICS)
+    prompt_reuse: str = setting(DEFAULT_PROMPT_REUSE, PROMPT_REUSE_HELP, choices=PROMPT_REUSE_POLICIES)
+    fit_method: str = setting(METHODS[0], "How constants are fitted (see evolve fit --method).", choices=METHODS)
+    objective: str = setting("rms", OBJECTIVE_HELP, choices=OBJECTIVES)
+    weights: tuple[
+        tuple[str, float], ...
+    ] = ()  # (experiment-name pattern, weight); see evaluator/scoring/objectives.py
+    patience: int | None = setting(
+        None,
+        "Stop once the best validation loss has not improved by more than 0.5% for this many generations.",
+        min=1,
+    )
+    units: str = setting(
+        UNITS_MODES[0],
+        "check: reject a seed or child whose step time is not a time (e.g. microseconds plus a count), "
+        "rule 'units'; off: no units check.",
+        choices=UNITS_MODES,
+    )
+    cv: str = setting(
+        CV_MODES[0],
+        "none: a promoted child's validation loss is its loss on the validation windows; lomo/lowo: its "
+        "full fit is also the fold fits of leave-one-model-(workload-)out, and its validation loss is the "
+        "CV loss; groups:FILE: the folds of a groups file (YAML: fold name -> experiment names it holds "
+        "out), as `evolve cv` reads it.",
+    )
+    cv_fit_evals: int = setting(
+        2,
+        "With --cv: closed-loop evaluations of each fold's fit, warm-started from the full fit "
+        "(0: independent folds with the full-fit budget each, as evolve cv fits them; about 3x the time).",
+        min=0,
+    )
     # cv GROUPS: (fold name, the experiment names it holds out) of the --cv groups:FILE given
     cv_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    front_cv: str = FRONT_CV_MODES[0]  # the protocol the front is scored with at the end of the run ("none": not)
-    # share of symbolic children made by `modulate` (f.T -> f.T * (1 + k * f.n)); 0: not used
-    modulate: float = 0.0
-    # share made by `switch` (f.T -> (f.T * k if f.n > t else f.T), or + (k * X if f.n > t else 0))
-    switch: float = 0.0
-    time_components: str = TIME_COMPONENT_MODES[0]
-    unexercised: str = UNEXERCISED_MODES[0]
-    # check: every seed and child keeps the physics a search cannot trade away (evaluator/soundness.py:
-    # the floor, causal inputs, no subtracted time, one role per constant; rejections "floor" and
-    # "causal"), fits stay at or above the floor, inherited constants keep their first parent's bounds
-    # and priors and new ones get a weak prior (docs/HISTORY.md, "Physics the search cannot trade away")
-    physics: str = PHYSICS_MODES[0]
+    front_cv: str = setting(
+        FRONT_CV_MODES[0],
+        "When the run ends, cross-validate the Pareto front members with this protocol and store the "
+        "scores (none: skip).",
+        choices=FRONT_CV_MODES,
+    )
+    modulate: float = setting(0.0, _share_help("modulate", OPERATOR_SHAPES["modulate"]), min=0.0, max=0.99)
+    switch: float = setting(0.0, _share_help("switch", OPERATOR_SHAPES["switch"]), min=0.0, max=0.99)
+    # the default since the worlds' benchmark (docs/HISTORY.md "Keeping every time component")
+    time_components: str = setting(
+        TIME_COMPONENT_MODES[0], _parent_rule_help("time_components"), choices=TIME_COMPONENT_MODES, unset=True
+    )
+    # docs/HISTORY.md, "Terms the train configurations cannot judge"
+    unexercised: str = setting(
+        UNEXERCISED_MODES[0], _parent_rule_help("unexercised"), choices=UNEXERCISED_MODES, unset=True
+    )
+    # inherited constants keep their first parent's bounds and priors and new ones get a weak prior
+    # (docs/HISTORY.md, "Physics the search cannot trade away")
+    physics: str = setting(PHYSICS_MODES[0], PHYSICS_HELP, choices=PHYSICS_MODES)
 
     def __post_init__(self):
         if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
@@ -140,35 +227,11 @@ class SearchConfig:
 
 
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
-# the settings `evolve run` sets by a flag of the same name taking one value, and how a stored None
-# is given on the command line (absent: None cannot be given, it is the flag's default)
-RUN_FLAGS = (
-    "children",
-    "islands",
-    "llm_ratio",
-    "quick_evals",
-    "quick_surrogate",
-    "full_fit_evals",
-    "seed_fit_evals",
-    "full_fit_candidates",
-    "full_fit_surrogate",
-    "linear",
-    "max_promotions",
-    "migration_interval",
-    "semantics",
-    "prompt_reuse",
-    "fit_method",
-    "objective",
-    "units",
-    "cv",
-    "cv_fit_evals",
-    "modulate",
-    "switch",
-    "time_components",
-    "unexercised",
-    "physics",
-)
-NONE_AS = {"quick_surrogate": "0", "full_fit_surrogate": "0"}
+# the settings `evolve run` sets by a flag taking one value that a resume must repeat, and how a
+# stored None is given on the command line (absent: None cannot be given, it is the flag's default)
+RUN_FLAGS = tuple(f.name for f in option_fields(SearchConfig) if f.name not in (*NOT_IDENTITY, "seed"))
+OPTS = {f.name: f.opt for f in option_fields(SearchConfig)}
+NONE_AS = {f.name: "0" for f in option_fields(SearchConfig) if f.flag.zero_is_none}
 # settings added after runs were first stored: an archive without them ran with these values
 LEGACY_SETTINGS = {
     "fit_method": "cmaes",
@@ -252,7 +315,7 @@ class RunSettings:
                 continue
             if k == "cv" and value not in CV_MODES:  # groups: the file the run was given is not stored
                 continue
-            flags.append(f"--{k.replace('_', '-')} {NONE_AS[k] if value is None else value}")
+            flags.append(f"{OPTS[k]} {NONE_AS[k] if value is None else value}")
         return " ".join(flags)
 
     def check_resume(self, archive: Archive, run: RunRecord, data: LoadedData, resume: bool) -> None:

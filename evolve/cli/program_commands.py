@@ -1,0 +1,384 @@
+"""The commands on one program: `evolve eval`, `fit`, `cv`, `emit-go` and `blis-compare`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import typer
+
+from stepml_evolve.archive.deployment import DEFAULT_RULE
+from stepml_evolve.evaluator.data.experiments import SCORED_SPLITS
+from stepml_evolve.evaluator.fit.fitting import SCOPES, FitConfig
+from stepml_evolve.evaluator.replay.executor import Cluster
+from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES
+from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
+from stepml_evolve.evolve.commands import (
+    EvaluationSetup,
+    cross_validate_program,
+    emit_program,
+    evaluate_program,
+    fit_program,
+)
+from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
+from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
+
+from .console import err, error, out, say
+from .options import (
+    SETUP,
+    ClusterOption,
+    DataOption,
+    MethodOption,
+    ObjectiveOption,
+    OutputLenOption,
+    PhysicsOption,
+    PromptReuseOption,
+    RemoteWorkersOption,
+    SemanticsOption,
+    SkipBadOption,
+    WeightsOption,
+    WorkersOption,
+)
+from .progress import fit_progress
+from .tables import (
+    blis_comparison_table,
+    cv_summary_table,
+    dumps,
+    floor_text,
+    identifiability_table,
+    loss_text,
+    metrics_table,
+)
+
+FIT = FitConfig()
+
+
+Split = Literal[SCORED_SPLITS]
+Scope = Literal[SCOPES]
+GoTarget = Literal[tuple(TARGETS)]
+
+
+def eval_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    data: DataOption = None,
+    split: Split = typer.Option(
+        "test", "--split", help="Split to score: a temporal window, or all (whole experiments)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    workers: WorkersOption = None,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
+    semantics: SemanticsOption = SETUP.semantics,
+    objective: ObjectiveOption = SETUP.objective,
+    weights: WeightsOption = None,
+    skip_bad: SkipBadOption = SETUP.skip_bad,
+):
+    """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
+    setup = EvaluationSetup(
+        data=data,
+        output_len=output_len,
+        prompt_reuse=prompt_reuse,
+        semantics=semantics,
+        objective=objective,
+        weights=weights,
+        workers=workers,
+        skip_bad=skip_bad,
+    )
+    result = evaluate_program(program, setup, split, say=say)
+    everywhere = result.failed_everywhere(skip_bad)  # one line, not a table of failures and loss inf
+    if as_json:
+        print(dumps(result.to_json()))
+    elif everywhere is None:
+        out.print(metrics_table(result.rows, f"{program} on {result.data.label}, {split} split"))
+        out.print(f"loss ({split}): {loss_text(result.loss)}  ({result.objective.describe()})")
+        out.print(floor_text(result.floor), markup=False, highlight=False, soft_wrap=True)
+        for rule, message in result.physics:
+            if message != result.floor.reason():  # the floor's own line said it
+                out.print(f"physics: --physics check refuses it [{rule}]: {message}", markup=False, soft_wrap=True)
+    if everywhere is not None:
+        raise everywhere
+    for r in result.failed:
+        error(f"{program} on {r.name}: {r.error}")
+    setup.refuse_bad(result.data)  # after the good ones' scores, as data check reports its rows
+    if result.failed:
+        raise typer.Exit(2)
+
+
+def fit_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    data: DataOption = None,
+    seed: int = typer.Option(
+        FIT.seed, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."
+    ),
+    scope: Scope = typer.Option(
+        FIT.scope, "--scope", help="One constant set (global), one per model, or one per experiment."
+    ),
+    out_path: Path | None = typer.Option(
+        None, "--out", help="Fitted program file (default: <program>.fitted.py here)."
+    ),
+    max_evals: int | None = typer.Option(
+        FIT.max_evals,
+        "--max-evals",
+        min=1,
+        help="Closed-loop evaluations per group (default by method and size; cmaes rounds up to whole generations).",
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", help="Screening fit: subset of experiments, short window, small budget."
+    ),
+    restarts: int = typer.Option(
+        FIT.restarts,
+        "--restarts",
+        min=0,
+        help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    workers: WorkersOption = None,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
+    semantics: SemanticsOption = SETUP.semantics,
+    method: MethodOption = FIT.method,
+    objective: ObjectiveOption = SETUP.objective,
+    weights: WeightsOption = None,
+    cluster: ClusterOption = None,
+    remote_workers: RemoteWorkersOption = None,
+    skip_bad: SkipBadOption = SETUP.skip_bad,
+    physics: PhysicsOption = PHYSICS_MODES[0],
+    profile: bool = typer.Option(
+        True,
+        "--profile/--no-profile",
+        help="After the fit, profile each constant (2 closed-loop evaluations each) and print whether the "
+        "data decided it, its prior holds it, or a bound does.",
+    ),
+):
+    """Fit PROGRAM's constants on the train split, then score validate and test."""
+    setup = EvaluationSetup(
+        data=data,
+        output_len=output_len,
+        prompt_reuse=prompt_reuse,
+        semantics=semantics,
+        objective=objective,
+        weights=weights,
+        workers=workers,
+        cluster=Cluster.of(cluster, remote_workers),
+        skip_bad=skip_bad,
+    )
+    fitted = fit_program(
+        program,
+        setup,
+        seed=seed,
+        scope=scope,
+        out=out_path,
+        max_evals=max_evals,
+        quick=quick,
+        restarts=restarts,
+        method=method,
+        physics=physics,
+        profile=profile,
+        say=say,
+        progress=fit_progress,
+    )
+    if as_json:
+        print(dumps(fitted.to_json()))
+        return
+    for split, rows in fitted.rows.items():
+        out.print(metrics_table(rows, f"fitted {program.name} ({scope} scope), {split} split"))
+        out.print(f"loss ({split}): {loss_text(fitted.losses[split])}")
+    r = fitted.result
+    for group, reports in fitted.identifiability.items():
+        where = "" if group == "all" else f", group {group}"
+        out.print(identifiability_table(reports, f"what decided each constant of {program.name}{where}"))
+    for group, check in fitted.floor.items():
+        out.print(("" if group == "all" else f"{group}: ") + floor_text(check), markup=False, soft_wrap=True)
+    penalty = sum(r.penalties.values())
+    out.print(
+        f"train loss {r.loss:.3f} (+ {penalty:.3f} from the priors) after {r.evaluations} closed-loop evaluations "
+        f"({fitted.config.method}) in {r.seconds:.1f} s; fitted program: {', '.join(map(str, fitted.written))}"
+    )
+
+
+def cv_cmd(
+    program: Path = typer.Argument(..., help="Program file in the DSL."),
+    protocol: str = typer.Option(
+        ...,
+        "--protocol",
+        help="lomo (leave one model out), lowo (leave one workload out) or groups:FILE "
+        "(YAML: fold name -> experiment names it holds out).",
+    ),
+    data: DataOption = None,
+    seed: int = typer.Option(FIT.seed, "--seed", min=0, help="Fit seed: same seed and data give the same numbers."),
+    max_evals: int | None = typer.Option(
+        FIT.max_evals, "--max-evals", min=1, help="Closed-loop evaluations per fold fit (default by method and size)."
+    ),
+    in_distribution: bool = typer.Option(
+        False,
+        "--in-distribution",
+        help="Also fit on every experiment and score them all on all requests: "
+        "the errors when nothing is held out, beside the CV errors.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    workers: WorkersOption = None,
+    output_len: OutputLenOption = SETUP.output_len,
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
+    semantics: SemanticsOption = SETUP.semantics,
+    method: MethodOption = FIT.method,
+    objective: ObjectiveOption = SETUP.objective,
+    weights: WeightsOption = None,
+    cluster: ClusterOption = None,
+    remote_workers: RemoteWorkersOption = None,
+    skip_bad: SkipBadOption = SETUP.skip_bad,
+    physics: PhysicsOption = PHYSICS_MODES[0],
+):
+    """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
+    setup = EvaluationSetup(
+        data=data,
+        output_len=output_len,
+        prompt_reuse=prompt_reuse,
+        semantics=semantics,
+        objective=objective,
+        weights=weights,
+        workers=workers,
+        cluster=Cluster.of(cluster, remote_workers),
+        skip_bad=skip_bad,
+    )
+    done = cross_validate_program(
+        program,
+        protocol,
+        setup,
+        seed=seed,
+        max_evals=max_evals,
+        method=method,
+        in_distribution=in_distribution,
+        physics=physics,
+        say=say,
+        progress=fit_progress,
+    )
+    if as_json:
+        print(dumps(done.to_json()))
+        return
+    for f in done.cv.folds:
+        out.print(
+            metrics_table(
+                f.rows,
+                f"fold {f.fold.name}: fitted on {len(f.fold.train)} experiments "
+                f"(train loss {f.fit.loss:.3f}, {f.fit.evaluations} evaluations), held out on all requests",
+            )
+        )
+    out.print(cv_summary_table(done.cv.summary(), f"{program.name}, {done.cv.protocol}: held-out experiments"))
+    if done.cv.in_distribution:
+        inside = done.in_distribution()
+        out.print(
+            cv_summary_table(
+                inside["summary"],
+                f"{program.name}, in-distribution: fitted on all {len(done.cv.in_distribution.fold.train)} experiments",
+            )
+        )
+        out.print(f"in-distribution loss: {loss_text(inside['loss'])}")
+    out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}  ({done.config.objective.describe()})")
+
+
+# the run options that only an LLM reads: refused without --llm rather than silently ignored
+def emit_go_cmd(
+    program: str = typer.Argument(
+        DEFAULT_RULE,
+        help="A deployment rule, a program id from the archive, or a program file (.py). The rules rank "
+        "by CV loss (lomo, else lowo) when the archive has CV scores, else by validation loss: tethered "
+        "(the default: the lowest loss among programs whose step times stay within --within % over 1x "
+        "(default 50: 1.5x) of their seed's on 95 % of the floor's envelope, else the best seed), best "
+        "(the lowest loss), simplest (lowest complexity within --within % of best), lineage (best's "
+        "nearest ancestor each of whose steps gained more than --within %), anchored (best, unless it "
+        "beats the best seed's validation loss by at most --within %: then that seed), penalized (the "
+        "lowest loss plus its constants' distance from their priors).",
+    ),
+    archive_dir: Path | None = typer.Option(
+        None, "--archive", help="Archive directory (default: the newest under runs/)."
+    ),
+    within: float | None = typer.Option(
+        None,
+        "--within",
+        min=0.0,
+        help="With simplest: percent over the best loss allowed; with lineage and anchored: the gain that "
+        "counts (default 5); with tethered: how far over 1x of its seed's a program's step times may go "
+        "(default 50: 1.5x).",
+    ),
+    out_path: Path | None = typer.Option(
+        None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."
+    ),
+    test_out: Path | None = typer.Option(None, "--test-out", help="Also write a Go test checking Go against Python."),
+    target: GoTarget = typer.Option(
+        DEFAULT_TARGET,
+        "--target",
+        help="The BLIS LatencyModel to implement: " + "; ".join(f"{t.name}: {t.fits}" for t in TARGETS.values()) + ".",
+    ),
+    name: str = typer.Option(DEFAULT_NAME, "--name", help="Go identifier prefix: <name>Model, New<name>Model, ..."),
+    samples: int = typer.Option(DEFAULT_SAMPLES, "--samples", min=1, help="Sample batches in the generated test."),
+    blis: Path | None = typer.Option(
+        None,
+        "--blis",
+        help="Install into this BLIS checkout: model and test in sim/latency/, "
+        "the backend registered, then go build, vet and test there.",
+    ),
+    backend: str | None = typer.Option(
+        None, "--backend", help=f"With --blis: the backend name (default {DEFAULT_BACKEND})."
+    ),
+    go_test: list[str] | None = typer.Option(
+        None,
+        "--go-test",
+        help="With --blis: the packages to test (default ./sim/...; several: repeat, or space-separated in one value).",
+    ),
+):
+    """Emit a program as Go (package latency) implementing BLIS's LatencyModel (or install it with --blis)."""
+    if blis is None and (backend or go_test):
+        raise BlisError("--backend and --go-test go with --blis")
+    if blis is not None and (out_path or test_out):
+        raise BlisError("--out and --test-out do not go with --blis (it writes sim/latency/<backend>.go and its test)")
+    if blis is not None:
+        if within is not None:
+            raise BlisError("--within does not go with --blis yet (simplest there uses 5%); emit with --out instead")
+        install_into_blis(
+            program, archive_dir, blis, target, name, backend or DEFAULT_BACKEND, samples, go_test or DEFAULT_GO_TEST
+        )
+        return
+    out_path = out_path or Path("stepml_evolved.go")
+    choice = emit_program(
+        program, archive_dir, out_path, test_out, target=target, name=name, samples=samples, within=within
+    )
+    if choice is not None:
+        err.print(choice.describe(), markup=False, highlight=False, soft_wrap=True)
+    out.print(f"wrote {out_path} ({name}Model, target {target})")
+    if test_out:
+        out.print(f"wrote {test_out} ({samples} sample batches checked against Python)")
+
+
+def blis_compare_cmd(
+    program: str = typer.Argument(
+        DEFAULT_RULE, help="A deployment rule (as emit-go's), a program id from the archive, or a program file (.py)."
+    ),
+    blis: Path = typer.Option(
+        ..., "--blis", help="A built BLIS checkout; the program is installed there as emit-go --blis does."
+    ),
+    data: Path = typer.Option(..., "--data", help="Directory of replay experiments (or one experiment directory)."),
+    archive_dir: Path | None = typer.Option(
+        None, "--archive", help="Archive directory (default: the newest under runs/)."
+    ),
+    experiment: list[str] | None = typer.Option(None, "--experiment", help="Only these experiments (repeatable)."),
+    requests: int | None = typer.Option(
+        None, "--requests", min=1, help="Replay only each experiment's first N requests."
+    ),
+    backend: str | None = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
+    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+):
+    """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
+    from stepml_evolve.evaluator.data.experiment_reader import experiment_dirs
+    from stepml_evolve.evolve.blis.compare import compare_program_in_blis
+
+    dirs = [d for d in experiment_dirs(data) if not experiment or d.name in experiment]
+    if not dirs:
+        raise BlisError(f"{data}: no experiment directories{' named ' + ', '.join(experiment) if experiment else ''}")
+    rows = compare_program_in_blis(
+        program, archive_dir, blis, dirs, backend=backend, requests=requests, say=say, prompt_reuse=prompt_reuse
+    )
+    if as_json:
+        print(dumps([r.to_json() for r in rows]))
+        return
+    out.print(blis_comparison_table(rows))

@@ -1,0 +1,274 @@
+"""`evolve archive cv`: archived programs cross-validated with their run's data and fitting
+settings, the scores stored in the archive (`cv_scores`, `cv_evaluations`); also what a search
+calls at the end of a run to score its Pareto front (`cross_validate_programs`), and
+`evolve archive migrate` (an archive of an older schema upgraded in place).
+
+Each program is cross-validated exactly as `evolve cv` would cross-validate its file
+(`evolve archive show ID --source`): the folds of the protocol over the run's experiments, each
+fold's constants fitted (the run's fit method, objective, weights and replay semantics; the
+program's fitted constants as the start) on the train split of the other experiments, the held-out
+experiments scored on all their requests. A program already scored under the protocol with the
+same settings (seed, max-evals, method, objective, semantics) is skipped unless `again`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepml_evolve.archive.browse import latest_archive_dir, resolve, run_programs
+from stepml_evolve.archive.map_elites import pareto_front
+from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord, RunRecord
+from stepml_evolve.archive.store import SCHEMA_VERSION, Archive
+from stepml_evolve.evaluator.datasets import LoadedData
+from stepml_evolve.evaluator.dsl import parse_program
+from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.fit.crossval import cross_validate, make_folds
+from stepml_evolve.evaluator.fit.fitting import FitConfig, ProgressFn
+from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS
+from stepml_evolve.evaluator.scoring.objectives import Objective
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evolve.search import RunSettings
+
+from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
+
+DEFAULT_PROTOCOL = (
+    "lomo"  # `evolve archive cv --protocol` offers crossval.PROTOCOLS (the library takes groups:FILE too)
+)
+
+
+class ArchiveCVError(UserError):
+    """A cross-validation of archived programs that cannot run (which programs, which data): one line."""
+
+
+# ---- the run's settings and data ----
+
+
+@dataclass(frozen=True)
+class RunFitSettings:
+    """How the run fitted its programs, for the fold fits: method and objective (in `config`, with
+    the seed and budget of the cross-validation) and the replay's semantics."""
+
+    config: FitConfig
+    semantics: str
+
+    def settings(self, protocol: str) -> dict:
+        """As a stored score records them (`CVScoreRecord.settings`): what makes a score redoable or not."""
+        return _blank_score(protocol, self).settings()
+
+
+def run_fit_settings(
+    run: RunRecord, seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals
+) -> RunFitSettings:
+    """The run's fit method, objective (with its weights) and semantics, as stored with its settings
+    (a run stored before a setting existed ran with its legacy value, as `--resume` assumes)."""
+    search = RunSettings.stored(run.config).search
+    weights = tuple((str(p), float(w)) for p, w in (search.get("weights") or ()))
+    goal = Objective(search.get("objective") or "rms", weights)
+    floor = search.get("physics") == "check"  # a run's fits kept its programs at or above the floor, or not
+    config = dataclasses.replace(
+        FitConfig(seed=seed, max_evals=max_evals, method=search["fit_method"], floor=floor), objective=goal
+    )
+    return RunFitSettings(config, search.get("semantics") or DEFAULT_SEMANTICS)
+
+
+def _blank_score(protocol: str, fit: RunFitSettings) -> CVScoreRecord:
+    c = fit.config
+    return CVScoreRecord(
+        program_id=0,
+        protocol=protocol,
+        seed=c.seed,
+        max_evals=c.max_evals,
+        method=c.method,
+        objective=c.objective.name,
+        weights=[list(w) for w in c.objective.weights],
+        semantics=fit.semantics,
+    )
+
+
+def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: Say = quiet) -> LoadedData:
+    """The experiments the run searched on: `data` if given, else the directory it recorded (the
+    synthetic sample for a synthetic run); an error naming the directory if it is not there or its
+    experiment files are not the run's (the fingerprint `--resume` checks)."""
+    directory = data if data is not None else (None if run.synthetic else Path(run.data_label))
+    if directory is not None and not Path(directory).is_dir():
+        raise ArchiveCVError(
+            f"{directory}: the run's data is not there (the run in {archive_dir} searched on "
+            f"{run.data_label}); pass --data DIR with its experiments"
+        )
+    search = RunSettings.stored(run.config).search
+    # the run's own experiments (the fingerprint below says so), bad ones left out as the run did
+    loaded = EvaluationSetup(directory, prompt_reuse=search["prompt_reuse"], skip_bad=True).load(say)
+    if loaded.fingerprint() != run.data_fingerprint:
+        raise ArchiveCVError(
+            f"{loaded.directory}: not the data the run in {archive_dir} searched on ({run.data_label}): "
+            "its experiment files differ; pass --data DIR with the run's experiments"
+        )
+    return loaded
+
+
+# ---- scoring programs (the library function a search calls at the end of a run) ----
+
+
+@dataclass
+class ProgramCV:
+    program: ProgramRecord
+    score: CVScoreRecord
+    skipped: bool  # already scored with the same settings; `score` is the stored one
+
+    def to_json(self) -> dict:
+        p = self.program
+        return {
+            "id": p.id,
+            "complexity": p.complexity,
+            "val_loss": p.val_loss,
+            "skipped": self.skipped,
+            "cv": self.score.to_json(),
+        }
+
+
+def cross_validate_programs(
+    archive: Archive,
+    programs: list[ProgramRecord],
+    loaded: LoadedData,
+    engine: ReplayPool,
+    protocol: str,
+    fit: RunFitSettings,
+    *,
+    again: bool = False,
+    progress: ProgressFn | None = None,
+    say: Say = quiet,
+) -> list[ProgramCV]:
+    """Cross-validate each program (in order) and store its score as soon as it is done (a killed
+    job keeps the finished ones). The folds are made first, so a protocol the data cannot serve
+    fails before any fit. `engine` replays `loaded.experiments` with `fit.semantics`."""
+    folds = make_folds(protocol, loaded.experiments)
+    if engine.semantics != fit.semantics:
+        raise ValueError(f"the engine replays with {engine.semantics} semantics, the run with {fit.semantics}")
+    wanted = fit.settings(protocol)
+    stored = {
+        s.program_id: s for pid in {p.id for p in programs} for s in archive.cv_scores(pid) if s.protocol == protocol
+    }
+    out: list[ProgramCV] = []
+    for i, p in enumerate(programs):
+        old = stored.get(p.id)
+        if old is not None and not again and old.settings() == wanted:
+            say(f"#{p.id}: already scored under {protocol} with these settings; skipped (--again redoes it)")
+            out.append(ProgramCV(p, old, True))
+            continue
+        say(f"#{p.id} ({i + 1} of {len(programs)}): {protocol}, {len(folds)} folds")
+        t0 = time.perf_counter()
+        cv = cross_validate(
+            parse_program(p.source),
+            loaded.experiments,
+            engine,
+            protocol,
+            folds,
+            fit.config,
+            start=dict(p.constants) or None,
+            progress=progress,
+            percentiles=True,
+        )
+        out.append(ProgramCV(p, archive.write_cv(p.id, cv, fit.config, fit.semantics, time.perf_counter() - t0), False))
+    return out
+
+
+# ---- `evolve archive cv` and `evolve archive migrate` ----
+
+
+def open_writable(directory: Path | None) -> Archive:
+    """The archive in `directory` (default: the newest under runs/) opened for writing, which
+    migrates an older schema in place (`Archive.migrated_from` says from which)."""
+    return Archive.open(directory if directory is not None else latest_archive_dir(), writable=True)
+
+
+@dataclass
+class ArchiveCV:
+    archive_dir: Path
+    data: LoadedData
+    protocol: str
+    fit: RunFitSettings
+    programs: list[ProgramCV]
+    migrated_from: int | None = None
+
+    def to_json(self) -> dict:
+        c = self.fit.config
+        return {
+            "archive": str(self.archive_dir),
+            "data": self.data.label,
+            "protocol": self.protocol,
+            "seed": c.seed,
+            "max_evals": c.max_evals,
+            "method": c.method,
+            **c.objective.settings(),
+            "semantics": self.fit.semantics,
+            "programs": [p.to_json() for p in self.programs],
+        }
+
+
+def _chosen(
+    archive: Archive, run: RunRecord, programs: list[ProgramRecord], refs: list[str], front: bool
+) -> list[ProgramRecord]:
+    if refs and front:
+        raise ArchiveCVError("give program ids or --front, not both")
+    if not refs:
+        chosen = pareto_front(programs)
+        if not chosen:
+            raise ArchiveCVError(f"{archive.dir}: no program has been fully evaluated yet, so the front is empty")
+        return chosen
+    chosen: dict[int, ProgramRecord] = {}
+    for ref in refs:
+        p = resolve(archive, ref)
+        if p.run_id != run.id:
+            raise ArchiveCVError(
+                f"program {p.id} belongs to run {p.run_id}, not to the latest run {run.id} of {archive.dir}"
+            )
+        chosen.setdefault(p.id, p)
+    return list(chosen.values())
+
+
+def cross_validate_archive(
+    archive_dir: Path | None,
+    refs: list[str] | None = None,
+    *,
+    front: bool = False,
+    protocol: str = DEFAULT_PROTOCOL,
+    seed: int = FitConfig.seed,
+    max_evals: int | None = FitConfig.max_evals,
+    again: bool = False,
+    data: Path | None = None,
+    workers: int | None = None,
+    say: Say = quiet,
+    progress: FitProgress = no_progress,
+) -> ArchiveCV:
+    """`evolve archive cv`: the programs `refs` (ids or `best`), or the latest run's Pareto front,
+    cross-validated with the run's data (`data` overrides where it is looked for) and settings.
+    Every check (programs, data, folds) comes before the first fit; scores are stored one by one."""
+    archive = open_writable(archive_dir)
+    try:
+        if archive.migrated_from is not None:
+            say(f"{archive.dir}: archive migrated from schema {archive.migrated_from} to {SCHEMA_VERSION}")
+        run, programs = run_programs(archive)
+        chosen = _chosen(archive, run, programs, list(refs or ()), front)
+        fit = run_fit_settings(run, seed, max_evals)
+        loaded = run_data(run, archive.dir, data, say)
+        make_folds(protocol, loaded.experiments)  # a protocol the data cannot serve fails before the engine starts
+        with ReplayPool(loaded.experiments, workers, semantics=fit.semantics) as engine, progress() as on_progress:
+            done = cross_validate_programs(
+                archive, chosen, loaded, engine, protocol, fit, again=again, progress=on_progress, say=say
+            )
+        return ArchiveCV(archive.dir, loaded, protocol, fit, done, archive.migrated_from)
+    finally:
+        archive.close()
+
+
+def migrate_archive(archive_dir: Path | None) -> tuple[Path, int | None]:
+    """`evolve archive migrate`: the archive opened for writing (which migrates it); returns its
+    directory and the schema it was migrated from (None: already current)."""
+    archive = open_writable(archive_dir)
+    try:
+        return archive.dir, archive.migrated_from
+    finally:
+        archive.close()

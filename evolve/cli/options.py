@@ -21,11 +21,7 @@ Method = Literal[METHODS]
 DataOption = option_type(EvaluationSetup, "data")
 OutputLenOption = option_type(EvaluationSetup, "output_len")
 PromptReuseOption = option_type(EvaluationSetup, "prompt_reuse")
-SemanticsOption = option_type(EvaluationSetup, "semantics")
-ObjectiveOption = option_type(EvaluationSetup, "objective")
-WeightsOption = option_type(EvaluationSetup, "weights")
 WorkersOption = option_type(EvaluationSetup, "workers")
-SkipBadOption = option_type(EvaluationSetup, "skip_bad")
 PhysicsOption = option_type(SearchConfig, "physics")
 ClusterOption = Annotated[
     str | None,

@@ -22,24 +22,19 @@ from stepml_evolve.evolve.commands import (
 )
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
+from stepml_evolve.evolve.option_fields import from_options
 
 from .console import err, error, out, say
 from .options import (
     SETUP,
     ClusterOption,
-    DataOption,
     MethodOption,
-    ObjectiveOption,
-    OutputLenOption,
     PhysicsOption,
     PromptReuseOption,
     RemoteWorkersOption,
-    SemanticsOption,
-    SkipBadOption,
-    WeightsOption,
-    WorkersOption,
 )
 from .progress import fit_progress
+from .settings_options import settings_options
 from .tables import (
     blis_comparison_table,
     cv_summary_table,
@@ -58,34 +53,19 @@ Scope = Literal[SCOPES]
 GoTarget = Literal[tuple(TARGETS)]
 
 
+@settings_options(EvaluationSetup)  # --data, --prompt-reuse, ... (the options every replaying command takes)
 def eval_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
-    data: DataOption = None,
     split: Split = typer.Option(
         "test", "--split", help="Split to score: a temporal window, or all (whole experiments)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    workers: WorkersOption = None,
-    output_len: OutputLenOption = SETUP.output_len,
-    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
-    semantics: SemanticsOption = SETUP.semantics,
-    objective: ObjectiveOption = SETUP.objective,
-    weights: WeightsOption = None,
-    skip_bad: SkipBadOption = SETUP.skip_bad,
+    settings: dict | None = None,
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
-    setup = EvaluationSetup(
-        data=data,
-        output_len=output_len,
-        prompt_reuse=prompt_reuse,
-        semantics=semantics,
-        objective=objective,
-        weights=weights,
-        workers=workers,
-        skip_bad=skip_bad,
-    )
+    setup = from_options(EvaluationSetup, settings)
     result = evaluate_program(program, setup, split, say=say)
-    everywhere = result.failed_everywhere(skip_bad)  # one line, not a table of failures and loss inf
+    everywhere = result.failed_everywhere(setup.skip_bad)  # one line, not a table of failures and loss inf
     if as_json:
         print(dumps(result.to_json()))
     elif everywhere is None:
@@ -104,9 +84,9 @@ def eval_cmd(
         raise typer.Exit(2)
 
 
+@settings_options(EvaluationSetup)  # --data, --prompt-reuse, ... (the options every replaying command takes)
 def fit_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
-    data: DataOption = None,
     seed: int = typer.Option(
         FIT.seed, "--seed", min=0, help="CMA-ES seed: same seed and data give the same constants."
     ),
@@ -132,16 +112,9 @@ def fit_cmd(
         help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    workers: WorkersOption = None,
-    output_len: OutputLenOption = SETUP.output_len,
-    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
-    semantics: SemanticsOption = SETUP.semantics,
     method: MethodOption = FIT.method,
-    objective: ObjectiveOption = SETUP.objective,
-    weights: WeightsOption = None,
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
-    skip_bad: SkipBadOption = SETUP.skip_bad,
     physics: PhysicsOption = PHYSICS_MODES[0],
     profile: bool = typer.Option(
         True,
@@ -149,19 +122,10 @@ def fit_cmd(
         help="After the fit, profile each constant (2 closed-loop evaluations each) and print whether the "
         "data decided it, its prior holds it, or a bound does.",
     ),
+    settings: dict | None = None,
 ):
     """Fit PROGRAM's constants on the train split, then score validate and test."""
-    setup = EvaluationSetup(
-        data=data,
-        output_len=output_len,
-        prompt_reuse=prompt_reuse,
-        semantics=semantics,
-        objective=objective,
-        weights=weights,
-        workers=workers,
-        cluster=Cluster.of(cluster, remote_workers),
-        skip_bad=skip_bad,
-    )
+    setup = from_options(EvaluationSetup, settings, cluster=Cluster.of(cluster, remote_workers))
     fitted = fit_program(
         program,
         setup,
@@ -196,6 +160,7 @@ def fit_cmd(
     )
 
 
+@settings_options(EvaluationSetup)  # --data, --prompt-reuse, ... (the options every replaying command takes)
 def cv_cmd(
     program: Path = typer.Argument(..., help="Program file in the DSL."),
     protocol: str = typer.Option(
@@ -204,7 +169,6 @@ def cv_cmd(
         help="lomo (leave one model out), lowo (leave one workload out) or groups:FILE "
         "(YAML: fold name -> experiment names it holds out).",
     ),
-    data: DataOption = None,
     seed: int = typer.Option(FIT.seed, "--seed", min=0, help="Fit seed: same seed and data give the same numbers."),
     max_evals: int | None = typer.Option(
         FIT.max_evals, "--max-evals", min=1, help="Closed-loop evaluations per fold fit (default by method and size)."
@@ -216,30 +180,14 @@ def cv_cmd(
         "the errors when nothing is held out, beside the CV errors.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    workers: WorkersOption = None,
-    output_len: OutputLenOption = SETUP.output_len,
-    prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
-    semantics: SemanticsOption = SETUP.semantics,
     method: MethodOption = FIT.method,
-    objective: ObjectiveOption = SETUP.objective,
-    weights: WeightsOption = None,
     cluster: ClusterOption = None,
     remote_workers: RemoteWorkersOption = None,
-    skip_bad: SkipBadOption = SETUP.skip_bad,
     physics: PhysicsOption = PHYSICS_MODES[0],
+    settings: dict | None = None,
 ):
     """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
-    setup = EvaluationSetup(
-        data=data,
-        output_len=output_len,
-        prompt_reuse=prompt_reuse,
-        semantics=semantics,
-        objective=objective,
-        weights=weights,
-        workers=workers,
-        cluster=Cluster.of(cluster, remote_workers),
-        skip_bad=skip_bad,
-    )
+    setup = from_options(EvaluationSetup, settings, cluster=Cluster.of(cluster, remote_workers))
     done = cross_validate_program(
         program,
         protocol,

@@ -12,6 +12,7 @@ import pytest
 from stepml_evolve.evaluator.dsl import compile_program, load_program, parse_program
 from stepml_evolve.evaluator.dsl.linearity import linear_constants, nonaffine_inputs
 from stepml_evolve.evaluator.dsl.operators import OPERATORS
+from stepml_evolve.evaluator.dsl.program import Prior
 from stepml_evolve.evaluator.fit.fitting import _quiet_cma
 from stepml_evolve.evaluator.fit.linear_solve import LinearSolve, solvable
 from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
@@ -190,3 +191,29 @@ def test_only_the_affine_constants_move_and_worst3_is_not_solved(synthetic):
     fixed = [i for i in range(len(c0)) if i not in index]
     assert np.array_equal(solved[fixed], c0[fixed])
     assert solvable(Objective("rms")) and not solvable(Objective("worst3"))
+
+
+def test_priors_are_part_of_what_the_solve_minimizes(synthetic):
+    """Tight priors (relative on one constant, absolute on another) halfway between the start and
+    where the free solve takes them, on the two constants it moves most: the solve takes them to
+    their priors' centres, not to the start nor to the free optimum, and its loss plus the priors'
+    penalty is below both."""
+    program = load_program(seed_path("blackbox"))
+    surrogate, c0 = _surrogate(program, synthetic.experiments)
+    objective = Objective()
+    lo, hi = c0 * np.exp(-1.0), c0 * np.exp(1.0)
+    index = np.arange(len(c0))
+    free = LinearSolve(surrogate, objective, index).solve(c0[None, :], lo, hi)[0]
+    moved = np.argsort(-np.abs(np.log(free / c0)))[:2]
+    assert np.all(np.abs(np.log(free[moved] / c0[moved])) > 0.05)  # the data pull them away
+    centre = np.sqrt(free * c0)
+    priors: list = [None] * len(c0)
+    priors[moved[0]] = Prior(centre[moved[0]], 0.005, relative=True)
+    priors[moved[1]] = Prior(centre[moved[1]], 0.005 * centre[moved[1]], relative=False)
+    held = LinearSolve(surrogate, objective, index, priors).solve(c0[None, :], lo, hi)[0]
+    assert np.all(np.abs(held[moved] / centre[moved] - 1) < 0.01)
+
+    def penalized(v):
+        return _loss(surrogate, objective, v[None, :])[0] + sum(p.penalty(v[j]) for j, p in enumerate(priors) if p)
+
+    assert penalized(held) < min(penalized(free), penalized(c0))

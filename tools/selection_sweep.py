@@ -1,7 +1,7 @@
 """Deployment rules held out, on a finished worlds benchmark (`evolve bench --worlds --out DIR`).
 
 For every result of the benchmark (a world, a split, a search seed) this picks the program each
-deployment rule of archive/browse.py would emit from that search's archive (and `tethered` at
+deployment rule of archive/deployment.py would emit from that search's archive (and `tethered` at
 several factors, and, as the reference without a search, the seed with the lowest validation
 loss), scores every pick the result has not scored yet held out, exactly as the
 benchmark scores its winner (`evolve cv --protocol groups:split-NAME.yaml`: fitted on the train

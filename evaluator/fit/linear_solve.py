@@ -9,6 +9,11 @@ but at any point its gradient is that of the sum of squares with the E2E rows we
 1/RMS(E2E) and the TTFT rows by 1/RMS(TTFT), so a few reweighted bounded solves (IRLS, scipy's
 lsq_linear) reach its optimum in the box. "worst3" is not a sum of squares: it keeps plain CMA-ES.
 
+Priors (`Program.priors`) enter as ridge rows: PRIOR_WEIGHT z**2 is a square already, z affine in a
+constant with an absolute prior and, for a relative one (z in ln units), linearized at the current
+value each round; so the solve minimizes the fit's own loss (objective + priors), and a constant
+the data cannot decide stays at its prior instead of going wherever the surrogate's noise sends it.
+
 The map is measured, not derived: the surrogate's means at the box's low corner of the linear
 constants and with each of them at its high end (n + 1 vectors of one population). Clipping (a
 step time below 1 us, a negative delay) makes it only nearly affine; the caller scores the
@@ -17,9 +22,12 @@ solution with the surrogate itself, and the closed loop judges it as it judges a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from stepml_evolve.evaluator.dsl.program import PRIOR_WEIGHT, Prior
 from stepml_evolve.evaluator.scoring.objectives import Objective
 from stepml_evolve.evaluator.scoring.surrogate import SurrogateSet
 
@@ -34,10 +42,13 @@ def solvable(objective: Objective) -> bool:
 
 class LinearSolve:
     """The best values of the constants at `index` (positions in a constant vector) on one
-    surrogate, for given values of the other constants."""
+    surrogate, for given values of the other constants; `priors`: each one's prior (or None)."""
 
-    def __init__(self, surrogate: SurrogateSet, objective: Objective, index: np.ndarray):
+    def __init__(
+        self, surrogate: SurrogateSet, objective: Objective, index: np.ndarray, priors: list[Prior | None] | None = None
+    ):
         self.surrogate, self.index = surrogate, np.asarray(index, dtype=np.int64)
+        self.priors = list(priors) if priors is not None else [None] * len(self.index)
         models = surrogate.models
         self.observed = np.array([m.observed_us for m in models], dtype=float).reshape(len(models), 2)
         live = np.zeros(len(models), bool)
@@ -75,14 +86,17 @@ class LinearSolve:
             if not moves.any():
                 continue
             a = errors[i, 0] + np.tensordot(u[~moves], slopes[~moves], axes=1)  # with the others held
-            u[moves] = self._reweighted(a, slopes[moves], u[moves])
+            ridge = _Ridge([self.priors[j] for j in np.flatnonzero(moves)], lo[idx][moves], width[moves])
+            u[moves] = self._reweighted(a, slopes[moves], u[moves], ridge)
             out[i, idx] = lo[idx] + u * width
         return out
 
-    def _reweighted(self, a: np.ndarray, slopes: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """u in [0, 1]^n minimizing sum over metrics of the weighted RMS of a + slopes . u (IRLS)."""
+    def _reweighted(self, a: np.ndarray, slopes: np.ndarray, u: np.ndarray, ridge: _Ridge | None = None) -> np.ndarray:
+        """u in [0, 1]^n minimizing the sum over metrics of the weighted RMS of a + slopes . u, plus
+        the priors' penalty (IRLS: each round's squares have the loss's gradient at its start)."""
+        ridge = ridge or _Ridge([None] * len(u), np.zeros(len(u)), np.ones(len(u)))
         metrics = [np.flatnonzero(self.rows[:, m]) for m in range(2)]
-        loss = self._loss(a, slopes, u, metrics)
+        loss = self._loss(a, slopes, u, metrics) + ridge.penalty(u)
         for _ in range(IRLS_ROUNDS):
             blocks, targets = [], []
             for m, rows in enumerate(metrics):
@@ -94,8 +108,11 @@ class LinearSolve:
                 scale = np.sqrt(w / (np.sum(w) * level))[:, None]
                 blocks.append(scale * slopes[:, rows, m].T)
                 targets.append(-scale[:, 0] * a[rows, m])
+            rows_, rhs = ridge.rows(u)
+            blocks.append(rows_)
+            targets.append(rhs)
             solved = lsq_linear(np.vstack(blocks), np.concatenate(targets), bounds=(0.0, 1.0), method="bvls").x
-            new = self._loss(a, slopes, solved, metrics)
+            new = self._loss(a, slopes, solved, metrics) + ridge.penalty(solved)
             if new > loss - IRLS_TOL:
                 if new < loss:
                     u = solved
@@ -111,3 +128,39 @@ class LinearSolve:
                 r = a[rows, m] + slopes[:, rows, m].T @ u
                 total += float(np.sqrt(np.sum(w * r * r) / np.sum(w)))
         return total
+
+
+class _Ridge:
+    """The priors of the solved constants as least-squares rows in u (value = lo + u * width).
+    The data rows' squares have twice the RMS loss's gradient, so each prior row is
+    sqrt(2 PRIOR_WEIGHT) z: its square has twice the penalty's."""
+
+    def __init__(self, priors: list[Prior | None], lo: np.ndarray, width: np.ndarray):
+        self.priors, self.lo, self.width = priors, np.asarray(lo, float), np.asarray(width, float)
+        self.weight = math.sqrt(2.0 * PRIOR_WEIGHT)
+
+    def rows(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(R, n) rows and (R,) targets: z of each prior, affine in u (a relative prior's ln
+        linearized at the value u gives)."""
+        n = len(u)
+        rows, rhs = [], []
+        for j, prior in enumerate(self.priors):
+            if prior is None:
+                continue
+            row = np.zeros(n)
+            if prior.relative:
+                v0 = max(self.lo[j] + u[j] * self.width[j], 1e-12)
+                # z ~ (ln v0 - ln c + (v - v0) / v0) / s, v = lo + u w
+                row[j] = self.width[j] / (v0 * prior.spread)
+                target = -(math.log(v0) - math.log(prior.centre) + (self.lo[j] - v0) / v0) / prior.spread
+            else:
+                row[j] = self.width[j] / prior.spread
+                target = (prior.centre - self.lo[j]) / prior.spread
+            rows.append(self.weight * row)
+            rhs.append(self.weight * target)
+        return np.array(rows).reshape(len(rows), n), np.array(rhs, dtype=float)
+
+    def penalty(self, u: np.ndarray) -> float:
+        return float(
+            sum(p.penalty(self.lo[j] + u[j] * self.width[j]) for j, p in enumerate(self.priors) if p is not None)
+        )

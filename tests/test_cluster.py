@@ -320,3 +320,21 @@ def test_a_batch_the_cluster_never_answers_ends_at_the_deadline_in_one_line(clus
         assert time.perf_counter() - t0 < 15.0
     finally:
         executor.close()
+
+
+@needs_ray
+def test_an_error_raised_inside_ray_client_is_a_lost_cluster_whatever_it_says():
+    """Ray Client raises a plain Exception ("Client Wait request failed. Reference invalid?") when
+    the head goes during a wait, and may still look connected while it waits to reconnect: where
+    the exception was raised decides, so the run stops in one line either way."""
+    from stepml_evolve.evaluator.replay.ray_executor import from_ray_client
+
+    def wait():
+        raise Exception("Client Wait request failed. Reference invalid?")
+
+    wait.__code__ = wait.__code__.replace(co_filename="/x/site-packages/ray/util/client/worker.py")
+    for raiser, expected in ((wait, True), (lambda: 1 / 0, False)):
+        try:
+            raiser()
+        except Exception as e:  # noqa: BLE001
+            assert from_ray_client(e) is expected

@@ -29,7 +29,7 @@ def test_installed_distribution_ships_seeds_prompts_and_templates():
     assert any(f.startswith("stepml_evolve/prompts/") and f.endswith(".j2") for f in files)
     assert sum(f.startswith("stepml_evolve/worlds/") and f.endswith(".py") for f in files) >= 9  # the worlds' laws
     assert any(f.startswith("stepml_evolve/evolve/go/templates/") for f in files)
-    assert "stepml_evolve/evaluator/catalog.yaml" in files
+    assert "stepml_evolve/evaluator/physics/catalog.yaml" in files
 
 
 def test_the_wheel_installs_one_top_level_name():
@@ -53,3 +53,15 @@ def test_the_installed_package_is_what_a_command_run_from_the_checkout_imports()
         [sys.executable, "-m", "stepml_evolve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0 and "Usage" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_every_package_of_the_source_tree_is_installed():
+    """pyproject.toml lists the packages by hand: a subpackage left out of it would import from a
+    checkout and fail after `pip install .`."""
+    from conftest import ROOT
+
+    files = set(_installed_files())
+    for folder in ("evaluator", "archive", "evolve"):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            installed = "stepml_evolve/" + init.relative_to(ROOT).as_posix()
+            assert installed in files, f"{init.parent.relative_to(ROOT)} is not installed: add it to pyproject.toml"

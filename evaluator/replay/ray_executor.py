@@ -221,8 +221,9 @@ class RayExecutor:
             raise e.cause if isinstance(e.cause, BaseException) else e from None
         except Exception as e:
             # Ray Client reports a connection lost mid-call as a plain Exception ("Client Wait
-            # request failed. Reference invalid?"), not as a RayError
-            if not isinstance(e, (RayError, ConnectionError)) and _connected():
+            # request failed. Reference invalid?"), not as a RayError; while it waits to reconnect
+            # it may still look connected, so where the exception was raised decides
+            if not isinstance(e, (RayError, ConnectionError)) and not from_ray_client(e) and _connected():
                 raise
             raise ClusterError(
                 f"lost the Ray cluster at {self.cluster} ({_one_line(e)}); every completed generation "
@@ -256,6 +257,17 @@ def _connected() -> bool:
         return ray.is_initialized() and bool(ray.cluster_resources())
     except Exception:
         return False
+
+
+def from_ray_client(e: BaseException) -> bool:
+    """Whether `e` was raised inside Ray Client's own code (ray/util/client/): the transport to the
+    cluster failed, whatever the message says."""
+    tb = e.__traceback__
+    while tb is not None:
+        if "/ray/util/client/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _one_line(e: BaseException) -> str:

@@ -552,7 +552,7 @@ class _GroupFit:
         trade off, one linear and one not, move together along their valley). CMA-ES gets as
         large a share of the budget as the others' share of the constants. A fully linear
         program's step is one solve (n + 1 surrogate vectors)."""
-        names = self.program.constants
+        names = list(self.program.constants)
         solver = LinearSolve(
             surrogate, self.cfg.objective, self.linear, [self.program.priors.get(names[j]) for j in self.linear]
         )

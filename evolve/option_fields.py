@@ -25,7 +25,6 @@ class Flag:
     max: float | None = None
     zero_is_none: bool = False  # the command line gives None as 0 (e.g. "0: 200 + 40 per constant")
     unset: bool = False  # the command line's default is None (the command decides the value); else the field's
-    show_default: bool = True
 
 
 def setting(default: Any, help: str, **flag: Any) -> Any:

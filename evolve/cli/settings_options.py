@@ -24,19 +24,16 @@ def _option_type(f: OptionField) -> Any:
 
 def _parameter(f: OptionField, name: str) -> inspect.Parameter:
     limits = {k: getattr(f.flag, k) for k in ("min", "max") if getattr(f.flag, k) is not None}
-    option = typer.Option(f.opt, help=f.flag.help, show_default=f.flag.show_default and not f.flag.unset, **limits)
+    option = typer.Option(f.opt, help=f.flag.help, show_default=not f.flag.unset, **limits)
     default = None if f.flag.unset else f.default
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[_option_type(f), option]
     )
 
 
-def settings_options(
-    *classes: type, only: Iterable[str] | None = None, skip: Iterable[str] = (), prefix: str = ""
-) -> Callable:
+def settings_options(*classes: type, only: Iterable[str] | None = None, skip: Iterable[str] = ()) -> Callable:
     """The decorator: the flagged fields of `classes` (those named in `only`, if given; not those in
-    `skip`) as options.
-    `prefix` names the parameters (not the flags) where a command has a parameter of the same name."""
+    `skip`) as options, each parameter named as its field."""
     wanted = None if only is None else set(only)
     skip = set(skip)
     fields: dict[str, OptionField] = {}
@@ -48,11 +45,11 @@ def settings_options(
     def decorate(command: Callable) -> Callable:
         own = inspect.signature(command, eval_str=True)
         kept = [p.replace(kind=p.KEYWORD_ONLY) for n, p in own.parameters.items() if n != "settings"]
-        generated = [_parameter(f, prefix + name) for name, f in fields.items()]
+        generated = [_parameter(f, name) for name, f in fields.items()]
 
         @functools.wraps(command)
         def wrapper(**kwargs):
-            settings = {name: kwargs.pop(prefix + name) for name in fields}
+            settings = {name: kwargs.pop(name) for name in fields}
             return command(**kwargs, settings=settings)
 
         signature = own.replace(parameters=[*generated, *kept])  # the settings first in --help

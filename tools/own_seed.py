@@ -20,31 +20,26 @@ import math
 from pathlib import Path
 
 from stepml_evolve.archive.browse import lineage, opened, resolve
-
-
-def _archive_dir(out: Path, result: dict) -> Path:
-    suffix = f"-s{result['search_seed']}" if result.get("search_seed") else ""
-    return out / result["world"] / f"{result['split']}{suffix}-archive"
+from stepml_evolve.evolve.commands.bench_worlds_results import archive_of, stored_results
 
 
 def against_own_seed(out: Path) -> dict[str, list[dict]]:
     """Per rule: one row per result, the pick, its seed, and their held-out losses."""
-    report = json.loads((out / "bench-worlds.json").read_text())
     rows: dict[str, list[dict]] = {}
-    for result in report["results"]:
-        seeds = {s["program"]: s["loss"] for s in result["seeds"]}
-        with opened(_archive_dir(out, result)) as archive:
-            for rule, scored in (result.get("rules") or {}).items():
-                chain = lineage(archive, resolve(archive, scored["program"].lstrip("#")))
+    for path, result in stored_results(out):
+        seeds = {s.program: s.loss for s in result.seeds}
+        with opened(archive_of(path)) as archive:
+            for rule, scored in result.rules:
+                chain = lineage(archive, resolve(archive, scored.program.lstrip("#")))
                 seed = chain[-1]["operator_detail"] if chain else None
                 rows.setdefault(rule, []).append(
                     {
-                        "world": result["world"],
-                        "split": result["split"],
-                        "search_seed": result.get("search_seed") or 0,
-                        "program": scored["program"],
+                        "world": result.world,
+                        "split": result.split,
+                        "search_seed": result.search_seed or 0,
+                        "program": scored.program,
                         "seed": seed,
-                        "loss": scored["loss"],
+                        "loss": scored.loss,
                         "seed_loss": seeds.get(seed),
                     }
                 )

@@ -29,31 +29,20 @@ from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, make_folds
 from stepml_evolve.evaluator.known_truth.splits import SPLITS, split_file
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.commands.bench_worlds import SplitScorer
-from stepml_evolve.evolve.commands.bench_worlds_results import SplitResult
+from stepml_evolve.evolve.commands.bench_worlds_results import archive_of, stored_results
 
 CACHE = "selection-sweep.json"
 SEED_BY_VALIDATION = "seed by validation"  # the reference without a search
-
-
-def _results(out: Path) -> list[tuple[Path, SplitResult]]:
-    found = []
-    for path in sorted(out.glob("*/*-result.json")):
-        found.append((path, SplitResult.from_json(json.loads(path.read_text()))))
-    return found
-
-
-def _archive_of(path: Path) -> Path:
-    return path.with_name(path.name.replace("-result.json", "-archive"))
 
 
 def sweep(out: Path, factors: list[float]) -> dict:
     cache_path = out / CACHE
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rows = []
-    for path, result in _results(out):
+    for path, result in stored_results(out):
         split = next(s for s in SPLITS if s.name == result.split)
         data_dir = out / result.world / ("data" if split.grid == "standard" else f"data-{split.grid}")
-        with opened(_archive_of(path)) as archive:
+        with opened(archive_of(path)) as archive:
             picks = {rule: choose(archive, rule).program for rule in RULES}
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
             # no search at all: the seed a user would deploy from generation 0 (the lowest validation loss)

@@ -91,10 +91,9 @@ class LinearSolve:
             out[i, idx] = lo[idx] + u * width
         return out
 
-    def _reweighted(self, a: np.ndarray, slopes: np.ndarray, u: np.ndarray, ridge: _Ridge | None = None) -> np.ndarray:
+    def _reweighted(self, a: np.ndarray, slopes: np.ndarray, u: np.ndarray, ridge: _Ridge) -> np.ndarray:
         """u in [0, 1]^n minimizing the sum over metrics of the weighted RMS of a + slopes . u, plus
         the priors' penalty (IRLS: each round's squares have the loss's gradient at its start)."""
-        ridge = ridge or _Ridge([None] * len(u), np.zeros(len(u)), np.ones(len(u)))
         metrics = [np.flatnonzero(self.rows[:, m]) for m in range(2)]
         loss = self._loss(a, slopes, u, metrics) + ridge.penalty(u)
         for _ in range(IRLS_ROUNDS):

@@ -51,7 +51,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.seeds import seed_paths
 
-from .bench_worlds_results import HeldOut, SplitResult, _held_out_of
+from .bench_worlds_results import RESULT_SUFFIX, HeldOut, SplitResult, _held_out_of, archive_of
 from .evaluation_setup import EvaluationSetup, Say, quiet
 from .run import ENGINES, LLMSettings, check_engine, engine_rule, run_search
 
@@ -204,11 +204,11 @@ def bench_world(
                 score = SplitScorer(loaded, pool, protocol, folds, seed, fits, pick)
                 for k in range(search_seeds):
                     at = f"{split.name}" if k == 0 else f"{split.name}-s{base + k}"  # the first: as before seeds
-                    result_file = workdir / world.name / f"{at}-result.json"
+                    result_file = workdir / world.name / f"{at}{RESULT_SUFFIX}"
                     done = SplitResult.from_json(_read_json(result_file)) if result_file.exists() else None
                     if done is not None and done.generations != generations:
                         done = None  # an extended search
-                    archive_dir = workdir / world.name / f"{at}-archive"
+                    archive_dir = archive_of(result_file)
                     if done is not None and {r for r, _ in done.rules} != set(RULES) and done.rules:
                         say(f"  {world.name} {split.name}: scoring held out the picks of the rules added since")
                         done = replace(done, rules=_rules_scored(archive_dir, score, dict(done.rules)))

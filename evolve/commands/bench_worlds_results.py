@@ -4,8 +4,10 @@ JSON), and the summary over results."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from stepml_evolve.evaluator.scoring.objectives import DEFAULT
 
@@ -145,6 +147,21 @@ def _held_out_of(d: dict) -> HeldOut:
         train_losses,
         math.nan if train is None else train,
     )
+
+
+RESULT_SUFFIX, ARCHIVE_SUFFIX = "-result.json", "-archive"  # WORLD/SPLIT[-sN]-result.json and its search's archive
+
+
+def stored_results(out: Path) -> list[tuple[Path, SplitResult]]:
+    """Every result a worlds benchmark in `out` stored (its file, the result), in path order."""
+    return [
+        (path, SplitResult.from_json(json.loads(path.read_text()))) for path in sorted(out.glob(f"*/*{RESULT_SUFFIX}"))
+    ]
+
+
+def archive_of(result_file: Path) -> Path:
+    """The archive of the search a stored result scored."""
+    return result_file.with_name(result_file.name.removesuffix(RESULT_SUFFIX) + ARCHIVE_SUFFIX)
 
 
 def summary(results: list[SplitResult]) -> dict:

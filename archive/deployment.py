@@ -1,6 +1,6 @@
 """The deployment rules of `emit-go` and `blis-compare` (`choose`): which archived program a user
-deploys (best, simplest, lineage, anchored, penalized, tethered; docs/results/physics.md measured
-them held out), and why, as a `Choice`."""
+deploys (best, simplest, lineage, anchored, penalized, tethered, guarded; docs/results/physics.md
+measured them held out), and why, as a `Choice`."""
 
 from __future__ import annotations
 
@@ -14,14 +14,19 @@ from .map_elites import scored
 from .records import ProgramRecord
 from .store import Archive
 
-RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered")  # emit-go's deployment rules (`choose`)
-MARGIN_RULES = ("simplest", "lineage", "anchored", "tethered")  # the rules --within sets a margin of
+RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered", "guarded")  # emit-go's rules (`choose`)
+MARGIN_RULES = ("simplest", "lineage", "anchored", "tethered", "guarded")  # the rules --within sets a margin of
 # The rule emit-go, blis-compare and the worlds benchmark deploy by default: on the worlds'
-# by-workload split it was the least worse than the best fitted seed held out (docs/results/physics.md).
-DEFAULT_RULE = "tethered"
+# by-workload split its pick was never worse held out than the seed it descends from
+# (docs/results/physics.md, "Which program a search should deploy").
+DEFAULT_RULE = "guarded"
 DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
-# tethered: a program's step times stay within this factor of its seed's (as generation 0 fitted it) on
-# TETHER_SHARE of the steps of the floor's envelope (every catalog deployment, the steps users simulate)
+# guarded: a program must beat its own seed's loss by more than this many percent: the CV losses of
+# programs that differ by a perturbed constant differ by up to ~15 % on the worlds (the fit's noise)
+GUARD_MARGIN = 20.0
+# tethered, guarded: a program's step times stay within this factor of its seed's (as generation 0
+# fitted it) on TETHER_SHARE of the steps of the floor's envelope (every catalog deployment, the
+# steps users simulate)
 TETHER_FACTOR = 1.5
 TETHER_SHARE = 0.95
 
@@ -58,6 +63,13 @@ class Choice:
                 f"{1 + self.within / 100:g}x of their seed's step times on {TETHER_SHARE:.0%} of the steps users simulate "
                 f"(the floor's envelope; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
             )
+        if self.rule == "guarded":
+            return (
+                f"guarded: #{self.program.id}, the lowest {self.loss_name} among the seeds and the programs that "
+                f"beat their own seed's by more than {self.within:g}% and stay within {TETHER_FACTOR:g}x of that "
+                f"seed's step times on {TETHER_SHARE:.0%} of the steps users simulate (the best, #{self.best.id}: "
+                f"{self.best_loss:.4f}; of {pool})"
+            )
         if self.rule == "penalized":
             return (
                 f"penalized: #{self.program.id}, the lowest {self.loss_name} plus its constants' distance from "
@@ -86,8 +98,8 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     protocol (lomo, else lowo, else another) when any program of the run has a finite one, else the
     validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
     complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
-    anchored, penalized, tethered: see their helpers (tethered: `within` percent over 1 is its factor,
-    default TETHER_FACTOR)."""
+    anchored, penalized, tethered, guarded: see their helpers (tethered: `within` percent over 1 is its
+    factor, default TETHER_FACTOR; guarded: `within` is its margin, default GUARD_MARGIN)."""
     if rule not in RULES:
         raise BrowseError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
     within_given = within
@@ -117,11 +129,42 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
         chosen, loss = pick, dict((p.id, v) for p, v in cands).get(pick.id, math.nan)
     elif rule == "penalized":
         chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
+    elif rule == "guarded":
+        within = GUARD_MARGIN if within_given is None else within
+        chosen, loss = _guarded(cands, programs, within)
     elif rule == "tethered":
         factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
         chosen, loss = _tethered(cands, programs, factor)
         within = (factor - 1) * 100
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
+
+
+def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> ProgramRecord:
+    """The seed a program descends from: its first parents followed back (itself for a seed; the
+    oldest ancestor the archive holds when the chain leaves it)."""
+    root = program
+    while root.operator != "seed" and root.parents and root.parents[0] in by_id:
+        root = by_id[root.parents[0]]
+    return root
+
+
+def _guarded(cands: list, programs: list[ProgramRecord], within: float):
+    """The lowest loss among the seeds and the programs that beat their own seed's loss by more than
+    `within` percent (a program whose seed has no loss of that kind cannot show it does; the run's
+    front CV scores the front's seeds too) and are tethered to it (`tether` at most TETHER_FACTOR):
+    a child must earn its difference from the physics it started from where the data can judge it,
+    and keep to that physics where they cannot. If none qualifies, the best seed by validation loss."""
+    by_id = {p.id: p for p in programs}
+    loss_of = {p.id: v for p, v in cands}
+    tethers = _Tethers(programs)
+    for program, loss in sorted(cands, key=lambda c: (c[1], c[0].id)):
+        seed = own_seed(program, by_id)
+        if seed.id == program.id:
+            return program, loss
+        if loss < loss_of.get(seed.id, -math.inf) * (1 - within / 100) and tethers(program) <= TETHER_FACTOR:
+            return program, loss
+    seed = best_seed(programs)
+    return seed, loss_of.get(seed.id, seed.val_loss)
 
 
 class _Tethers:
@@ -143,9 +186,7 @@ class _Tethers:
         return step_ratios(parsed, list(parsed.constants.values()), self.env)[0]
 
     def __call__(self, program: ProgramRecord) -> float:
-        root = program
-        while root.operator != "seed" and root.parents and root.parents[0] in self.by_id:
-            root = self.by_id[root.parents[0]]
+        root = own_seed(program, self.by_id)
         if root.id == program.id:
             return 1.0
         if root.id not in self.seed_ratios:

@@ -125,7 +125,10 @@ def test_evaluations_cv_scores_and_generations_are_what_the_archive_holds(runs, 
     cv = runs.cv_scores
     listed = cli_json("archive", "list", "--archive", archive_dir)
     scored = {r["id"]: r["cv"]["lomo"] for r in listed if r["cv"]}
-    assert set(cv.program_id) == set(scored) == set(programs.index[programs.front]) and set(cv.protocol) == {"lomo"}
+    # the run's end cross-validates the front and every fully evaluated seed
+    seeds = set(programs.index[(programs.stage == "seed") & programs.val_loss.notna()])
+    assert set(cv.program_id) == set(scored) == set(programs.index[programs.front]) | seeds
+    assert set(cv.protocol) == {"lomo"}
     for _, s in cv.iterrows():
         assert (number(s.loss), number(s.e2e_mean), s.seed, s.folds) == (
             scored[s.program_id]["loss"],

@@ -399,7 +399,7 @@ def test_within_goes_with_the_rules_that_have_a_margin_only(scored, tmp_path):
     for spec in ("best", "penalized", "3"):
         only_error_line(
             invoke("emit-go", spec, "--within", "5", "--archive", directory, "--out", tmp_path / "m.go"),
-            "--within goes with the rules simplest, lineage, anchored, tethered only",
+            "--within goes with the rules simplest, lineage, anchored, tethered, guarded only",
         )
     res = invoke("emit-go", "simplest", "--within", "-1", "--archive", directory, "--out", tmp_path / "m.go")
     assert res.exit_code == 2 and "Traceback" not in res.output
@@ -531,4 +531,29 @@ def test_tethered_keeps_the_best_program_whose_steps_stay_near_its_seeds(tmp_pat
     a.db.execute("UPDATE programs SET source=? WHERE id=?", (sources[ids[2]], ids[1]))
     a.db.commit()
     assert choose(a, "tethered").program.id == ids[0]  # none tethered: the best seed
+    a.close()
+
+
+def test_guarded_keeps_a_child_only_if_it_beats_its_own_seed_clearly_and_stays_tethered(tmp_path):
+    """seed 10.0 -> 8.5 (15 %: within the CV's noise) -> 7.0 (30 %, but about twice the seed's step
+    times where users simulate): the seed stays; tethered, the 7.0 is kept; a 10 % margin keeps the 8.5."""
+    roofline = '"""r"""\nCONSTANTS = {{"o": 1500.0}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
+    ids = _lineage(tmp_path, [10.0, 8.5, 7.0])
+    a = Archive(tmp_path)
+    far = roofline.format(extra=" + f.weights + f.kv_read + f.gemm_pf")
+    near = roofline.format(extra=" + 0.1 * f.kv_read")
+    for pid, text in {ids[0]: roofline.format(extra=""), ids[1]: near, ids[2]: far}.items():
+        a.db.execute("UPDATE programs SET source=? WHERE id=?", (text, pid))
+    a.db.commit()
+    guarded = choose(a, "guarded")
+    assert guarded.program.id == ids[0] and "beat their own seed's by more than 20%" in guarded.describe()
+    assert choose(a, "guarded", 10.0).program.id == ids[1]
+    a.db.execute("UPDATE programs SET source=? WHERE id=?", (near, ids[2]))
+    a.db.commit()
+    assert choose(a, "guarded").program.id == ids[2]
+    # ranked by CV loss, a child whose seed has none cannot show it beats it: the best seed instead
+    _write_score(a, ids[2], 5.0, "lomo")
+    assert choose(a, "guarded").program.id == ids[0]
+    _write_score(a, ids[0], 7.0, "lomo")
+    assert choose(a, "guarded").program.id == ids[2]  # 5.0 beats the seed's 7.0 by 29 %
     a.close()

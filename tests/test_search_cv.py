@@ -14,7 +14,7 @@ from conftest import only_error_line
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.browse import opened
-from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
+from stepml_evolve.archive.deployment import DEFAULT_RULE, choose, own_seed
 from stepml_evolve.archive.map_elites import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.cli.app import app
@@ -129,7 +129,12 @@ def test_every_run_ends_with_its_front_cross_validated(tmp_path):
         chosen = choose(archive, DEFAULT_RULE)
     assert out["deployed"]["id"] == chosen.program.id and out["deployed"]["rule"] == DEFAULT_RULE
     assert "lowo CV loss" in out["deployed"]["why"]
-    assert not any(scores[p.id] for p in progs if p.id not in {q.id for q in front})
+    # and every fully evaluated seed (the guarded rule compares a program with its own seed)
+    by_id = {p.id: p for p in progs}
+    seeds = {p.id for p in progs if p.operator == "seed" and p.full}
+    assert {own_seed(p, by_id).id for p in front} <= seeds
+    assert all(s.protocol == "lowo" for i in seeds for s in scores[i]) and all(scores[i] for i in seeds)
+    assert not any(scores[p.id] for p in progs if p.id not in {q.id for q in front} | seeds)
     # a resume with nothing left to run scores nothing again (every front member has its score)
     db = sqlite3.connect(tmp_path / Archive.FILE)
     created = db.execute("SELECT program_id, created FROM cv_scores ORDER BY program_id").fetchall()

@@ -1,13 +1,14 @@
 """Deployment rules held out, on a finished worlds benchmark (`evolve bench --worlds --out DIR`).
 
 For every result of the benchmark (a world, a split, a search seed) this picks the program each
-deployment rule of archive/deployment.py would emit from that search's archive (and `tethered` at
-several factors, and, as the reference without a search, the seed with the lowest validation
-loss), scores every pick the result has not scored yet held out, exactly as the
+deployment rule of archive/deployment.py would emit from that search's archive today (and
+`tethered` at several factors, and, as the reference without a search, the seed with the lowest
+validation loss), scores every pick the result has not scored yet held out, exactly as the
 benchmark scores its winner (`evolve cv --protocol groups:split-NAME.yaml`: fitted on the train
 configurations, all requests of the held-out ones replayed), and prints per rule how often its pick
-beats or loses to the best fitted seed held out, and the geometric mean of the ratio. The scores
-are cached in DIR/selection-sweep.json, so a rerun only scores what is new.
+beats or loses to the best fitted seed held out and to the seed it descends from (the guide's test:
+a winner worse than its own seed outside the training data is a defect), and the geometric means
+of the ratios. The scores are cached in DIR/selection-sweep.json, so a rerun only scores what is new.
 
     python tools/selection_sweep.py --out bench-worlds [--factors 1.25,1.5,2] [--json]
 
@@ -22,7 +23,7 @@ import math
 from pathlib import Path
 
 from stepml_evolve.archive.browse import opened, run_programs
-from stepml_evolve.archive.deployment import RULES, best_seed, choose
+from stepml_evolve.archive.deployment import RULES, best_seed, choose, own_seed
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, make_folds
@@ -45,8 +46,11 @@ def sweep(out: Path, factors: list[float]) -> dict:
         with opened(archive_of(path)) as archive:
             picks = {rule: choose(archive, rule).program for rule in RULES}
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
+            programs = run_programs(archive)[1]
+            by_id = {p.id: p for p in programs}
+            seed_of = {rule: own_seed(p, by_id).operator_detail for rule, p in picks.items()}
             # no search at all: the seed a user would deploy from generation 0 (the lowest validation loss)
-            by_validation = best_seed(run_programs(archive)[1]).operator_detail
+            by_validation = best_seed(programs).operator_detail
         key = str(path.relative_to(out))
         scored = cache.setdefault(key, {})
         for _rule, held in result.rules:
@@ -68,12 +72,15 @@ def sweep(out: Path, factors: list[float]) -> dict:
                 "best_seed": held_out_best_seed,
                 **{r: scored[f"#{p.id}"] for r, p in picks.items()},
                 SEED_BY_VALIDATION: held_seeds[by_validation],
+                "own_seed": {r: held_seeds[seed_of[r]] for r in picks}
+                | {SEED_BY_VALIDATION: held_seeds[by_validation]},
             }
         )
     summary = {}
-    for rule in [k for k in rows[0] if k not in ("cell", "best_seed")] if rows else []:
+    for rule in [k for k in rows[0] if k not in ("cell", "best_seed", "own_seed")] if rows else []:
         ratios = [r[rule] / r["best_seed"] for r in rows]
         to_seed = [r[rule] / r[SEED_BY_VALIDATION] for r in rows]
+        to_own = [r[rule] / r["own_seed"][rule] for r in rows]
         summary[rule] = {
             "cells": len(rows),
             "beats_seed": sum(x < 1 for x in ratios),
@@ -83,6 +90,10 @@ def sweep(out: Path, factors: list[float]) -> dict:
             "better_than_validation_seed": sum(x < 1 for x in to_seed),
             "worse_than_validation_seed": sum(x > 1 for x in to_seed),
             "geomean_to_validation_seed": math.exp(sum(math.log(x) for x in to_seed) / len(to_seed)),
+            "better_than_own_seed": sum(x < 0.9999 for x in to_own),
+            "worse_than_own_seed": sum(x > 1.0001 for x in to_own),
+            "geomean_to_own_seed": math.exp(sum(math.log(x) for x in to_own) / len(to_own)),
+            "worst_to_own_seed": max(to_own),
         }
     return {"cells": rows, "rules": summary}
 
@@ -100,16 +111,18 @@ def main() -> None:
         print(json.dumps(report, indent=1))
         return
     for cell in report["cells"]:
-        print(cell["cell"], {k: round(v, 2) for k, v in cell.items() if k != "cell"})
+        print(cell["cell"], {k: round(v, 2) for k, v in cell.items() if k not in ("cell", "own_seed")})
     print(
         f"{'rule':18s} beats  worse  geomean  worst (pick's held-out loss over the best seed's) | "
-        "better  worse  geomean (over the seed by validation's)"
+        "better  worse  geomean (over the seed by validation's) | better  worse  geomean  worst (over its own seed's)"
     )
     for rule, s in report["rules"].items():
         print(
             f"{rule:18s} {s['beats_seed']:2d}/{s['cells']}  {s['worse_than_seed']:2d}/{s['cells']}  "
             f"{s['geomean_to_seed']:.3f}  {s['worst_to_seed']:.2f} | {s['better_than_validation_seed']:2d}/{s['cells']}  "
-            f"{s['worse_than_validation_seed']:2d}/{s['cells']}  {s['geomean_to_validation_seed']:.3f}"
+            f"{s['worse_than_validation_seed']:2d}/{s['cells']}  {s['geomean_to_validation_seed']:.3f} | "
+            f"{s['better_than_own_seed']:2d}/{s['cells']}  {s['worse_than_own_seed']:2d}/{s['cells']}  "
+            f"{s['geomean_to_own_seed']:.3f}  {s['worst_to_own_seed']:.2f}"
         )
 
 

@@ -229,13 +229,15 @@ def emit_go_cmd(
     program: str = typer.Argument(
         DEFAULT_RULE,
         help="A deployment rule, a program id from the archive, or a program file (.py). The rules rank "
-        "by CV loss (lomo, else lowo) when the archive has CV scores, else by validation loss: tethered "
-        "(the default: the lowest loss among programs whose step times stay within --within % over 1x "
-        "(default 50: 1.5x) of their seed's on 95 % of the floor's envelope, else the best seed), best "
-        "(the lowest loss), simplest (lowest complexity within --within % of best), lineage (best's "
-        "nearest ancestor each of whose steps gained more than --within %), anchored (best, unless it "
-        "beats the best seed's validation loss by at most --within %: then that seed), penalized (the "
-        "lowest loss plus its constants' distance from their priors).",
+        "by CV loss (lomo, else lowo) when the archive has CV scores, else by validation loss: guarded "
+        "(the default: the lowest loss among the seeds and the programs that beat their own seed's loss by "
+        "more than --within % (default 20) and whose step times stay within 1.5x of their seed's on 95 % of "
+        "the floor's envelope), tethered (the lowest loss among programs whose step times stay within "
+        "--within % over 1x (default 50: 1.5x) of their seed's on 95 % of the floor's envelope, else the "
+        "best seed), best (the lowest loss), simplest (lowest complexity within --within % of best), "
+        "lineage (best's nearest ancestor each of whose steps gained more than --within %), anchored "
+        "(best, unless it beats the best seed's validation loss by at most --within %: then that seed), "
+        "penalized (the lowest loss plus its constants' distance from their priors).",
     ),
     archive_dir: Path | None = typer.Option(
         None, "--archive", help="Archive directory (default: the newest under runs/)."
@@ -246,7 +248,7 @@ def emit_go_cmd(
         min=0.0,
         help="With simplest: percent over the best loss allowed; with lineage and anchored: the gain that "
         "counts (default 5); with tethered: how far over 1x of its seed's a program's step times may go "
-        "(default 50: 1.5x).",
+        "(default 50: 1.5x); with guarded: how much a program must beat its own seed's loss by (default 20).",
     ),
     out_path: Path | None = typer.Option(
         None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."

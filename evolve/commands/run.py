@@ -73,7 +73,7 @@ def score_front(
     summary: dict,
     say: Say = quiet,
 ) -> dict:
-    """Cross-validate the front members that have no score of `config.front_cv` yet (a resumed run
+    """Cross-validate the front members and the fully evaluated seeds that have no score of `config.front_cv` yet (a resumed run
     finishes what a killed one started), store the scores, and add them to the run's summary.
     Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
     protocol = config.front_cv
@@ -86,11 +86,17 @@ def score_front(
     def losses() -> dict[int, float | None]:  # program id -> its stored loss under the protocol
         return {s.program_id: s.loss for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol}
 
-    front = pareto_front(archive.programs(run_id))
+    programs = archive.programs(run_id)
+    front = pareto_front(programs)
+    # every fully evaluated seed too: the guarded rule compares a program with the seed it descends
+    # from, and falls back to the seeds, under the same CV
+    seeds = [p for p in programs if p.operator == "seed" and p.full]
     scored = losses()
-    missing = [p for p in front if p.id not in scored]
+    missing = list({p.id: p for p in [*front, *seeds] if p.id not in scored}.values())
     if missing:
-        say(f"cross-validating {len(missing)} front program(s), {protocol} (--front-cv none skips this)")
+        say(
+            f"cross-validating {len(missing)} program(s), the front and the seeds, {protocol} (--front-cv none skips this)"
+        )
         fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
         cross_validate_programs(archive, missing, loaded, engine, protocol, fit, say=say)
         scored = losses()

@@ -1,10 +1,10 @@
 """What `evolve emit-go` emits: the program (a program file, or an archive's program by id or by a
-deployment rule of archive/browse.py, RULES) with its header, written as gofmt-clean Go and,
+deployment rule of archive/deployment.py, RULES) with its header, written as gofmt-clean Go and,
 optionally, its Go parity test (`--blis`, which installs both into a BLIS checkout, is
 evolve/blis/install.py).
 
 The rules (archive.deployment.choose) rank by the lowest CV loss when any program of the run has one
-(protocol lomo, else lowo), else by validation loss; DEFAULT_RULE (tethered) is the default. The
+(protocol lomo, else lowo), else by validation loss; DEFAULT_RULE (guarded) is the default. The
 Go file's header names the rule, the losses and the program's CV scores."""
 
 from __future__ import annotations

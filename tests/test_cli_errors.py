@@ -135,6 +135,10 @@ def test_missing_or_empty_data_directory(program, tmp_path):
     alone(invoke("eval", program, "--data", tmp_path / "nowhere"), f"{tmp_path / 'nowhere'}: no such data directory")
     alone(invoke("data", "check", "--data", tmp_path / "nowhere"), "no such data directory")
     alone(invoke("bench", "--data", tmp_path / "nowhere", "--skip-fit"), "no such data directory")
+    (tmp_path / "ref.json").write_text("{not json")
+    alone(invoke("bench", "--skip-fit", "--reference", tmp_path / "ref.json"), f"{tmp_path / 'ref.json'}: not JSON")
+    (tmp_path / "ref.json").write_text('{"data": "x"}')
+    alone(invoke("bench", "--skip-fit", "--reference", tmp_path / "ref.json"), "no figure of evolve bench --json")
     (tmp_path / "empty").mkdir()
     alone(invoke("fit", program, "--data", tmp_path / "empty"), "no experiment directories found")
 

@@ -170,6 +170,12 @@ def bench_cmd(
         "--out",
         help="With --worlds: a new directory for the worlds' data, split files, search archives and results.",
     ),
+    reference: Path | None = typer.Option(
+        None,
+        "--reference",
+        help="An earlier `evolve bench --json` output: also report each timing figure (replay, evaluation, "
+        "fits, generation 0, seconds per generation, the --cv ratio) as a ratio against it (above 1: slower).",
+    ),
     resume: bool = typer.Option(
         False,
         "--resume",
@@ -236,15 +242,18 @@ def bench_cmd(
         search_cv=None if search_cv == "none" else search_cv,
         baseline=baseline,
         seed_fit_evals=seed_fit_evals,
+        reference=reference,
     )
     if as_json:
         print(dumps(figures))
     else:
         for k, v in figures.items():
-            if k != "fits":
+            if k not in ("fits", "against_reference"):
                 out.print(f"{k:24s} {v}")
         for row in figures.get("fits") or []:
             out.print(
                 f"fit {row['seed']:18s} {row['method']:13s} {row['fit_s']:8.1f} s {row['replays']:6d} replays  "
                 f"train loss {row['train_loss']}"
             )
+        for name, row in (figures.get("against_reference") or {}).get("figures", {}).items():
+            out.print(f"{name:24s} {row['value']} against {row['reference']}: {row['ratio']}x")

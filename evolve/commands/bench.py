@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -20,6 +21,48 @@ from stepml_evolve.seeds import seed_path, seed_paths
 from .evaluation_setup import Say
 
 BENCH_PROGRAM = "roofline"
+
+# the figures `--reference` compares, in seconds (a ratio above 1: slower than the reference)
+# but the --cv ratio, itself a ratio of seconds
+REFERENCE_FIGURES = (
+    "replay_s_largest",
+    "full_eval_s",
+    "quick_fit_s",
+    "fit_s",
+    "generation_0_s",
+    "generation_s_mean",
+    "cv_generation_ratio",
+)
+
+
+class BenchReferenceError(UserError):
+    """A --reference file that is not an earlier `evolve bench --json` output."""
+
+
+def read_reference(path: Path) -> dict:
+    """An earlier `evolve bench --json` output; BenchReferenceError naming the file otherwise."""
+    try:
+        figures = json.loads(path.read_text())
+    except OSError as e:
+        raise BenchReferenceError(f"{path}: cannot read the reference ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise BenchReferenceError(f"{path}: not JSON (line {e.lineno}): write one with evolve bench --json") from None
+    if not isinstance(figures, dict) or not any(isinstance(figures.get(k), (int, float)) for k in REFERENCE_FIGURES):
+        raise BenchReferenceError(
+            f"{path}: no figure of evolve bench --json in it (one of {', '.join(REFERENCE_FIGURES)})"
+        )
+    return figures
+
+
+def against_reference(figures: dict, reference: dict) -> dict:
+    """Each timing figure measured now and in the reference: both values and now / reference
+    (figures either run skipped are left out)."""
+    out = {}
+    for name in REFERENCE_FIGURES:
+        now, then = figures.get(name), reference.get(name)
+        if isinstance(now, (int, float)) and isinstance(then, (int, float)) and then > 0:
+            out[name] = {"value": now, "reference": then, "ratio": round(now / then, 3)}
+    return out
 
 
 def default_bench_data() -> Path | None:
@@ -219,7 +262,11 @@ def run_bench(
     search_cv: str | None = None,
     baseline: bool = False,
     seed_fit_evals: int | None = None,
+    reference: Path | None = None,
 ) -> dict:
+    """The throughput figures; with `reference` (an earlier `evolve bench --json` output), also each
+    timing figure against it (`against_reference`), so a regression shows in one command."""
+    earlier = read_reference(reference) if reference is not None else None  # a bad file fails before any timing
     loaded = load_data(data if data is not None else default_bench_data())
     exps = loaded.experiments
     prog = load_program(seed_path(BENCH_PROGRAM))
@@ -277,4 +324,13 @@ def run_bench(
             figures["blis_vs_tool"] = None
         else:
             figures.update(blis_vs_tool(Path(blis), Path(loaded.directory), say))
+    if earlier is not None:
+        compared = against_reference(figures, earlier)
+        figures["against_reference"] = {"file": str(reference), "data": earlier.get("data"), "figures": compared}
+        if earlier.get("data") != figures["data"]:
+            say(f"note: the reference {reference} was measured on {earlier.get('data')}, not {figures['data']}")
+        say(
+            f"against {reference}: "
+            + (", ".join(f"{k} {v['ratio']}x" for k, v in compared.items()) or "no figure measured in both")
+        )
     return figures

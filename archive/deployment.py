@@ -157,14 +157,24 @@ def _guarded(cands: list, programs: list[ProgramRecord], within: float):
     by_id = {p.id: p for p in programs}
     loss_of = {p.id: v for p, v in cands}
     tethers = _Tethers(programs)
-    for program, loss in sorted(cands, key=lambda c: (c[1], c[0].id)):
+
+    def qualifies(program: ProgramRecord, loss: float) -> bool:
         seed = own_seed(program, by_id)
         if seed.id == program.id:
-            return program, loss
-        if loss < loss_of.get(seed.id, -math.inf) * (1 - within / 100) and tethers(program) <= TETHER_FACTOR:
+            return True
+        return loss < loss_of.get(seed.id, -math.inf) * (1 - within / 100) and tethers(program) <= TETHER_FACTOR
+
+    return _lowest_qualifying(cands, programs, qualifies)
+
+
+def _lowest_qualifying(cands: list, programs: list[ProgramRecord], qualifies):
+    """The lowest-loss candidate (ties: the older) that `qualifies(program, loss)`; if none does, the
+    best fully evaluated seed by validation loss, with its loss of the candidates' kind if it has one."""
+    for program, loss in sorted(cands, key=lambda c: (c[1], c[0].id)):
+        if qualifies(program, loss):
             return program, loss
     seed = best_seed(programs)
-    return seed, loss_of.get(seed.id, seed.val_loss)
+    return seed, {p.id: v for p, v in cands}.get(seed.id, seed.val_loss)
 
 
 class _Tethers:
@@ -217,11 +227,7 @@ def _tethered(cands: list, programs: list[ProgramRecord], factor: float = TETHER
     """The lowest loss among programs tethered to their seed (`tether` at most `factor`); if none is,
     the best fully evaluated seed by validation loss (a seed is its own tether)."""
     tethers = _Tethers(programs)
-    for c in sorted(cands, key=lambda c: (c[1], c[0].id)):
-        if tethers(c[0]) <= factor:
-            return c
-    seed = best_seed(programs)
-    return seed, dict((p.id, v) for p, v in cands).get(seed.id, seed.val_loss)
+    return _lowest_qualifying(cands, programs, lambda program, _loss: tethers(program) <= factor)
 
 
 def _prior_distance(p: ProgramRecord) -> float:

@@ -2,7 +2,7 @@
 
 For every result of the benchmark (a world, a split, a search seed) this picks the program each
 deployment rule of archive/deployment.py would emit from that search's archive today (and
-`tethered` at several factors, and, as the reference without a search, the seed with the lowest
+`tethered` at several factors, `guarded` at several margins, and, as the reference without a search, the seed with the lowest
 validation loss), scores every pick the result has not scored yet held out, exactly as the
 benchmark scores its winner (`evolve cv --protocol groups:split-NAME.yaml`: fitted on the train
 configurations, all requests of the held-out ones replayed), and prints per rule how often its pick
@@ -10,7 +10,7 @@ beats or loses to the best fitted seed held out and to the seed it descends from
 a winner worse than its own seed outside the training data is a defect), and the geometric means
 of the ratios. The scores are cached in DIR/selection-sweep.json, so a rerun only scores what is new.
 
-    python tools/selection_sweep.py --out bench-worlds [--factors 1.25,1.5,2] [--json]
+    python tools/selection_sweep.py --out bench-worlds [--factors 1.25,1.5,2] [--margins 10,15,25,30] [--json]
 
 docs/results/physics.md ("Which program a search should deploy") cites it.
 """
@@ -36,7 +36,7 @@ CACHE = "selection-sweep.json"
 SEED_BY_VALIDATION = "seed by validation"  # the reference without a search
 
 
-def sweep(out: Path, factors: list[float]) -> dict:
+def sweep(out: Path, factors: list[float], margins: list[float]) -> dict:
     cache_path = out / CACHE
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rows = []
@@ -46,6 +46,7 @@ def sweep(out: Path, factors: list[float]) -> dict:
         with opened(archive_of(path)) as archive:
             picks = {rule: choose(archive, rule).program for rule in RULES}
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
+            picks |= {f"guarded {m:g}%": choose(archive, "guarded", m).program for m in margins}
             programs = run_programs(archive)[1]
             by_id = {p.id: p for p in programs}
             seed_of = {rule: own_seed(p, by_id).operator_detail for rule, p in picks.items()}
@@ -104,9 +105,10 @@ def main() -> None:
         "--out", type=Path, required=True, help="The benchmark's directory (evolve bench --worlds --out)."
     )
     parser.add_argument("--factors", default="1.25,1.5,2", help="tethered's factors to try, comma-separated.")
+    parser.add_argument("--margins", default="10,15,25,30", help="guarded's margins (%%) to try, comma-separated.")
     parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
     args = parser.parse_args()
-    report = sweep(args.out, [float(x) for x in args.factors.split(",")])
+    report = sweep(args.out, [float(x) for x in args.factors.split(",")], [float(x) for x in args.margins.split(",")])
     if args.json:
         print(json.dumps(report, indent=1))
         return

@@ -13,6 +13,7 @@ from .archive_commands import archive_app
 from .bench_command import bench_cmd
 from .console import CommandGroup, err
 from .data_commands import data_app
+from .memory import keep_freed_memory
 from .program_commands import blis_compare_cmd, cv_cmd, emit_go_cmd, eval_cmd, fit_cmd
 from .run_command import run_cmd
 
@@ -37,6 +38,7 @@ for name, command in (
 
 
 def main() -> None:
+    keep_freed_memory()
     try:
         app()
     except KeyboardInterrupt:

@@ -16,8 +16,9 @@ import collections
 
 import numpy as np
 
-from stepml_evolve.archive.map_elites import cell_of, elites, pareto_front
+from stepml_evolve.archive.map_elites import AddStatus, Elites, cell_of, elites, pareto_front
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evolve.search.settings import SearchConfig
 
 
 def main() -> None:
@@ -84,6 +85,43 @@ def main() -> None:
         (4, "child's screening loss at its full-fit constants / elite's (known after the full fit)"),
     ):
         print(f"  {_rank_correlation(r[:, i], r[:, 2]):+.2f}  {what}")
+    _first_and_second(programs)
+
+
+def _first_and_second(programs: list) -> None:
+    """In the generations that promoted two children: what the first in promotion order (children
+    improving on an elite before children opening a cell, then by quick loss over the reference
+    they beat) bought against the second; what a limit of one promotion a generation would keep."""
+    by_generation = collections.defaultdict(list)
+    for p in programs:
+        if p.operator != "seed" and p.stage == "full":
+            by_generation[p.generation].append(p)
+    bought: collections.Counter = collections.Counter()
+    pairs = 0
+    for g, promoted in by_generation.items():
+        if len(promoted) != 2:
+            continue
+        pairs += 1
+        before = [q for q in programs if q.generation < g]
+        now = Elites.of(before)
+        best = min(q.val_loss for q in before if q.full)
+        ranked = []
+        for p in promoted:
+            status, rank = now.status(p.complexity, p.n_components, p.quick_loss, SearchConfig.promote_margin)
+            ranked.append(((status is not AddStatus.IMPROVES, rank), p))
+        ranked.sort(key=lambda t: t[0])
+        for place, (_, p) in zip(("first", "second"), ranked):
+            elite = now.grid.get(cell_of(p.complexity, p.n_components))
+            front = [q.val_loss for q in now.front if q.complexity <= p.complexity]
+            bought[place, "beat the elite"] += elite is None or p.val_loss < elite.val_loss
+            bought[place, "entered the front"] += not front or p.val_loss < min(front)
+            bought[place, "new best"] += p.val_loss < best
+    print(f"{pairs} generations promoted two children; what each bought, by promotion order:")
+    for place in ("first", "second"):
+        print(
+            f"  {place}: "
+            + ", ".join(f"{what} {bought[place, what]}" for what in ("beat the elite", "entered the front", "new best"))
+        )
 
 
 def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:

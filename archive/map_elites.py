@@ -90,14 +90,22 @@ class Elites:
         """Where a candidate with this screening loss would stand, compared like with like with the
         screening losses of the archived programs: (status, its loss over the reference it beats;
         for a new cell its own loss)."""
-        cell = cell_of(complexity, n_components)
-        if cell not in self.grid:
+        if cell_of(complexity, n_components) not in self.grid:
             return AddStatus.NEW_CELL, screen_loss
-        # to enter the grid it must beat its cell's elite; to enter the front, every simpler program
-        front_refs = [p.screen_loss for p in self.front if p.complexity <= complexity and p.screen_loss is not None]
-        refs = [min(front_refs)] if front_refs else []
-        if self.grid[cell].screen_loss is not None:
-            refs.append(self.grid[cell].screen_loss)
-        if refs and screen_loss < max(refs) * (1 + margin):
-            return AddStatus.IMPROVES, screen_loss / max(refs)
+        ref = self.reference(complexity, n_components)
+        if ref is not None and screen_loss < ref.screen_loss * (1 + margin):
+            return AddStatus.IMPROVES, screen_loss / ref.screen_loss
         return AddStatus.NOT_ADDED, math.nan
+
+    def reference(self, complexity: int, n_components: int) -> ProgramRecord | None:
+        """The program `status` compares a candidate of this cell with: to enter the grid it must
+        beat its cell's elite, to enter the front every simpler program, so the easier of the two
+        (the higher screening loss). None: an empty cell, or no screening loss to compare with."""
+        elite = self.grid.get(cell_of(complexity, n_components))
+        if elite is None:
+            return None
+        simpler = [p for p in self.front if p.complexity <= complexity and p.screen_loss is not None]
+        refs = [min(simpler, key=lambda p: p.screen_loss)] if simpler else []
+        if elite.screen_loss is not None:
+            refs.append(elite)
+        return max(refs, key=lambda p: p.screen_loss) if refs else None

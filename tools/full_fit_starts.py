@@ -2,8 +2,8 @@
 of a finished run, a few generations re-run while every full fit's history is recorded (the loss
 at its start, the screening constants on every experiment's training window, then after each
 closed-loop evaluation); then, for each promoted child, its start loss over the reference its
-promotion had to beat (the train loss of the harder of its cell's elite and the best simpler
-front member, as promotion compares them on the screening windows) and what the full fit bought:
+promotion had to beat (the train loss of the program promotion compared its quick loss with,
+`Elites.reference`) and what the full fit bought (promotion_outcomes.bought):
 beat the elite, entered the front, a new best. The table says which stopping factors would have
 ended hopeless fits after one evaluation and which of them would have cost a gain.
 
@@ -27,11 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stepml_evolve.archive.map_elites import Elites, cell_of, pareto_front
+from stepml_evolve.archive.map_elites import Elites, cell_of
 from stepml_evolve.archive.store import Archive
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
+from promotion_outcomes import bought  # noqa: E402
 from screening_variants import cut_back  # noqa: E402
 
 TRACES = "full_fit_traces.jsonl"
@@ -87,27 +88,20 @@ def outcomes(copy: Path, cut: int) -> list[dict]:
     for p in programs:
         if p.generation <= cut or p.stage != "full" or p.source_hash not in traces:
             continue
-        before = [q for q in programs if q.generation < p.generation]
-        elites = Elites.of(before)
-        cell = cell_of(p.complexity, p.n_components)
-        elite = elites.grid.get(cell)
-        front = [q for q in pareto_front(before) if q.complexity <= p.complexity]
-        refs = [min(front, key=lambda q: q.val_loss)] if front else []
-        if elite is not None:
-            refs.append(elite)
+        now = Elites.of([q for q in programs if q.generation < p.generation])
+        ref = now.reference(p.complexity, p.n_components)
         history = traces[p.source_hash]["history"]
         start = history[0][1] if history else math.nan
-        reference = max((q.train_loss for q in refs), default=math.nan)
-        best = min(q.val_loss for q in before if q.full)
+        gains = bought(p, now)
         rows.append(
             {
                 "generation": p.generation,
-                "start_over_reference": start / reference,
+                # a child opening a cell had no reference to beat
+                "start_over_reference": start / ref.train_loss if ref is not None else math.nan,
                 "final_over_start": p.train_loss / start,
-                "beat_elite": elite is None or p.val_loss < elite.val_loss,
-                "new_cell": elite is None,
-                "front": not front or p.val_loss < min(q.val_loss for q in front),
-                "best": p.val_loss < best,
+                "new_cell": now.grid.get(cell_of(p.complexity, p.n_components)) is None,
+                "gain": any(gains.values()),
+                **{what.replace(" ", "_"): yes for what, yes in gains.items()},
             }
         )
         own = traces[p.source_hash].get("own_history")
@@ -158,19 +152,23 @@ def main() -> None:
             (copy / "done").touch()
         rows += outcomes(copy, g)
     ratio = np.array([r["start_over_reference"] for r in rows])
-    gains = np.array([r["beat_elite"] or r["front"] or r["best"] for r in rows])
+    gains = np.array([r["gain"] for r in rows])
     print(f"{len(rows)} promoted children, {int(gains.sum())} beat their elite, entered the front or set a new best")
     print(
-        f"start loss / reference: median {np.median(ratio):.2f}; final train / start: median "
+        f"start loss / reference: median {np.nanmedian(ratio):.2f} (children opening a cell have none and are never stopped); final train / start: median "
         f"{np.median([r['final_over_start'] for r in rows]):.2f}, lowest {min(r['final_over_start'] for r in rows):.2f}"
     )
     print("factor | fits stopped after one evaluation | of them a gain (elite, front, best)")
     for k in (float(x) for x in args.factors.split(",")):
         stop = ratio > k
-        lost = [r for r, s in zip(rows, stop) if s and (r["beat_elite"] or r["front"] or r["best"])]
+        lost = [r for r, s in zip(rows, stop) if s and r["gain"]]
         print(
             f"{k:g} | {int(stop.sum())} of {len(rows)} | {len(lost)}"
-            + (f" (front {sum(r['front'] for r in lost)}, best {sum(r['best'] for r in lost)})" if lost else "")
+            + (
+                f" (front {sum(r['entered_the_front'] for r in lost)}, best {sum(r['new_best'] for r in lost)})"
+                if lost
+                else ""
+            )
         )
     both = [r for r in rows if "own_start_over_start" in r]
     if both:

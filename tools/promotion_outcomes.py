@@ -16,7 +16,7 @@ import collections
 
 import numpy as np
 
-from stepml_evolve.archive.map_elites import AddStatus, Elites, cell_of, elites, pareto_front
+from stepml_evolve.archive.map_elites import AddStatus, Elites, cell_of
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evolve.search.settings import SearchConfig
 
@@ -35,15 +35,12 @@ def main() -> None:
     promoted = [p for p in programs if p.operator != "seed" and p.stage == "full"]
     by_id = {p.id: p for p in programs}
     for p in promoted:
-        before = [q for q in programs if q.generation < p.generation]
-        elite = elites(before).get(cell_of(p.complexity, p.n_components))
-        front = [q.val_loss for q in pareto_front(before) if q.complexity <= p.complexity]
-        best = min(q.val_loss for q in before if q.full)
+        now = Elites.of([q for q in programs if q.generation < p.generation])
+        elite = now.grid.get(cell_of(p.complexity, p.n_components))
         kind = "opened a cell" if elite is None else "against an elite"
         outcomes[kind, "promoted"] += 1
-        outcomes[kind, "beat the elite"] += elite is None or p.val_loss < elite.val_loss
-        outcomes[kind, "entered the front"] += not front or p.val_loss < min(front)
-        outcomes[kind, "new best"] += p.val_loss < best
+        for what, yes in bought(p, now).items():
+            outcomes[kind, what] += yes
         if elite is not None and elite.quick_loss and elite.screen_loss:
             parent = min((by_id[i].val_loss for i in p.parents if by_id[i].val_loss is not None), default=np.nan)
             ratios.append(
@@ -57,13 +54,7 @@ def main() -> None:
             )
     print(f"{len(promoted)} promoted children")
     for kind in ("against an elite", "opened a cell"):
-        print(
-            f"  {kind}: "
-            + ", ".join(
-                f"{what} {outcomes[kind, what]}"
-                for what in ("promoted", "beat the elite", "entered the front", "new best")
-            )
-        )
+        print(f"  {kind}: " + ", ".join(f"{what} {outcomes[kind, what]}" for what in ("promoted", *GAINS)))
     r = np.array(ratios).reshape(-1, 5)
     print(
         f"{len(r)} against an elite with a quick loss of its own: child quick / elite screening loss, median "
@@ -96,32 +87,42 @@ def _first_and_second(programs: list) -> None:
     for p in programs:
         if p.operator != "seed" and p.stage == "full":
             by_generation[p.generation].append(p)
-    bought: collections.Counter = collections.Counter()
+    by_place: collections.Counter = collections.Counter()
     pairs = 0
     for g, promoted in by_generation.items():
         if len(promoted) != 2:
             continue
         pairs += 1
-        before = [q for q in programs if q.generation < g]
-        now = Elites.of(before)
-        best = min(q.val_loss for q in before if q.full)
+        now = Elites.of([q for q in programs if q.generation < g])
         ranked = []
         for p in promoted:
             status, rank = now.status(p.complexity, p.n_components, p.quick_loss, SearchConfig.promote_margin)
             ranked.append(((status is not AddStatus.IMPROVES, rank), p))
         ranked.sort(key=lambda t: t[0])
         for place, (_, p) in zip(("first", "second"), ranked):
-            elite = now.grid.get(cell_of(p.complexity, p.n_components))
-            front = [q.val_loss for q in now.front if q.complexity <= p.complexity]
-            bought[place, "beat the elite"] += elite is None or p.val_loss < elite.val_loss
-            bought[place, "entered the front"] += not front or p.val_loss < min(front)
-            bought[place, "new best"] += p.val_loss < best
+            for what, yes in bought(p, now).items():
+                by_place[place, what] += yes
     print(f"{pairs} generations promoted two children; what each bought, by promotion order:")
     for place in ("first", "second"):
-        print(
-            f"  {place}: "
-            + ", ".join(f"{what} {bought[place, what]}" for what in ("beat the elite", "entered the front", "new best"))
+        print(f"  {place}: " + ", ".join(f"{what} {by_place[place, what]}" for what in GAINS))
+
+
+GAINS = ("beat the elite", "entered the front", "new best")
+
+
+def bought(p, now: Elites) -> dict[str, bool]:
+    """What promoted child `p`'s full fit bought against the archive before it (`now`): it beat its
+    cell's elite (or opened the cell), entered the front (beat every simpler member), set a new best
+    (by validation loss)."""
+    elite = now.grid.get(cell_of(p.complexity, p.n_components))
+    front = [q.val_loss for q in now.front if q.complexity <= p.complexity]
+    best = min(q.val_loss for q in now.grid.values())
+    return dict(
+        zip(
+            GAINS,
+            (elite is None or p.val_loss < elite.val_loss, not front or p.val_loss < min(front), p.val_loss < best),
         )
+    )
 
 
 def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,11 +1,12 @@
 """The allocator setting of the command line's long jobs (glibc only; elsewhere nothing changes).
 
 A replay, a trajectory model and a surrogate step allocate and free arrays of a few hundred KB to
-a few MB thousands of times a generation. glibc serves each from a fresh mmap and returns it on
-free, so every one costs page faults (2.3 million in four generations on the real data, a fifth
-of the process's CPU in the kernel). Serving arrays up to 32 MB from the heap and keeping up to
-256 MB of freed heap cut the faults 2.5x and a generation's wall time by about 5 % (docs/HISTORY.md,
-"Fewer page faults"), for about as much resident memory. Results do not change.
+tens of MB thousands of times a generation. glibc hands freed heap above its adaptive trim
+threshold back to the kernel, so the next arrays fault their pages in again (1.8-2.3 million
+faults in four generations on the real data, a fifth of the process's CPU in the kernel). Serving
+arrays up to 32 MB from the heap and keeping up to 256 MB of freed heap cut the faults about 2x
+and a generation's wall time by about 5 % (docs/HISTORY.md, "Fewer page faults: the allocator
+keeps freed arrays"), for the same resident memory. Results do not change.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ measured them held out), and why, as a `Choice`."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from .browse import BrowseError, _finite, cv_by_program, preferred_protocol, run_programs
 from .map_elites import scored
-from .records import ProgramRecord
+from .records import CVScoreRecord, ProgramRecord
 from .store import Archive
 
 RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered", "guarded")  # emit-go's rules (`choose`)
@@ -43,6 +44,8 @@ class Choice:
     best_loss: float
     candidates: int  # programs that have a loss of that kind
     within: float | None = None  # simplest: percent over the best loss allowed; lineage, anchored: the gain that counts
+    cv_settings: str = ""  # the fold fits' settings every ranked CV loss shares ("seed 7, max-evals 8")
+    left_out: int = 0  # cross-validated programs left out: their scores have other settings
 
     @property
     def loss_name(self) -> str:
@@ -51,7 +54,8 @@ class Choice:
     def describe(self) -> str:
         """One line: which rule, which loss, which program (for stderr and the Go file's header)."""
         pool = (
-            f"{self.candidates} cross-validated programs"
+            f"{self.candidates} programs cross-validated with {self.cv_settings}"
+            + (f"; {self.left_out} scored with other settings left out" if self.left_out else "")
             if self.protocol
             else f"{self.candidates} fully evaluated programs, none cross-validated"
         )
@@ -109,12 +113,11 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     run, programs = run_programs(archive)
     cv = cv_by_program(archive, run.id)
     protocol = preferred_protocol(cv, {p.id for p in programs})
+    settings, left_out = "", 0
     if protocol:
-        cands = [
-            (p, cv[p.id][protocol].loss)
-            for p in programs
-            if protocol in cv.get(p.id, {}) and _finite(cv[p.id][protocol].loss)
-        ]
+        scores = {p.id: cv[p.id][protocol] for p in programs if _finite(cv.get(p.id, {}).get(protocol, _NONE).loss)}
+        scores, settings, left_out = comparable(scores)
+        cands = [(p, scores[p.id].loss) for p in programs if p.id in scores]
     else:
         cands = [(p, p.val_loss) for p in scored(programs)]
     if not cands:
@@ -136,7 +139,31 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
         factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
         chosen, loss = _tethered(cands, programs, factor)
         within = (factor - 1) * 100
-    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within if rule != "best" else None)
+    within = within if rule != "best" else None
+    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out)
+
+
+_NONE = CVScoreRecord(program_id=0, protocol="")  # no score: its loss is None
+
+
+def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:
+    """The scores a rule may rank against each other, the settings they share (in words) and how many
+    scores are left out: a CV loss depends on its fold fits' budget and seed as much as on the program
+    (on the real data the regime_switch seed's LOMO loss is 742 at seed 0 and the default budget,
+    2,822 at seed 7 and 8 evaluations a fold), so only scores of one setting are ranked: the setting most programs were
+    scored with (the run's own CV scores its front and their seeds alike; ties: the newest score's)."""
+    groups: dict[str, dict[int, CVScoreRecord]] = {}
+    for pid, s in scores.items():
+        groups.setdefault(json.dumps(s.settings(), sort_keys=True), {})[pid] = s
+    if not groups:
+        return {}, "", 0
+    kept = max(groups.values(), key=lambda g: (len(g), max(s.created for s in g.values())))
+    return kept, _settings_words(next(iter(kept.values()))), len(scores) - len(kept)
+
+
+def _settings_words(s: CVScoreRecord) -> str:
+    budget = f"max-evals {s.max_evals}" if s.max_evals else "the default budget"
+    return f"seed {s.seed}, {budget}, {s.method or 'the default method'}, {s.objective}"
 
 
 def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> ProgramRecord:

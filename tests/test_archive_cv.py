@@ -354,6 +354,33 @@ def test_rules_fall_back_to_validation_loss_and_prefer_lomo_over_lowo(tmp_path):
     a.close()
 
 
+def test_rules_rank_only_cv_losses_of_one_setting(tmp_path):
+    """A CV loss depends on its fold fits' budget and seed: a program scored with other settings than
+    the rest is left out of the ranking, however low its loss, and the rule says so."""
+    ids = _hand_built(tmp_path, [(10, 9.0), (20, 8.8), (30, 8.0)])
+    a = Archive(tmp_path)
+    _write_score(a, ids[0], 5.0)
+    _write_score(a, ids[1], 7.0)
+    a.write_cv_record(CVScoreRecord(program_id=ids[2], protocol="lomo", loss=1.0, seed=7, max_evals=8, created=1.0))
+    c = choose(a, "best")
+    assert (c.program.id, c.candidates, c.left_out) == (ids[0], 2, 1)
+    assert "2 programs cross-validated with seed 0, max-evals 4" in c.describe()
+    assert "1 scored with other settings left out" in c.describe()
+    # a rescore moves a program to the other setting, which now holds more programs
+    a.write_cv_record(CVScoreRecord(program_id=ids[1], protocol="lomo", loss=3.0, seed=7, max_evals=8, created=2.0))
+    c = choose(a, "best")
+    assert (c.program.id, c.loss, c.candidates, c.left_out) == (ids[2], 1.0, 2, 1)
+    assert "seed 7, max-evals 8" in c.describe()
+    a.close()
+    # as many programs under each setting: the newest score's setting ranks
+    ids = _hand_built(tmp_path / "tie", [(10, 9.0), (20, 8.8)])
+    a = Archive(tmp_path / "tie")
+    a.write_cv_record(CVScoreRecord(program_id=ids[0], protocol="lomo", loss=1.0, seed=0, created=5.0))
+    a.write_cv_record(CVScoreRecord(program_id=ids[1], protocol="lomo", loss=2.0, seed=7, created=9.0))
+    assert (choose(a, "best").program.id, choose(a, "best").left_out) == (ids[1], 1)
+    a.close()
+
+
 def test_a_score_replaces_the_protocols_earlier_one_with_its_rows(tmp_path):
     (pid,) = _hand_built(tmp_path, [(10, 9.0)])
     a = Archive(tmp_path)

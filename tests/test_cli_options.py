@@ -17,6 +17,7 @@ RUN_OPTIONS = {
     "--children": "children",
     "--quick-evals": "quick_evals",
     "--quick-surrogate": "quick_surrogate",
+    "--quick-window": "quick_window",
     "--full-fit-evals": "full_fit_evals",
     "--max-promotions": "max_promotions",
     "--islands": "islands",

@@ -228,7 +228,7 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
     legacy = [*base, "--fit-method", "cmaes", "--units", "off", "--prompt-reuse", "system-prompt"]
     res = CliRunner().invoke(app, legacy)  # and the trust region of a promoted child's fit
     assert res.exit_code == 2, res.output
-    assert "full-fit-candidates: run 3, now 1; full-fit-surrogate: run None, now 150" in res.stderr, res.output
+    assert "full-fit-candidates: run 3, now 1; full-fit-surrogate: run None, now 60" in res.stderr, res.output
     assert "quick-surrogate: run None, now 80" in res.stderr, res.output  # the screening fits' budget before 80
     # the error ends with the flags that give the run's settings, and they resume it
     hint = res.stderr.strip().rsplit("(", 1)[1].rstrip(")").split()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from stepml_evolve.evaluator.data.experiments import SPLITS
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
@@ -108,3 +109,24 @@ def test_screening_fits_search_their_surrogate_with_80_evaluations_unless_told_o
             screened[budget] = cand.constants
     assert SearchConfig.quick_surrogate == 80
     assert screened[80] != screened[None]
+
+
+def test_screening_replays_the_share_of_requests_quick_window_says(synthetic):
+    """--quick-window sets how much of each screening experiment a screening fit replays (the first
+    requests), and a shorter window screens the same child to another loss."""
+    program = load_program(seed_path("roofline"))
+    losses = {}
+    with ReplayPool(synthetic.experiments) as engine:
+        for window in (SearchConfig.quick_window, 0.15):
+            cascade = Cascade(synthetic, engine, SearchConfig(seed=3, quick_window=window))
+            full = {e.name: e for e in synthetic.experiments}
+            for e in cascade.screen_exps:
+                whole = full[e.name]
+                cut = max(1, int(whole.n_requests * window))
+                scored = e.split < len(SPLITS)
+                assert not scored[cut:].any() and (scored[:cut] == (whole.split[:cut] < len(SPLITS))).all()
+            cand = Candidate(program, Proposal(program.source, "seed", []), None, 0)
+            cascade.screen([(cand, (1, 0))])
+            losses[window] = cand.quick_loss
+    assert SearchConfig.quick_window == 0.3
+    assert losses[0.3] != losses[0.15]

@@ -5,10 +5,14 @@ closed-loop evaluation); then, for each promoted child, its start loss over the 
 promotion had to beat (the train loss of the program promotion compared its quick loss with,
 `Elites.reference`) and what the full fit bought (promotion_outcomes.bought):
 beat the elite, entered the front, a new best. The table says which stopping factors would have
-ended hopeless fits after one evaluation and which of them would have cost a gain.
+ended hopeless fits after one evaluation and which of them would have cost a gain. With
+--surrogate N,..., each promoted child's full fit is also run with N surrogate evaluations per
+trust-region iteration (for comparison only; the run keeps its own), and its final train loss
+and the fitting thread's CPU (the surrogate steps and the driver; the replays run on the pool's
+threads) are compared with the run's fit.
 
     python tools/full_fit_starts.py ARCHIVE --data ../shared/data/replay --at 100,250,400 \
-        --generations 8 --work DIR
+        --generations 8 --work DIR [--own-start] [--surrogate 100,60]
 
 Copies cut back to each generation go to --work (default: a temporary directory); a copy
 already run there is not run again.
@@ -17,12 +21,14 @@ already run there is not run again.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +44,11 @@ from screening_variants import cut_back  # noqa: E402
 TRACES = "full_fit_traces.jsonl"
 
 
-def record(out: Path, evolve_args: list[str], own_start: bool = False) -> None:
+def record(out: Path, evolve_args: list[str], own_start: bool = False, surrogates: tuple[int, ...] = ()) -> None:
     """Run `evolve` with every promoted child's full-fit history appended to `out` (own_start: and
     the history of the same fit started from the child's own constants instead of its screening
-    fit's, which the run does not use)."""
+    fit's, which the run does not use; surrogates: and the final loss and fitting-thread CPU of
+    the same fit with each number of surrogate evaluations per iteration)."""
     from stepml_evolve.evolve.cli import main
     from stepml_evolve.evolve.search import cascade
 
@@ -50,9 +57,16 @@ def record(out: Path, evolve_args: list[str], own_start: bool = False) -> None:
     fit, full_fit = cascade.fit, cascade.Cascade._full_fit
 
     def traced_fit(program, *args, **kwargs):
+        cpu = time.thread_time()
         res = fit(program, *args, **kwargs)
+        cpu = time.thread_time() - cpu
         if getattr(inside, "full", False):
-            line = {"hash": cascade.structure_hash(program), "history": res.history, "loss": res.loss}
+            line = {"hash": cascade.structure_hash(program), "history": res.history, "loss": res.loss, "cpu": cpu}
+            exps, engine, config = args[:3]
+            for n in surrogates:  # the same fit with another surrogate budget, for comparison only
+                cpu = time.thread_time()
+                other = fit(program, exps, engine, dataclasses.replace(config, surrogate_evals=n), **kwargs)
+                line[f"surrogate_{n}"] = {"loss": other.loss, "cpu": time.thread_time() - cpu}
             if own_start:  # the same fit from the child's own constants, for comparison only
                 other = fit(program, *args, **{**kwargs, "start": program.constants})
                 line["own_history"], line["own_loss"] = other.history, other.loss
@@ -104,6 +118,10 @@ def outcomes(copy: Path, cut: int) -> list[dict]:
                 **{what.replace(" ", "_"): yes for what, yes in gains.items()},
             }
         )
+        for key, alt in traces[p.source_hash].items():
+            if key.startswith("surrogate_"):
+                rows[-1][f"{key}_final_over_final"] = alt["loss"] / traces[p.source_hash]["loss"]
+                rows[-1][f"{key}_cpu_over_cpu"] = alt["cpu"] / traces[p.source_hash]["cpu"]
         own = traces[p.source_hash].get("own_history")
         if own:
             final = history[-1][1]
@@ -116,7 +134,8 @@ def outcomes(copy: Path, cut: int) -> list[dict]:
 
 def main() -> None:
     if sys.argv[1:2] in (["--record"], ["--record-both"]):
-        record(Path(sys.argv[2]), sys.argv[3:], own_start=sys.argv[1] == "--record-both")
+        surrogates = tuple(int(n) for n in sys.argv[3].split(",") if n)
+        record(Path(sys.argv[2]), sys.argv[4:], own_start=sys.argv[1] == "--record-both", surrogates=surrogates)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("archive", type=Path)
@@ -129,6 +148,11 @@ def main() -> None:
         "--own-start",
         action="store_true",
         help="also fit each promoted child from its own constants (not the run's fit) and compare",
+    )
+    ap.add_argument(
+        "--surrogate",
+        default="",
+        help="also fit each promoted child with these surrogate evaluations per iteration (comma-separated) and compare",
     )
     ap.add_argument("--work", type=Path)
     args = ap.parse_args()
@@ -144,6 +168,7 @@ def main() -> None:
                 __file__,
                 "--record-both" if args.own_start else "--record",
                 str(copy / TRACES),
+                args.surrogate,
                 "run",
             ]
             cmd += ["--generations", str(g + args.generations), "--seed", str(args.seed), "--data", args.data]
@@ -170,6 +195,17 @@ def main() -> None:
                 else ""
             )
         )
+    for n in (x for x in args.surrogate.split(",") if x):
+        paired = [r for r in rows if f"surrogate_{n}_final_over_final" in r]
+        if paired:
+            finals = np.array([r[f"surrogate_{n}_final_over_final"] for r in paired])
+            cpus = np.array([r[f"surrogate_{n}_cpu_over_cpu"] for r in paired])
+            print(
+                f"{n} surrogate evaluations an iteration ({len(paired)} fits): final train loss over the run's "
+                f"geometric mean {np.exp(np.log(finals).mean()):.3f} (lower in {int((finals < 1).sum())}, worse by "
+                f"> 5 % in {int((finals > 1.05).sum())}); fitting-thread CPU over the run's geometric mean "
+                f"{np.exp(np.log(cpus).mean()):.2f}"
+            )
     both = [r for r in rows if "own_start_over_start" in r]
     if both:
         starts = np.array([r["own_start_over_start"] for r in both])

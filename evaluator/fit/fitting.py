@@ -127,10 +127,11 @@ class FitConfig:
 
 
 QUICK_EVALS = {"trust-region": 6, "cmaes": 40}  # closed-loop evaluations of a screening fit
+QUICK_WINDOW = 0.3  # the share of each screening experiment's requests a screening fit replays
 
 
 def quick_config(seed: int = 0, experiments: list[Experiment] | None = None, method: str = METHODS[0]) -> FitConfig:
-    """Screening fit: one experiment per model, the first 30% of requests, a small budget (QUICK_EVALS)."""
+    """Screening fit: one experiment per model, the first 30% of requests (QUICK_WINDOW), a small budget (QUICK_EVALS)."""
     names = None
     if experiments:
         best: dict[str, Experiment] = {}
@@ -146,7 +147,7 @@ def quick_config(seed: int = 0, experiments: list[Experiment] | None = None, met
         sigma0=0.15,
         popsize=8,
         tolfun=1e-2,
-        window=0.3,
+        window=QUICK_WINDOW,
         experiments=names,
         method=method,
         candidates=1,

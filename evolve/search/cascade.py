@@ -160,6 +160,7 @@ class Cascade:
             objective=self.goal,
             max_evals=config.quick_evals or quick.max_evals,
             surrogate_evals=config.quick_surrogate,
+            window=config.quick_window,
             linear_solve=config.linear == "solve",
             floor=config.physics == "check",
         )

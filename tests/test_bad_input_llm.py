@@ -58,7 +58,7 @@ RUN = [
     "--llm-ratio",
     "1.0",
     "--llm-timeout",
-    "0.5",
+    "3",
 ]
 
 
@@ -87,7 +87,7 @@ def test_a_hanging_server_opens_the_breaker_for_the_rest_of_the_generation(tmp_p
     `llm-breaker`; generation 2 asks the LLM again (now answering) from a closed breaker. Replayed
     offline, the breaker opens at the same attempt."""
     first = tmp_path / "first"
-    with ScriptedLLM([("hang", 3.0)] * BREAKER_LIMIT, default=_variety) as server:
+    with ScriptedLLM([("hang", 12.0)] * BREAKER_LIMIT, default=_variety) as server:
         res = CliRunner().invoke(app, [*RUN, "--archive", str(first), "--llm-base-url", server.base_url])
         assert res.exit_code == 0, res.output
         n_http = len(server.requests)

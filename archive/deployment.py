@@ -148,10 +148,11 @@ _NONE = CVScoreRecord(program_id=0, protocol="")  # no score: its loss is None
 
 def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:
     """The scores a rule may rank against each other, the settings they share (in words) and how many
-    scores are left out: a CV loss depends on its fold fits' budget and seed as much as on the program
-    (on the real data the regime_switch seed's LOMO loss is 742 at seed 0 and the default budget,
-    2,822 at seed 7 and 8 evaluations a fold), so only scores of one setting are ranked: the setting most programs were
-    scored with (the run's own CV scores its front and their seeds alike; ties: the newest score's)."""
+    scores are left out. A CV loss depends on its fold fits' budget and seed as much as on the
+    program (on the real data the regime_switch seed's LOMO loss is 742 at seed 0 and the default
+    budget, 2,822 at seed 7 and 8 evaluations a fold), so only scores of one setting are ranked: the
+    setting most programs were scored with (the run's own CV scores its front and their seeds
+    alike; ties: the newest score's)."""
     groups: dict[str, dict[int, CVScoreRecord]] = {}
     for pid, s in scores.items():
         groups.setdefault(json.dumps(s.settings(), sort_keys=True), {})[pid] = s

@@ -230,7 +230,9 @@ def archived_children(archive, operator: str) -> list[tuple[str, str]]:
     return archive_rows(archive, "SELECT source, operator_detail FROM programs WHERE operator = ?", operator)
 
 
-SEARCHED = ["run", "--generations", "3", "--seed", "3", *SEARCH_BUDGETS, "--front-cv", "lomo"]
+# seed 5: its 3-generation front holds 3 programs (seed 3's held one once promoted fits took 60
+# surrogate evaluations an iteration), so the tests of the front compare something
+SEARCHED = ["run", "--generations", "3", "--seed", "5", *SEARCH_BUDGETS, "--front-cv", "lomo"]
 
 
 @pytest.fixture(scope="session")

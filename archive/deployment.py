@@ -115,7 +115,7 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     protocol = preferred_protocol(cv, {p.id for p in programs})
     settings, left_out = "", 0
     if protocol:
-        scores = {p.id: cv[p.id][protocol] for p in programs if _finite(cv.get(p.id, {}).get(protocol, _NONE).loss)}
+        scores = {p.id: s for p in programs if (s := cv.get(p.id, {}).get(protocol)) and _finite(s.loss)}
         scores, settings, left_out = comparable(scores)
         cands = [(p, scores[p.id].loss) for p in programs if p.id in scores]
     else:
@@ -141,9 +141,6 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
         within = (factor - 1) * 100
     within = within if rule != "best" else None
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out)
-
-
-_NONE = CVScoreRecord(program_id=0, protocol="")  # no score: its loss is None
 
 
 def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:

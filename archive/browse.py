@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -135,6 +136,45 @@ def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str
     return order[0] if order else None
 
 
+def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:
+    """The scores of one protocol that may be ranked against each other, the settings they share (in
+    words) and how many scores are left out. A CV loss depends on its fold fits' budget and method as
+    much as on the program (on the real data the regime_switch seed's LOMO loss is 742 with the
+    default budget, 2,822 with 8 evaluations a fold), so only scores of one setting are ranked: the
+    setting most programs were scored with (the run's own CV scores its front and their seeds alike;
+    ties: the newest score's). The fold fits' seed is not part of a setting: it is the fit's noise,
+    as a search under --cv gives every promoted child a seed of its own."""
+    groups: dict[str, dict[int, CVScoreRecord]] = {}
+    for pid, s in scores.items():
+        groups.setdefault(json.dumps(_procedure(s), sort_keys=True), {})[pid] = s
+    if not groups:
+        return {}, "", 0
+    kept = max(groups.values(), key=lambda g: (len(g), max(s.created for s in g.values())))
+    return kept, _settings_words(list(kept.values())), len(scores) - len(kept)
+
+
+def _procedure(s: CVScoreRecord) -> dict:
+    return {k: v for k, v in s.settings().items() if k != "seed"}
+
+
+def _settings_words(scores: list[CVScoreRecord]) -> str:
+    s = scores[0]
+    seeds = {x.seed for x in scores}
+    seed = f"seed {s.seed}" if len(seeds) == 1 else "a seed per program"
+    budget = f"max-evals {s.max_evals}" if s.max_evals else "the default budget"
+    return f"{seed}, {budget}, {s.method or 'the default method'}, {s.objective}"
+
+
+def ranked_cv(cv: CVScores, program_ids: set[int]) -> tuple[str | None, dict[int, CVScoreRecord], str, int]:
+    """What ranks programs by CV loss: the preferred protocol, the finite scores of it that share
+    one setting (`comparable`), that setting in words and how many finite scores it leaves out."""
+    protocol = preferred_protocol(cv, program_ids)
+    if protocol is None:
+        return None, {}, "", 0
+    scores = {pid: s for pid in program_ids if (s := cv.get(pid, {}).get(protocol)) and _finite(s.loss)}
+    return protocol, *comparable(scores)
+
+
 def cv_json(scores: dict[str, CVScoreRecord] | None) -> dict:
     """A program's `cv` entry: protocol -> {loss, e2e, ttft, itl: {mean, median, max}, seed, max_evals, ...}."""
     scores = scores or {}
@@ -187,23 +227,23 @@ def _by_loss(key: str):
     return sort_key
 
 
-def _by_cv(protocol: str | None):
-    """Lowest `protocol` CV loss first (ties to the simpler program); programs without a finite
-    score of it after, by validation loss as `--sort val` orders them."""
+def _by_cv(ranked: dict[int, CVScoreRecord]):
+    """Lowest CV loss among the `ranked` scores first (ties to the simpler program); the programs
+    without one of them after (no score, or one of another setting), by validation loss as
+    `--sort val` orders them."""
     by_val = _by_loss("val_loss")
 
     def sort_key(r: dict):
-        loss = ((r["cv"].get(protocol) or {}).get("loss")) if protocol else None
-        if _finite(loss):
-            return (0, loss, r["complexity"], r["id"])
+        if r["id"] in ranked:
+            return (0, ranked[r["id"]].loss, r["complexity"], r["id"])
         return (1, *by_val(r))
 
     return sort_key
 
 
-def _sort_key(sort: str, protocol: str | None = None):
+def _sort_key(sort: str, ranked: dict[int, CVScoreRecord] | None = None):
     if sort == "cv":
-        return _by_cv(protocol)
+        return _by_cv(ranked or {})
     if sort == "id":
         return lambda r: r["id"]
     if sort == "generation":
@@ -224,7 +264,8 @@ def select_rows(
     cv: CVScores | None = None,
 ) -> list[dict]:
     """The rows of `evolve archive list`: filtered, then sorted (ties by id). `cv`: the run's CV
-    scores (each row's `cv`; `sort="cv"` ranks by the preferred protocol's CV loss)."""
+    scores (each row's `cv`; `sort="cv"` ranks by the preferred protocol's CV loss among the scores
+    of one setting, as the deployment rules do: `ranked_cv`)."""
     if sort not in SORT_KEYS:
         raise BrowseError(f"--sort must be one of {', '.join(SORT_KEYS)}, not {sort!r}")
     cv = cv or {}
@@ -240,7 +281,8 @@ def select_rows(
         if operator and operator.lower() not in operator_label(p).lower():
             continue
         rows.append(program_row(p, front_ids, cv.get(p.id)))
-    return sorted(rows, key=_sort_key(sort, preferred_protocol(cv, {p.id for p in programs})))
+    ranked = ranked_cv(cv, {p.id for p in programs})[1] if sort == "cv" else None
+    return sorted(rows, key=_sort_key(sort, ranked))
 
 
 def pareto_rows(programs: list[ProgramRecord], cv: CVScores | None = None) -> list[dict]:

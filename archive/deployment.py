@@ -4,15 +4,14 @@ measured them held out), and why, as a `Choice`."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .browse import BrowseError, _finite, cv_by_program, preferred_protocol, run_programs
+from .browse import BrowseError, cv_by_program, ranked_cv, run_programs
 from .map_elites import scored
-from .records import CVScoreRecord, ProgramRecord
+from .records import ProgramRecord
 from .store import Archive
 
 RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered", "guarded")  # emit-go's rules (`choose`)
@@ -111,12 +110,8 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     if not (within >= 0 and math.isfinite(within)):
         raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
     run, programs = run_programs(archive)
-    cv = cv_by_program(archive, run.id)
-    protocol = preferred_protocol(cv, {p.id for p in programs})
-    settings, left_out = "", 0
+    protocol, scores, settings, left_out = ranked_cv(cv_by_program(archive, run.id), {p.id for p in programs})
     if protocol:
-        scores = {p.id: s for p in programs if (s := cv.get(p.id, {}).get(protocol)) and _finite(s.loss)}
-        scores, settings, left_out = comparable(scores)
         cands = [(p, scores[p.id].loss) for p in programs if p.id in scores]
     else:
         cands = [(p, p.val_loss) for p in scored(programs)]
@@ -141,27 +136,6 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
         within = (factor - 1) * 100
     within = within if rule != "best" else None
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out)
-
-
-def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:
-    """The scores a rule may rank against each other, the settings they share (in words) and how many
-    scores are left out. A CV loss depends on its fold fits' budget and seed as much as on the
-    program (on the real data the regime_switch seed's LOMO loss is 742 at seed 0 and the default
-    budget, 2,822 at seed 7 and 8 evaluations a fold), so only scores of one setting are ranked: the
-    setting most programs were scored with (the run's own CV scores its front and their seeds
-    alike; ties: the newest score's)."""
-    groups: dict[str, dict[int, CVScoreRecord]] = {}
-    for pid, s in scores.items():
-        groups.setdefault(json.dumps(s.settings(), sort_keys=True), {})[pid] = s
-    if not groups:
-        return {}, "", 0
-    kept = max(groups.values(), key=lambda g: (len(g), max(s.created for s in g.values())))
-    return kept, _settings_words(next(iter(kept.values()))), len(scores) - len(kept)
-
-
-def _settings_words(s: CVScoreRecord) -> str:
-    budget = f"max-evals {s.max_evals}" if s.max_evals else "the default budget"
-    return f"seed {s.seed}, {budget}, {s.method or 'the default method'}, {s.objective}"
 
 
 def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> ProgramRecord:

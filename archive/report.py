@@ -23,8 +23,8 @@ from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from .browse import (
     cv_by_program,
     operator_label,
-    preferred_protocol,
     protocol_order,
+    ranked_cv,
     run_programs,
     select_rows,
     split_rows,
@@ -482,10 +482,13 @@ def build_context(archive: Archive) -> dict:
     test_rows = split_rows(archive, top.id).get("test", []) if top else []
     cv = cv_by_program(archive, run.id)
     rows = select_rows(programs, include_screened=True, sort="val", cv=cv)
+    preferred, _, cv_settings, cv_left_out = ranked_cv(cv, {p.id for p in programs})
     return {
         "cv_protocols": protocol_order(proto for scores in cv.values() for proto in scores),
-        "cv_preferred": preferred_protocol(cv, {p.id for p in programs}),
-        # cross-validated programs, lowest CV loss of the preferred protocol first
+        "cv_preferred": preferred,
+        "cv_settings": cv_settings,  # what the ranked scores share, as the deployment rules rank them
+        "cv_left_out": cv_left_out,
+        # cross-validated programs, lowest CV loss of the preferred protocol (of one setting) first
         "cv_rows": [r for r in select_rows(programs, include_screened=True, sort="cv", cv=cv) if r["cv"]],
         "archive_dir": str(archive.dir),
         "summary": run_summary(archive, run, programs),

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from stepml_evolve.archive.browse import BrowseError, cv_by_program, run_programs, select_rows
 from stepml_evolve.archive.deployment import choose, tether
 from stepml_evolve.archive.records import CVEvaluationRecord, CVScoreRecord, GenerationRecord, NewProgram, ProgramRecord
+from stepml_evolve.archive.report import render
 from stepml_evolve.archive.store import SCHEMA_VERSION, Archive, ArchiveError
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
@@ -355,29 +356,55 @@ def test_rules_fall_back_to_validation_loss_and_prefer_lomo_over_lowo(tmp_path):
 
 
 def test_rules_rank_only_cv_losses_of_one_setting(tmp_path):
-    """A CV loss depends on its fold fits' budget and seed: a program scored with other settings than
-    the rest is left out of the ranking, however low its loss, and the rule says so."""
+    """A CV loss depends on its fold fits' budget and method: a program scored with other settings
+    than the rest is left out of the ranking, however low its loss, and the rule says so; `list
+    --sort cv` and the report rank the same scores first."""
     ids = _hand_built(tmp_path, [(10, 9.0), (20, 8.8), (30, 8.0)])
     a = Archive(tmp_path)
     _write_score(a, ids[0], 5.0)
     _write_score(a, ids[1], 7.0)
-    a.write_cv_record(CVScoreRecord(program_id=ids[2], protocol="lomo", loss=1.0, seed=7, max_evals=8, created=1.0))
+    a.write_cv_record(CVScoreRecord(program_id=ids[2], protocol="lomo", loss=1.0, seed=0, max_evals=8, created=1.0))
     c = choose(a, "best")
     assert (c.program.id, c.candidates, c.left_out) == (ids[0], 2, 1)
     assert "2 programs cross-validated with seed 0, max-evals 4" in c.describe()
     assert "1 scored with other settings left out" in c.describe()
+    rows = select_rows(a.programs(), sort="cv", cv=cv_by_program(a, a.run().id))
+    assert [r["id"] for r in rows] == [ids[0], ids[1], ids[2]]  # the other setting's 1.0 after, by validation loss
+    html = render(a)
+    assert f'lowest lomo CV loss <a href="#p{ids[0]}">' in html and "1 scored with other settings" in html
     # a rescore moves a program to the other setting, which now holds more programs
-    a.write_cv_record(CVScoreRecord(program_id=ids[1], protocol="lomo", loss=3.0, seed=7, max_evals=8, created=2.0))
+    a.write_cv_record(CVScoreRecord(program_id=ids[1], protocol="lomo", loss=3.0, seed=0, max_evals=8, created=2.0))
     c = choose(a, "best")
     assert (c.program.id, c.loss, c.candidates, c.left_out) == (ids[2], 1.0, 2, 1)
-    assert "seed 7, max-evals 8" in c.describe()
+    assert "seed 0, max-evals 8" in c.describe()
+    assert [r["id"] for r in select_rows(a.programs(), sort="cv", cv=cv_by_program(a, a.run().id))][:2] == [
+        ids[2],
+        ids[1],
+    ]
     a.close()
     # as many programs under each setting: the newest score's setting ranks
     ids = _hand_built(tmp_path / "tie", [(10, 9.0), (20, 8.8)])
     a = Archive(tmp_path / "tie")
-    a.write_cv_record(CVScoreRecord(program_id=ids[0], protocol="lomo", loss=1.0, seed=0, created=5.0))
-    a.write_cv_record(CVScoreRecord(program_id=ids[1], protocol="lomo", loss=2.0, seed=7, created=9.0))
+    a.write_cv_record(CVScoreRecord(program_id=ids[0], protocol="lomo", loss=1.0, max_evals=4, created=5.0))
+    a.write_cv_record(CVScoreRecord(program_id=ids[1], protocol="lomo", loss=2.0, max_evals=8, created=9.0))
     assert (choose(a, "best").program.id, choose(a, "best").left_out) == (ids[1], 1)
+    a.close()
+
+
+def test_a_seed_per_program_is_one_setting(tmp_path):
+    """A search under --cv gives every promoted child's fold fits a seed of its own (the fit's
+    noise, not a setting): its scores are ranked together, and the rule says they have a seed each."""
+    ids = _hand_built(tmp_path, [(10, 9.0), (20, 8.8), (30, 8.0)])
+    a = Archive(tmp_path)
+    for pid, loss, seed in zip(ids, (5.0, 2.0, 4.0), (11, 12, 13)):
+        a.write_cv_record(
+            CVScoreRecord(
+                program_id=pid, protocol="lomo", loss=loss, seed=seed, max_evals=2, method="trust-region-warm"
+            )
+        )
+    c = choose(a, "best")
+    assert (c.program.id, c.candidates, c.left_out) == (ids[1], 3, 0)
+    assert "3 programs cross-validated with a seed per program, max-evals 2, trust-region-warm" in c.describe()
     a.close()
 
 

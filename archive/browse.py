@@ -138,12 +138,14 @@ def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str
 
 def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:
     """The scores of one protocol that may be ranked against each other, the settings they share (in
-    words) and how many scores are left out. A CV loss depends on its fold fits' budget and method as
-    much as on the program (on the real data the regime_switch seed's LOMO loss is 742 with the
-    default budget, 2,822 with 8 evaluations a fold), so only scores of one setting are ranked: the
-    setting most programs were scored with (the run's own CV scores its front and their seeds alike;
-    ties: the newest score's). The fold fits' seed is not part of a setting: it is the fit's noise,
-    as a search under --cv gives every promoted child a seed of its own."""
+    words) and how many scores are left out. A fold fit's budget and method shift every program's CV
+    loss one way (on the real data, regime_switch's LOMO at fold seed 0: 742 with the default
+    budget, 444 with 8 evaluations a fold), so only scores of one setting are ranked: the setting
+    most programs were scored with (the run's own CV scores its front and their seeds alike; ties:
+    the newest score's). The fold fits' seed is not part of a setting: it is a draw, different for
+    every program whatever its number (regime_switch at 8 evaluations: 444, 2,822, 367 at seeds 0,
+    7, 1; the --cv lomo run's #960: 48.9, 44.3, 47.6), and a search under --cv gives every promoted
+    child a seed of its own."""
     groups: dict[str, dict[int, CVScoreRecord]] = {}
     for pid, s in scores.items():
         groups.setdefault(json.dumps(_procedure(s), sort_keys=True), {})[pid] = s

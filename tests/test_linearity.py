@@ -217,3 +217,46 @@ def test_priors_are_part_of_what_the_solve_minimizes(synthetic):
         return _loss(surrogate, objective, v[None, :])[0] + sum(p.penalty(v[j]) for j, p in enumerate(priors) if p)
 
     assert penalized(held) < min(penalized(free), penalized(c0))
+
+
+def _twin_program(prior: str = ""):
+    """a and b are both a step's base cost: no surrogate can tell them apart (without a prior)."""
+    return parse_program(
+        'CONSTANTS = {"a": {"start": 3000.0, "min": 0.0' + prior + '}, "b": 3000.0, "s": 15.0}\n\n\n'
+        "def step_time(f, c):\n    return c.a + c.b + c.s * f.tok_pf + 30.0 * f.n_dc\n"
+    )
+
+
+def test_a_singular_solve_keeps_its_values_and_says_why(synthetic):
+    """Two affine constants that move the means alike have no one best value: the vector keeps its
+    values and the solver says which constants; a prior on one of them tells them apart."""
+    program = _twin_program()
+    assert set(linear_constants(program)) == {"a", "b", "s"}
+    surrogate, c0 = _surrogate(program, synthetic.experiments)
+    lo, hi = c0 * 0.5, c0 * 2.0
+    solver = LinearSolve(surrogate, Objective(), np.arange(3), names=["a", "b", "s"])
+    assert np.array_equal(solver.solve(c0[None, :], lo, hi)[0], c0)
+    assert solver.reason and solver.reason.startswith("singular: a, b, s move the means along 2 direction(s)")
+    priored = _twin_program(', "prior": 3000.0, "spread": 100.0')
+    surrogate, c0 = _surrogate(priored, synthetic.experiments)
+    priors = [priored.priors.get(k) for k in "abs"]
+    solver = LinearSolve(surrogate, Objective(), np.arange(3), priors, ["a", "b", "s"])
+    solved = solver.solve(c0[None, :], lo, hi)[0]
+    assert solver.reason is None and not np.array_equal(solved, c0)
+
+
+def test_a_fit_whose_solve_is_singular_samples_and_records_why(synthetic):
+    """`--linear solve` on a program whose solve is singular: every such step samples all the
+    constants (as `--linear sample` does), the fit's result counts why, and the fit still gains."""
+    from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+    from stepml_evolve.evaluator.scoring.pool import ReplayPool
+
+    program = _twin_program()
+    with ReplayPool(synthetic.experiments, 1) as engine:
+        solved = fit(program, synthetic.experiments, engine, FitConfig(seed=3, max_evals=6, linear_solve=True))
+        sampled = fit(program, synthetic.experiments, engine, FitConfig(seed=3, max_evals=6))
+    (note,) = solved.notes
+    assert note.startswith("linear solve: singular: a, b, s") and note.endswith("sampled instead")
+    assert solved.notes[note] >= 1 and sampled.notes == {}
+    assert solved.loss < solved.history[0][1]
+    assert solved.loss == sampled.loss  # every step sampled: the same fit as without the solve

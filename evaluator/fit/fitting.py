@@ -171,6 +171,7 @@ class FitResult:
     seconds: float
     history: list[tuple[int, float]] = field(default_factory=list)  # (evaluations, best loss + penalties)
     penalties: dict[str, float] = field(default_factory=dict)  # group -> the priors' penalty at its constants
+    notes: dict[str, int] = field(default_factory=dict)  # what the fit did instead of what it was asked -> times
     # a global trust-region fit's closed loop at its result, per experiment: its metric row and
     # trajectory model (what a warm-started fit on a subset needs to skip its start's replays)
     recorded: dict[str, Recording] | None = field(default=None, repr=False)
@@ -555,7 +556,11 @@ class _GroupFit:
         program's step is one solve (n + 1 surrogate vectors)."""
         names = list(self.program.constants)
         solver = LinearSolve(
-            surrogate, self.cfg.objective, self.linear, [self.program.priors.get(names[j]) for j in self.linear]
+            surrogate,
+            self.cfg.objective,
+            self.linear,
+            [self.program.priors.get(names[j]) for j in self.linear],
+            [names[j] for j in self.linear],
         )
         vlo, vhi = self.tf.from_cma(lo), self.tf.from_cma(hi)
 
@@ -564,9 +569,13 @@ class _GroupFit:
             z = np.clip(self.tf.to_cma(v), lo, hi)
             return z, self.surrogate_losses([z], surrogate)[0]
 
+        y, m = project(x)
+        if solver.reason:  # no closed form here: this step samples every constant, as without --linear solve
+            note = f"linear solve: {solver.reason}; sampled instead"
+            self.result.notes[note] = self.result.notes.get(note, 0) + 1
+            return self.sampled_step(x, rho, lo, hi, surrogate, opts)
         m_x = self.surrogate_losses([x], surrogate)[0]
         best_y, best_m = x, m_x
-        y, m = project(x)
         if m < best_m:
             best_y, best_m = y, m
         es = None

@@ -45,10 +45,20 @@ class LinearSolve:
     surrogate, for given values of the other constants; `priors`: each one's prior (or None)."""
 
     def __init__(
-        self, surrogate: SurrogateSet, objective: Objective, index: np.ndarray, priors: list[Prior | None] | None = None
+        self,
+        surrogate: SurrogateSet,
+        objective: Objective,
+        index: np.ndarray,
+        priors: list[Prior | None] | None = None,
+        names: list[str] | None = None,
     ):
         self.surrogate, self.index = surrogate, np.asarray(index, dtype=np.int64)
         self.priors = list(priors) if priors is not None else [None] * len(self.index)
+        self.names = list(names) if names is not None else [f"#{j}" for j in self.index]
+        # why the last vector solve() was asked for could not be solved (None: it could): a map that
+        # is not finite, or singular (constants that move the means along fewer directions than
+        # their number, with no prior to tell them apart); that vector keeps its values
+        self.reason: str | None = None
         models = surrogate.models
         self.observed = np.array([m.observed_us for m in models], dtype=float).reshape(len(models), 2)
         live = np.zeros(len(models), bool)
@@ -65,6 +75,7 @@ class LinearSolve:
         p, k = base.shape
         idx, n = self.index, len(self.index)
         out = base.copy()
+        self.reason = None
         if n == 0 or not self.rows.any():
             return out
         width = hi[idx] - lo[idx]
@@ -86,10 +97,26 @@ class LinearSolve:
             if not moves.any():
                 continue
             a = errors[i, 0] + np.tensordot(u[~moves], slopes[~moves], axes=1)  # with the others held
+            if reason := self._unsolvable(a, slopes[moves], np.flatnonzero(moves)):
+                self.reason = reason
+                continue
             ridge = _Ridge([self.priors[j] for j in np.flatnonzero(moves)], lo[idx][moves], width[moves])
             u[moves] = self._reweighted(a, slopes[moves], u[moves], ridge)
             out[i, idx] = lo[idx] + u * width
         return out
+
+    def _unsolvable(self, a: np.ndarray, slopes: np.ndarray, moving: np.ndarray) -> str | None:
+        """Why the moving constants (positions in `index`, `slopes` their rows) have no one best value
+        on this map, or None: a map that is not finite (lsq_linear refuses it), or singular."""
+        data = slopes[:, self.rows].T  # (rows, moving)
+        if not (np.isfinite(data).all() and np.isfinite(a[self.rows]).all()):
+            return "the surrogate's means are not finite in the box"
+        priored = np.eye(len(moving))[[self.priors[j] is not None for j in moving]]
+        rank = np.linalg.matrix_rank(np.vstack([data, priored]))
+        if rank < len(moving):
+            names = ", ".join(self.names[j] for j in moving)
+            return f"singular: {names} move the means along {rank} direction(s) (no prior tells them apart)"
+        return None
 
     def _reweighted(self, a: np.ndarray, slopes: np.ndarray, u: np.ndarray, ridge: _Ridge) -> np.ndarray:
         """u in [0, 1]^n minimizing the sum over metrics of the weighted RMS of a + slopes . u, plus

@@ -232,15 +232,19 @@ def emit_go(
     target: str = DEFAULT_TARGET,
     name: str = DEFAULT_NAME,
     within: float | None = None,
+    physics: str = "check",
 ) -> str:
     """The gofmt-clean Go model (package latency, BLIS's LatencyModel) of a program file or text,
     or of an archive's program: an id, `best` or `simplest` (`within` percent of the best) of
     `archive` (default: the newest under runs/), as `evolve emit-go` chooses it. Written to `out`
-    when given. Returns the Go source."""
+    when given. Returns the Go source. physics "check" refuses a program the physics rules refuse
+    and has the Go panic at a step below its floor; "off" emits it as it is."""
     spec = str(program) if isinstance(program, int) else program
     with _program_file(spec) as path:
         if out is None:
-            source, _ = emitted_sources(str(path), _path(archive), target, name, samples=None, within=within)
+            source, _ = emitted_sources(
+                str(path), _path(archive), target, name, samples=None, within=within, physics=physics
+            )
             return source
-        emit_program(str(path), _path(archive), Path(out), target=target, name=name, within=within)
+        emit_program(str(path), _path(archive), Path(out), target=target, name=name, within=within, physics=physics)
         return Path(out).read_text()

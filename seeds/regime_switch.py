@@ -3,7 +3,9 @@ memory-bound; each regime has its own scale."""
 # Bounds (the fit keeps every constant inside them): c_* multiply times at the hardware's peak,
 # and no kernel beats the peak, so min 1; max 100 (1% of peak) is generous. But in the light
 # (memory-bound) regime the compute runs under the memory reads c_memory already counts, so
-# c_light_compute is extra time: min 0. base_us >= 0.
+# c_light_compute is extra time: min 0. base_us >= 0. Each branch holds the floor on its own,
+# wherever a user's step sends the switch (--physics check): a light step is never faster than its
+# compute at the heavy regime's efficiency, as a heavy one is not.
 # switch_tokens compares with f.tok_pf, which never exceeds the token budget
 # (max_num_batched_tokens, 2048 in the real and the synthetic data): [0, 2048]. Per-request
 # delays, from the real data (../shared/data/replay): every TTFT contains queue_us + out_tok_us
@@ -34,7 +36,7 @@ def step_time(f, c):
     compute = f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc
     memory = f.weights + f.kv_read + f.kv_write
     heavy = max(c.c_compute * compute, c.c_memory * memory)
-    light = c.c_memory * memory + c.c_light_compute * compute
+    light = max(c.c_compute * compute, c.c_memory * memory + c.c_light_compute * compute)
     return c.base_us + f.allreduce + (heavy if f.tok_pf > c.switch_tokens else light)
 
 

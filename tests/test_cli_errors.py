@@ -54,12 +54,14 @@ def test_a_program_that_cannot_be_evaluated_is_not_fitted_or_seeded(tmp_path):
     zero = tmp_path / "zero.py"
     zero.write_text(ZERO)
     out = tmp_path / "z.fitted.py"
-    # a step time of 0 is below the physical floor: refused before any fit, as a seed too
-    one_line_error(invoke("fit", zero, "--max-evals", 8, "--out", out), str(zero), "physical floor", "[floor]")
+    # a step time of c.a - c.a (0, below the floor): a difference of constants, refused before any fit, as a seed too
+    one_line_error(
+        invoke("fit", zero, "--max-evals", 8, "--out", out), str(zero), "a difference of constants", "[sign]"
+    )
     one_line_error(
         invoke("run", "--generations", 1, "--archive", tmp_path / "run", "--seeds", zero, "--seed-fit-evals", 8),
         "none of the seed programs can be evaluated",
-        "physical floor",
+        "a difference of constants",
     )
     # without the floor, the fit finds no constants that replay
     one_line_error(

@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 
 from stepml_evolve.evaluator.dsl import load_program, parse_program
 from stepml_evolve.evaluator.known_truth.synthetic_sample import ORACLE_SOURCE
+from stepml_evolve.evaluator.soundness.rules import physics_problems
 from stepml_evolve.evolve.cli.app import app
 from stepml_evolve.evolve.go.emit import TARGETS, EmitError, emit_go, emit_go_test, find_go_tool, gofmt
-from stepml_evolve.evolve.go.parity import DEFAULT_DEPLOYMENTS, samples
-from stepml_evolve.seeds import seed_paths
+from stepml_evolve.evolve.go.parity import DEFAULT_DEPLOYMENTS, PANICS, samples
+from stepml_evolve.seeds import seed_path, seed_paths
 
 GO = find_go_tool("go")
 needs_go = pytest.mark.skipif(
@@ -34,6 +35,7 @@ type TokenID int32
 
 // Request is the stand-in for the simulator's request (the fields the latency model reads).
 type Request struct {
+	ID            string
 	InputTokens   []TokenID
 	OutputTokens  []TokenID
 	ProgressIndex int64
@@ -73,6 +75,7 @@ type ModelHardwareConfig struct {
 
 // Request is the stand-in for the simulator's request (the fields the latency model reads).
 type Request struct {
+	ID            string
 	InputTokens   []int
 	OutputTokens  []int
 	ProgressIndex int64
@@ -177,12 +180,15 @@ def test_emitted_go_vets_is_gofmt_clean_and_matches_python(tmp_path, target):
     if TARGETS[target].post_decode:
         p = progs["Oracle"]
         progs["OraclePost"] = parse_program(p.source + "\ndef post_decode_time(c):\n    return 1234.4\n")
+    progs["HeldBlackbox"] = load_program(seed_path("blackbox"))  # held to the floor it breaks: the Go must panic
     for name, prog in progs.items():
+        # the Go holds a sound program's steps to the floor (emit-go's default), and one that is not
+        held = not physics_problems(prog) or name == "HeldBlackbox"
         (pkg / f"{name.lower()}.go").write_text(
-            gofmt(emit_go(prog, name=name, target_name=target, header={"program": name}))
+            gofmt(emit_go(prog, name=name, target_name=target, header={"program": name}, floor=held))
         )
         (pkg / f"{name.lower()}_test.go").write_text(
-            gofmt(emit_go_test(name, samples(prog, 1000, seed=len(name)), target))
+            gofmt(emit_go_test(name, samples(prog, 1000, seed=len(name), floor=held), target))
         )
     fmt = subprocess.run([find_go_tool("gofmt"), "-l", str(pkg)], capture_output=True, text=True)
     assert fmt.returncode == 0 and fmt.stdout.strip() == ""
@@ -191,17 +197,20 @@ def test_emitted_go_vets_is_gofmt_clean_and_matches_python(tmp_path, target):
     test = go(tmp_path, "test", "-count=1", "-v", "./sim/latency/")
     assert test.returncode == 0, test.stdout[-3000:] + test.stderr[-2000:]
     passed = [ln for ln in test.stdout.splitlines() if ln.startswith("--- PASS")]
-    assert len(passed) == (4 if TARGETS[target].from_config else 3) * len(progs)
+    assert len(passed) == (3 if TARGETS[target].from_config else 2) * len(progs)
 
 
-def test_parity_samples_cover_dense_gqa_moe_and_tp_1_2_4():
-    s = samples(load_program(seed_paths()[0]), 50)
+def test_parity_samples_cover_dense_gqa_moe_and_tp_1_2_4_and_expect_a_panic_below_the_floor():
+    blackbox = load_program(seed_path("blackbox"))  # below the floor on large prefills
+    s = samples(blackbox, 50, floor=False)
     deps = s["deployments"]
     assert {d["tp"] for d in deps} == {1, 2, 4}
     assert any(d["experts"] for d in deps) and any(d["kv_heads"] < d["heads"] for d in deps)
     assert any(d["kv_heads"] == d["heads"] and not d["experts"] for d in deps)
-    assert len(deps) == len(DEFAULT_DEPLOYMENTS) and len(s["steps"]) == 50
+    assert len(deps) == len(DEFAULT_DEPLOYMENTS) and len(s["steps"]) == 50 + 2 * len(deps)  # + empty batches
     assert all(st["want"] >= 1 for st in s["steps"])
+    held = samples(blackbox, 50, floor=True)["steps"]
+    assert any(st["want"] == PANICS for st in held) and any(st["want"] >= 1 for st in held)
 
 
 def test_construct_the_emitter_cannot_express_is_named():

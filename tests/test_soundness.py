@@ -167,13 +167,13 @@ def test_an_efficiency_of_one_resource_is_not_read_as_anothers():
     assert "two roles" in physics_problems(program("c.o + c.k * max(compute, memory) + c.k * f.allreduce"))[0][1]
 
 
-def test_a_new_constant_that_scales_a_time_is_no_less_than_zero():
+def test_a_new_constant_read_in_a_value_is_no_less_than_zero():
     parent = load_program(seed_path("roofline"))
     text = parent.source.replace("+ f.allreduce\n", "+ f.allreduce + c.k1 * f.kv_read + c.k2 * f.n_req\n", 1)
     text = text.replace("CONSTANTS = {", 'CONSTANTS = {\n    "k1": -0.5,\n    "k2": 30.0,', 1)
     child = inherit(parse_program(text), parent)
     assert child.bounds["k1"] == (0.0, math.inf) and child.constants["k1"] == 0.0  # a negative one subtracts
-    assert "k2" not in child.bounds  # a count's rate: no time it could take away
+    assert child.bounds["k2"] == (0.0, math.inf)  # a count's rate: negative, it takes time away per request
 
 
 @pytest.mark.parametrize(

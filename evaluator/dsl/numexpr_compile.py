@@ -103,6 +103,17 @@ def compile_vector(program: Program, function: str = "step_time") -> VectorFunct
     return VectorFunction(tuple(b.statements), result, tuple(b.literals))
 
 
+def compile_expression(expr: ast.expr) -> VectorFunction:
+    """One validated expression with no locals (an inlined function, rewritten): a value, or a
+    condition, which evaluates to 1.0 where it holds and 0.0 elsewhere."""
+    b = _Builder()
+    test = isinstance(expr, (ast.Compare, ast.BoolOp)) or (
+        isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not)
+    )
+    result = b.temp(f"where({b.cond(expr)}, 1.0, 0.0)") if test else b.expr(expr)
+    return VectorFunction(tuple(b.statements), result, tuple(b.literals))
+
+
 def evaluate_vector(vf: VectorFunction, inputs: dict[str, np.ndarray | float]) -> np.ndarray:
     """Run the statements; inputs maps f_<component>, c_<constant>, r_<field> to arrays."""
     env = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}

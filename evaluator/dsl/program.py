@@ -27,6 +27,7 @@ Rules (each rejection names the line and the rule broken):
 from __future__ import annotations
 
 import ast
+import copy
 import io
 import math
 import re
@@ -634,3 +635,19 @@ def load_program(path) -> Program:
         return parse_program(read_program_text(p))
     except ProgramError as e:
         raise ProgramError(e.line, e.rule, e.message, origin=str(p)) from None
+
+
+def inlined(fn: ast.FunctionDef) -> ast.expr:
+    """The function's return expression with its locals substituted (a fresh tree)."""
+    locals_: dict[str, ast.expr] = {}
+
+    class Substitute(ast.NodeTransformer):
+        def visit_Name(self, node):
+            return copy.deepcopy(locals_[node.id]) if node.id in locals_ else node
+
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Assign):
+            locals_[stmt.targets[0].id] = Substitute().visit(copy.deepcopy(stmt.value))
+        elif isinstance(stmt, ast.Return):
+            return Substitute().visit(copy.deepcopy(stmt.value))
+    raise ValueError(f"{fn.name} has no return")  # the validator makes this impossible

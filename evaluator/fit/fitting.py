@@ -77,6 +77,7 @@ from stepml_evolve.evaluator.scoring.surrogate import (
 )
 from stepml_evolve.evaluator.seeding import cma_seed
 from stepml_evolve.evaluator.soundness.floor import Envelope, below_floor, check_floor, envelope_for
+from stepml_evolve.evaluator.soundness.rules import held_bounds
 
 Recording = tuple[MetricRow, "TrajectoryModel | PendingModel | None"]  # one experiment's closed loop at some constants
 
@@ -210,9 +211,12 @@ class Coordinates:
         return lo, hi
 
 
-def bound_arrays(program: Program) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds of the program's constants, in their order (+-inf where open)."""
-    b = [program.bounds.get(k, (-math.inf, math.inf)) for k in program.constants]
+def bound_arrays(program: Program, physics: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds of the program's constants, in their order (+-inf where open).
+    physics: as --physics check holds them (rules.held_bounds: a min of 0 where a value reads a
+    constant that has none)."""
+    bounds = held_bounds(program) if physics else program.bounds
+    b = [bounds.get(k, (-math.inf, math.inf)) for k in program.constants]
     return np.array([x[0] for x in b], dtype=float), np.array([x[1] for x in b], dtype=float)
 
 
@@ -255,8 +259,8 @@ def fit(
     compiled = compile_program(program)
     names = list(program.constants)
     v0 = np.array([(start or {}).get(k, program.constants[k]) for k in names], dtype=float)
-    lo, hi = bound_arrays(program)
-    if program.bounds:  # choosing a start point inside the bounds (a parent's values may lie outside)
+    lo, hi = bound_arrays(program, config.floor)
+    if np.isfinite(lo).any() or np.isfinite(hi).any():  # a start inside the bounds (a parent's may lie outside)
         v0 = np.clip(v0, lo, hi)
     groups = group_experiments(exps, config.scope)
     result = FitResult(

@@ -82,7 +82,7 @@ def identify(
         return []
     exps = fit_experiments(experiments, config)
     v = np.array([constants[k] for k in names], dtype=float)
-    lo, hi = bound_arrays(program)
+    lo, hi = bound_arrays(program, config.floor)
     tf = Coordinates(v, lo, hi)
     x = tf.to_cma(v)
     clo, chi = tf.cma_bounds()

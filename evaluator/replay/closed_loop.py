@@ -16,7 +16,20 @@ from stepml_evolve.evaluator.replay.scheduler import _simulate
 from stepml_evolve.evaluator.replay.state import (
     BAD_QUEUE_TIME,
     BAD_STEP_TIME,
+    BELOW_FLOOR,
     DEFAULT_SEMANTICS,
+    DIAG_ADMITTED,
+    DIAG_CACHED,
+    DIAG_CTX_MAX,
+    DIAG_FLOOR,
+    DIAG_FUNCTION,
+    DIAG_N_DC,
+    DIAG_N_PF,
+    DIAG_RUNS,
+    DIAG_SIZE,
+    DIAG_STRETCH,
+    DIAG_TOK_PF,
+    DIAG_VALUE,
     MAX_US,
     OK,
     SEMANTICS,
@@ -59,11 +72,14 @@ class ReplayResult:
     state: np.ndarray
     preemptions: np.ndarray
     trajectory: Trajectory | None = None
-    bad_value: float = 0.0  # the offending value when status is BAD_STEP_TIME or BAD_QUEUE_TIME
+    bad_value: float = 0.0  # the offending value when status is BAD_STEP_TIME, BAD_QUEUE_TIME or BELOW_FLOOR
     bad_function: str = "step_time"
     cached_tokens: int = 0  # prompt tokens the prefix cache served at admissions (re-admissions after preemption too)
     admitted_prompt_tokens: int = 0  # prompt tokens of those admissions
     stretch_steps: int = 0  # steps taken as decode stretches (_decode_stretch), without visiting the batch
+    floor_us: float = 0.0  # BELOW_FLOOR: the step's floor
+    # BELOW_FLOOR: the step's prefill tokens and chunks, decodes and longest context
+    bad_batch: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @property
     def cached_share(self) -> float:
@@ -75,13 +91,25 @@ class ReplayResult:
 
     def failure(self) -> str:
         """One line saying what went wrong (empty when the replay succeeded)."""
+        if self.status == BELOW_FLOOR:
+            return (
+                f"step_time returned {self.bad_value:.6g} us at step {self.n_steps} ({self.batch_text()}), "
+                f"{self.bad_value / self.floor_us:.3g}x its physical floor of {self.floor_us:.6g} us (the roofline "
+                "of the step's work at the hardware's peak): no step is faster than the hardware allows"
+            )
         return {
             OK: "",
             BAD_STEP_TIME: f"step_time returned {self.bad_value:g} (must be finite, positive and at most {MAX_US:g} us) at step {self.n_steps}",
             STEP_LIMIT: f"simulation exceeded the step limit ({self.n_steps} steps)",
-            BAD_QUEUE_TIME: f"{self.bad_function} returned {self.bad_value:g} (must be finite and at most {MAX_US:g} us)",
+            BAD_QUEUE_TIME: f"{self.bad_function} returned {self.bad_value:g} (must be finite, at least 0 and at most {MAX_US:g} us)",
             TRAJECTORY_FULL: "trajectory buffer full",
         }[self.status]
+
+    def batch_text(self) -> str:
+        tok_pf, n_pf, n_dc, ctx_max = self.bad_batch
+        parts = [f"prefill {tok_pf:,} tokens in {n_pf} chunk{'s' * (n_pf != 1)}"] if n_pf else []
+        parts += [f"{n_dc} decode{'s' * (n_dc != 1)}"] if n_dc else []
+        return " + ".join(parts or ["an empty batch"]) + f", longest context before it {ctx_max:,} tokens"
 
 
 _COEF_CACHE: dict[tuple, np.ndarray] = {}
@@ -118,6 +146,7 @@ def replay(
     max_steps: int = 50_000_000,
     semantics: str = DEFAULT_SEMANTICS,
     rows: bool = True,
+    floor: bool = False,
 ) -> ReplayResult:
     """Replay `exp` closed-loop with `program` at `constants` (array in program order).
 
@@ -126,7 +155,9 @@ def replay(
     rows=False keeps it without its request-slot rows (one per scheduled request per step, tens
     of millions on the real data), only the steps and each request's runs of steps.
     semantics: "blis" (as BLIS accounts a step, so fitted constants mean the same in the
-    simulator) or "vllm" (see SEMANTICS).
+    simulator) or "vllm" (see SEMANTICS). floor: a step below its physical floor (the roofline of its
+    work at peak, soundness/floor.py) stops the replay (BELOW_FLOOR, naming the step), as under
+    --physics check; off, only a duration that is not finite and positive does.
     """
     if semantics not in SEMANTICS:
         raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
@@ -147,7 +178,7 @@ def replay(
         runs = np.zeros((run_cap, 3), np.int64)
         steps_rec = np.zeros((cap, 4), np.int64)
         totals_rec = np.zeros((cap, 7))
-        diag = np.zeros(6)
+        diag = np.zeros(DIAG_SIZE)
         status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
             exp.arrival_us,
             exp.input_tokens,
@@ -165,6 +196,7 @@ def replay(
             program.literals,
             program.entries,
             consts,
+            floor,
             horizon,
             max_steps,
             record,
@@ -187,14 +219,16 @@ def replay(
             context=t[:, 2] if rows else None,
             is_prefill=t[:, 3].astype(bool) if rows else None,
             request=t[:, 4] if rows else None,
-            runs=runs[: int(diag[4])],
+            runs=runs[: int(diag[DIAG_RUNS])],
             step_start_us=steps_rec[:steps, 0],
             step_us=steps_rec[:steps, 1],
             kv_blocks_used=steps_rec[:steps, 2],
             running=steps_rec[:steps, 3],
             totals=totals_rec[:steps],
         )
-    which = {1: "queueing_time", 2: "output_token_time", 3: "post_decode_time"}.get(int(diag[1]), "step_time")
+    which = {1: "queueing_time", 2: "output_token_time", 3: "post_decode_time"}.get(
+        int(diag[DIAG_FUNCTION]), "step_time"
+    )
     return ReplayResult(
         int(status),
         int(steps),
@@ -204,9 +238,11 @@ def replay(
         state,
         pre,
         trajectory,
-        float(diag[0]),
+        float(diag[DIAG_VALUE]),
         which,
-        int(diag[2]),
-        int(diag[3]),
-        int(diag[5]),
+        int(diag[DIAG_CACHED]),
+        int(diag[DIAG_ADMITTED]),
+        int(diag[DIAG_STRETCH]),
+        float(diag[DIAG_FLOOR]),
+        tuple(int(diag[i]) for i in (DIAG_TOK_PF, DIAG_N_PF, DIAG_N_DC, DIAG_CTX_MAX)),
     )

@@ -9,9 +9,12 @@ from numba import njit
 from stepml_evolve.evaluator.dsl.vm import run_code
 from stepml_evolve.evaluator.replay.kv_cache import _allocate, _cached_prefix, _claim_cached, _finish, _fl_remove
 from stepml_evolve.evaluator.replay.state import (
+    DIAG_ADMITTED,
+    DIAG_CACHED,
     MAX_US,
     QUEUED,
     RUNNING,
+    _below_floor,
     _ceil_div,
     _close_run,
     _component_values,
@@ -70,7 +73,7 @@ def _decode_stretch(
     step's start the stretch takes arrivals and ready requests as the main loop does; it ends
     before a step at whose start a deadline (`stop_at`: the batch's earliest, the waiting head's)
     has passed or whose end passes one; before a step a request's next block cannot be allocated
-    in, whose duration is invalid, that would admit one of several waiting requests, or a
+    in, whose duration is invalid (or below the floor, when the replay checks it), that would admit one of several waiting requests, or a
     request whose whole prompt is cached; after a step whose admitted request is still in
     prefill, finished, or has no room to decode in its last block; and after a step that leaves
     no request or nothing pending: the ordinary step takes it from there. A step's components
@@ -84,7 +87,7 @@ def _decode_stretch(
     arrival, order, nxt_arrival, ready, heap, n_heap, deadline = arrivals
     queue, qhead, qtail, qcap, min_deadline = waiting
     members, starts, remaining, join, join_dt, gone_keys, req = scratch
-    code, lits, entries, consts, comps, none, stack, local = program
+    code, lits, entries, consts, comps, none, stack, local, floor_check = program
     n_arr = n_running  # entries of `running` (finished ones stay until the stretch ends)
     n_live = n_running
     ctx_sum = 0.0  # a running request's context at step `done` is its base (progress - join) + done
@@ -131,7 +134,7 @@ def _decode_stretch(
                     req[1] = outputs[r]
                     req[2] = dt
                     x = run_code(code, lits, entries[1], none, consts, req, stack, local)
-                    if not _valid_duration(x):  # the main loop reports it
+                    if not _valid_duration(x) or x < 0.0:  # the main loop reports it
                         bad_queue_time = True
                         break
                     ready[r] = arrival[r] + max(0, int(np.round(min(x, MAX_US))))
@@ -196,8 +199,8 @@ def _decode_stretch(
         for q in range(comps.shape[0]):
             comps[q] = v[q]
         x = run_code(code, lits, entries[0], comps, consts, none, stack, local)
-        if not _valid_duration(x) or x <= 0.0:
-            break
+        if not _valid_duration(x) or x <= 0.0 or (floor_check and _below_floor(x, v) > 0.0):
+            break  # the step is taken (and the replay stopped) where the main loop says why
         step_dt = max(np.int64(1), np.int64(np.round(min(x, MAX_US))))
         if clock + step_dt > stop_at:
             break
@@ -220,8 +223,8 @@ def _decode_stretch(
             rtok[r] = _claim_cached(r, hits, kv, keys)
             _allocate(r, tok, True, inputs, kv, keys)
             progress[r] = hits * block
-            diag[2] += hits * block
-            diag[3] += inputs[r]
+            diag[DIAG_CACHED] += hits * block
+            diag[DIAG_ADMITTED] += inputs[r]
             state[r] = RUNNING
             running[n_arr] = r
             remaining[n_arr] = np.iinfo(np.int64).max

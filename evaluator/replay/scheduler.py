@@ -37,6 +37,18 @@ from stepml_evolve.evaluator.replay.kv_cache import _allocate, _cached_prefix, _
 from stepml_evolve.evaluator.replay.state import (
     BAD_QUEUE_TIME,
     BAD_STEP_TIME,
+    BELOW_FLOOR,
+    DIAG_ADMITTED,
+    DIAG_CACHED,
+    DIAG_CTX_MAX,
+    DIAG_FLOOR,
+    DIAG_FUNCTION,
+    DIAG_N_DC,
+    DIAG_N_PF,
+    DIAG_RUNS,
+    DIAG_STRETCH,
+    DIAG_TOK_PF,
+    DIAG_VALUE,
     MAX_US,
     NO_DEADLINE,
     OK,
@@ -45,6 +57,7 @@ from stepml_evolve.evaluator.replay.state import (
     STEP_LIMIT,
     TIMED_OUT,
     TRAJECTORY_FULL,
+    _below_floor,
     _ceil_div,
     _close_run,
     _component_values,
@@ -79,6 +92,7 @@ def _simulate(
     lits,
     entries,
     consts,
+    floor_check,
     horizon,
     max_steps,
     record,
@@ -100,9 +114,9 @@ def _simulate(
     out_tok = 0
     if entries[2] >= 0:
         x = run_code(code, lits, entries[2], none, consts, none, stack, local)
-        if not _valid_duration(x):
-            diag[0] = x
-            diag[1] = 2.0
+        if not _valid_duration(x) or x < 0.0:
+            diag[DIAG_VALUE] = x
+            diag[DIAG_FUNCTION] = 2.0
             return (
                 BAD_QUEUE_TIME,
                 0,
@@ -117,9 +131,9 @@ def _simulate(
     post_decode = 0
     if entries[3] >= 0:
         x = run_code(code, lits, entries[3], none, consts, none, stack, local)
-        if not _valid_duration(x):
-            diag[0] = x
-            diag[1] = 3.0
+        if not _valid_duration(x) or x < 0.0:
+            diag[DIAG_VALUE] = x
+            diag[DIAG_FUNCTION] = 3.0
             return (
                 BAD_QUEUE_TIME,
                 0,
@@ -197,9 +211,9 @@ def _simulate(
                 req[1] = outputs[r]
                 req[2] = last_dt
                 x = run_code(code, lits, entries[1], none, consts, req, stack, local)
-                if not _valid_duration(x):
-                    diag[0] = x
-                    diag[1] = 1.0
+                if not _valid_duration(x) or x < 0.0:
+                    diag[DIAG_VALUE] = x
+                    diag[DIAG_FUNCTION] = 1.0
                     return BAD_QUEUE_TIME, steps, clock, r, ttft, e2e, state, preempts
                 ready[r] = arrival[r] + max(0, int(np.round(min(x, MAX_US))))
             n_heap = _heap_push(heap, n_heap, r, ready)
@@ -285,7 +299,7 @@ def _simulate(
                     diag,
                     kv_blocks,
                     k,
-                    (code, lits, entries, consts, comps, none, stack, local),
+                    (code, lits, entries, consts, comps, none, stack, local, floor_check),
                     clock,
                     steps,
                     max_steps,
@@ -293,7 +307,7 @@ def _simulate(
             )
             if done > 0:
                 last_dt = dt
-                diag[5] += done
+                diag[DIAG_STRETCH] += done
                 continue
 
         # 2. running requests in batch order (batch totals for the components accumulate as
@@ -396,8 +410,8 @@ def _simulate(
                     admitted_empty = True
                     no_prompt[r] = True
                 progress[r] = start
-                diag[2] += start  # prompt tokens served from the cache, of diag[3] admitted
-                diag[3] += inputs[r]
+                diag[DIAG_CACHED] += start  # prompt tokens served from the cache, of diag[DIAG_ADMITTED] admitted
+                diag[DIAG_ADMITTED] += inputs[r]
                 state[r] = RUNNING
                 running[n_running] = r
                 sched[n_running] = tok
@@ -436,8 +450,17 @@ def _simulate(
             comps[j] = v[j]
         x = run_code(code, lits, entries[0], comps, consts, none, stack, local)
         if not _valid_duration(x) or x <= 0.0:
-            diag[0] = x
+            diag[DIAG_VALUE] = x
             return BAD_STEP_TIME, steps, clock, -1, ttft, e2e, state, preempts
+        floor = _below_floor(x, v) if floor_check else 0.0
+        if floor > 0.0:
+            diag[DIAG_VALUE] = x
+            diag[DIAG_FLOOR] = floor
+            diag[DIAG_TOK_PF] = tok_pf
+            diag[DIAG_N_PF] = n_pf
+            diag[DIAG_N_DC] = n_dc
+            diag[DIAG_CTX_MAX] = ctx_max
+            return BELOW_FLOOR, steps, clock, -1, ttft, e2e, state, preempts
         dt = max(np.int64(1), np.int64(np.round(min(x, MAX_US))))
         last_dt = dt
         if record:
@@ -503,5 +526,5 @@ def _simulate(
         n_running = m
     for r in range(open_run.shape[0]):  # runs still open were scheduled up to the last step
         _close_run(runs, open_run, r, steps - 1)
-    diag[4] = n_runs  # runs of consecutive steps recorded
+    diag[DIAG_RUNS] = n_runs  # runs of consecutive steps recorded
     return OK, steps, clock, n_rec, ttft, e2e, state, preempts

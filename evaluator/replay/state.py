@@ -6,12 +6,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from stepml_evolve.evaluator.physics.components import component_values
+from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, component_values
+from stepml_evolve.evaluator.soundness.floor import ADDED_TIMES, BYTE_TIMES, FLOP_TIMES
+from stepml_evolve.evaluator.soundness.floor import TOLERANCE as FLOOR_TOLERANCE
 
 # request states
 WAITING_TO_ARRIVE, QUEUED, RUNNING, FINISHED, TIMED_OUT = 0, 1, 2, 3, 4
 # simulation status
-OK, BAD_STEP_TIME, STEP_LIMIT, TRAJECTORY_FULL, BAD_QUEUE_TIME = 0, 1, 2, 3, 4
+OK, BAD_STEP_TIME, STEP_LIMIT, TRAJECTORY_FULL, BAD_QUEUE_TIME, BELOW_FLOOR = 0, 1, 2, 3, 4, 5
+# what the replay writes in its diag array (floats): the offending value and which function gave it,
+# prompt-cache counts, runs and stretch steps, and for a step below the floor its floor and batch
+DIAG_VALUE, DIAG_FUNCTION, DIAG_CACHED, DIAG_ADMITTED, DIAG_RUNS, DIAG_STRETCH = 0, 1, 2, 3, 4, 5
+DIAG_FLOOR, DIAG_TOK_PF, DIAG_N_PF, DIAG_N_DC, DIAG_CTX_MAX = 6, 7, 8, 9, 10
+DIAG_SIZE = 11
 
 NO_DEADLINE = np.iinfo(np.int64).max
 # Where BLIS's accounting and vLLM's differ (both share the block-level prefix cache above):
@@ -36,6 +43,25 @@ def _valid_duration(x: float) -> bool:
 
 
 _component_values = njit(cache=True, nogil=True)(component_values)
+
+_FLOPS = tuple(COMPONENT_INDEX[n] for n in FLOP_TIMES)
+_BYTES = tuple(COMPONENT_INDEX[n] for n in BYTE_TIMES)
+_ADDED = tuple(COMPONENT_INDEX[n] for n in ADDED_TIMES)
+
+
+@njit(cache=True, nogil=True)
+def _below_floor(x: float, v) -> float:
+    """The step's floor (soundness/floor.py floor_of: the roofline of its work at peak plus the
+    all-reduce, from its component values `v`) when the duration x falls below it; 0 otherwise."""
+    flops, bytes_, added = 0.0, 0.0, 0.0
+    for i in _FLOPS:
+        flops += v[i]
+    for i in _BYTES:
+        bytes_ += v[i]
+    for i in _ADDED:
+        added += v[i]
+    floor = max(flops, bytes_) + added
+    return floor if x < floor * (1.0 - FLOOR_TOLERANCE) else 0.0
 
 
 @njit(cache=True, nogil=True)

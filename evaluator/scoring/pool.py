@@ -53,18 +53,19 @@ def _replay_rows(
     splits: tuple[str, ...],
     semantics: str,
     percentiles: bool,
+    floor: bool = False,
 ) -> dict[str, MetricRow]:
     """One replay covering every split in `splits` (it stops once they are settled)."""
-    res = replay(exp, compiled, constants, horizon=split_horizon(exp, splits), semantics=semantics)
+    res = replay(exp, compiled, constants, horizon=split_horizon(exp, splits), semantics=semantics, floor=floor)
     if not res.ok:
         return {s: failed_row(exp, s, res.failure()) for s in splits}
     return {s: split_metrics(exp, res, s, percentiles) for s in splits}
 
 
 def _replay_row(
-    exp: Experiment, compiled: CompiledProgram, constants: np.ndarray, split: str, semantics: str
+    exp: Experiment, compiled: CompiledProgram, constants: np.ndarray, split: str, semantics: str, floor: bool = False
 ) -> MetricRow:
-    return _replay_rows(exp, compiled, constants, (split,), semantics, False)[split]
+    return _replay_rows(exp, compiled, constants, (split,), semantics, False, floor)[split]
 
 
 class ReplayPool:
@@ -74,12 +75,14 @@ class ReplayPool:
         workers: int | None = None,
         semantics: str = DEFAULT_SEMANTICS,
         cluster: Cluster | None = None,
+        floor: bool = False,
     ):
         """semantics: how a step is accounted ("blis" or "vllm"; see replay.SEMANTICS). workers:
-        replay threads; with a `cluster` replays run there instead."""
+        replay threads; with a `cluster` replays run there instead. floor: every replay fails at a
+        step below its physical floor, naming it (--physics check)."""
         if semantics not in SEMANTICS:
             raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
-        self.experiments, self.semantics = experiments, semantics
+        self.experiments, self.semantics, self.floor = experiments, semantics, floor
         self.executor = open_executor(experiments, workers or default_workers(), cluster)
 
     @property
@@ -115,7 +118,8 @@ class ReplayPool:
 
         splits = tuple(splits)
         results = self.executor.map(
-            _replay_rows, [(e, (compiled, c, splits, self.semantics, percentiles)) for e, c in zip(exps, constants)]
+            _replay_rows,
+            [(e, (compiled, c, splits, self.semantics, percentiles, self.floor)) for e, c in zip(exps, constants)],
         )
         return {s: [r[s] for r in results] for s in splits}
 
@@ -129,7 +133,8 @@ class ReplayPool:
     ) -> list[float]:
         """Loss on `split` of each constant vector over `experiments`; all replays handed out at once."""
         rows = self.executor.map(
-            _replay_row, [(e, (compiled, x, split, self.semantics)) for x in population for e in experiments]
+            _replay_row,
+            [(e, (compiled, x, split, self.semantics, self.floor)) for x in population for e in experiments],
         )
         n = len(experiments)
         return [objective.of_rows(rows[p * n : (p + 1) * n]) for p in range(len(population))]
@@ -145,5 +150,5 @@ class ReplayPool:
         """Closed-loop replay of each experiment at `constants`, keeping what the trajectory
         surrogate needs (see surrogate.py; each model is built when the fit asks for it)."""
         return self.executor.map(
-            record, [(e, (compiled, vector, constants, split, self.semantics, True)) for e in experiments]
+            record, [(e, (compiled, vector, constants, split, self.semantics, True, self.floor)) for e in experiments]
         )

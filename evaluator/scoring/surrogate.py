@@ -135,12 +135,20 @@ def record(
     split: str = "train",
     semantics: str = DEFAULT_SEMANTICS,
     pending: bool = False,
+    floor: bool = False,
 ) -> tuple[MetricRow, TrajectoryModel | PendingModel | None]:
     """Closed-loop replay of `exp` on `split` with the trajectory kept: its metric row (what
     the closed loop judges) and the model to re-time it (None if the replay failed; pending:
-    a PendingModel, built when asked for)."""
+    a PendingModel, built when asked for). floor: a step below its floor fails it (replay())."""
     res = replay(
-        exp, compiled, constants, horizon=split_horizon(exp, (split,)), record=True, semantics=semantics, rows=False
+        exp,
+        compiled,
+        constants,
+        horizon=split_horizon(exp, (split,)),
+        record=True,
+        semantics=semantics,
+        rows=False,
+        floor=floor,
     )
     if not res.ok:
         return failed_row(exp, split, res.failure()), None

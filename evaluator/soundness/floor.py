@@ -19,8 +19,14 @@ what the data hold: uncached prefill chunks of 16-8,192 tokens (and chunks on a 
 many short prompts in one step, decode batches of 1-512 on contexts up to MAX_MODEL_LEN, mixed
 steps under token budgets of 64-16,384, for every catalog model on every catalog GPU at every TP
 degree whose weights fit (and every deployment of the data at hand), each step only where the
-deployment's KV cache can hold it. A program below the floor anywhere in the envelope is refused
-before any fit (`floor`), and a fit never accepts constants that put it below.
+deployment's KV cache can hold it. Data that reach further (a larger token budget or batch, a
+longer context) extend the envelope to their reach, so the envelope always covers the data. A
+program below the floor anywhere in the envelope is refused before any fit (`floor`), and a fit
+never accepts constants that put it below.
+
+Each branch of a conditional is checked on its own: the floor is checked on step_time with every
+`a if cond else b` taken as whichever branch is lower (signs.lowest_branch), on every envelope
+point, not only where the envelope's steps happen to send the condition.
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepml_evolve.evaluator.dsl import Program, ProgramError
-from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector
+from stepml_evolve.evaluator.dsl.numexpr_compile import (
+    VectorFunction,
+    compile_expression,
+    compile_vector,
+    evaluate_vector,
+)
+from stepml_evolve.evaluator.dsl.program import inlined
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.physics.catalog import Hardware, catalog
 from stepml_evolve.evaluator.physics.components import (
@@ -46,6 +58,7 @@ from stepml_evolve.evaluator.physics.components import (
     component_values,
 )
 from stepml_evolve.evaluator.physics.model_arch import ModelArch
+from stepml_evolve.evaluator.soundness.signs import Ranges, has_branches, lowest_branch
 
 MAX_MODEL_LEN = 32_768  # the longest context the envelope holds (long-context deployments of today's models)
 TP_DEGREES = (1, 2, 4, 8)
@@ -133,12 +146,31 @@ class Step:
         )
 
 
-def envelope_steps() -> list[Step]:
-    steps = [Step(1, n) for n in PREFILL_CHUNKS]
+@dataclass(frozen=True)
+class Reach:
+    """How far the envelope's steps go: the largest token budget, decode batch and context."""
+
+    budget: int = max(BUDGETS)
+    batch: int = max(DECODE_BATCHES)
+    context: int = MAX_MODEL_LEN
+
+    def covering(self, budget: int, batch: int, context: int) -> Reach:
+        return Reach(max(self.budget, budget), max(self.batch, batch), max(self.context, context))
+
+
+def envelope_steps(reach: Reach = Reach()) -> list[Step]:
+    chunks = PREFILL_CHUNKS + ((reach.budget,) if reach.budget > max(BUDGETS) else ())
+    batches = DECODE_BATCHES + ((reach.batch,) if reach.batch > max(DECODE_BATCHES) else ())
+    contexts = DECODE_CONTEXTS + ((reach.context - 1,) if reach.context > MAX_MODEL_LEN else ())
+    budgets = BUDGETS + ((reach.budget,) if reach.budget > max(BUDGETS) else ())
+    steps = [Step(1, n) for n in chunks]
     steps += [Step(1, n, c) for n, c in LONG_CONTEXT_CHUNKS]
+    if reach.context > MAX_MODEL_LEN:  # the data's longest context, its last chunk prefilled on it
+        chunk = min(8192, reach.budget, reach.context // 2)
+        steps.append(Step(1, chunk, reach.context - chunk))
     steps += [Step(k, n) for k, n in MANY_PROMPTS]
-    steps += [Step(decodes=b, dc_context=c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS]
-    steps += [Step(1, budget - b, 0, b, MIXED_CONTEXT) for budget in BUDGETS for b in MIXED_DECODES if b < budget]
+    steps += [Step(decodes=b, dc_context=c) for b in batches for c in contexts]
+    steps += [Step(1, budget - b, 0, b, MIXED_CONTEXT) for budget in budgets for b in MIXED_DECODES if b < budget]
     return steps
 
 
@@ -182,22 +214,27 @@ class Envelope:
         return f"{self.deployments[self.deployment[i]].label}, {self.steps[self.step[i]].label}"
 
 
+# The floor's parts, one definition for floor_of, the replay's check (replay/state.py) and the Go
+# model's (evolve/go): max(sum of FLOP_TIMES, sum of BYTE_TIMES) + sum of ADDED_TIMES
+FLOP_TIMES = ("gemm_pf", "gemm_dc", "attn_pf", "attn_dc")
+BYTE_TIMES = ("weights", "kv_read", "kv_write")
+ADDED_TIMES = ("allreduce",)
+
+
 def floor_of(components: np.ndarray) -> np.ndarray:
     """The floor (us) of component columns (N_COMPONENTS, n): max(FLOP time, byte time) + all-reduce."""
-    c = lambda name: components[COMPONENT_INDEX[name]]  # noqa: E731
-    flops = c("gemm_pf") + c("gemm_dc") + c("attn_pf") + c("attn_dc")
-    bytes_ = c("weights") + c("kv_read") + c("kv_write")
-    return np.maximum(flops, bytes_) + c("allreduce")
+    total = lambda names: sum(components[COMPONENT_INDEX[n]] for n in names)  # noqa: E731
+    return np.maximum(total(FLOP_TIMES), total(BYTE_TIMES)) + total(ADDED_TIMES)
 
 
-def build_envelope(deployments: Iterable[Deployment]) -> Envelope:
+def build_envelope(deployments: Iterable[Deployment], reach: Reach = Reach()) -> Envelope:
     deployments = tuple(deployments)
-    steps = tuple(envelope_steps())
+    steps = tuple(envelope_steps(reach))
     cols, dep_index, step_index = [], [], []
     for d, dep in enumerate(deployments):
         k = coefficients(dep.arch, dep.hardware, dep.tp)
         for s, step in enumerate(steps):
-            if step.kv_tokens <= dep.kv_tokens and step.longest <= MAX_MODEL_LEN:
+            if step.kv_tokens <= dep.kv_tokens and step.longest <= reach.context:
                 cols.append(np.array(component_values(*step.totals(), k), dtype=np.float64))
                 dep_index.append(d)
                 step_index.append(s)
@@ -212,10 +249,11 @@ def _catalog_envelope() -> Envelope:
 
 def envelope_for(experiments: Iterable = ()) -> Envelope:
     """The catalog's envelope, with the deployments of `experiments` (their model, GPU and TP, and
-    the KV cache they ran with) that the catalog lacks."""
+    the KV cache they ran with) that the catalog lacks, and steps as far as the experiments reach
+    (their token budget, batch and longest request) where that is beyond the catalog's."""
     base = _catalog_envelope()
     have = {(d.arch, d.hardware.name, d.tp) for d in base.deployments}
-    extra = []
+    extra, reach = [], Reach()
     for e in experiments:
         hw = getattr(e, "hardware", None)
         if not isinstance(hw, Hardware):
@@ -224,7 +262,11 @@ def envelope_for(experiments: Iterable = ()) -> Envelope:
         if key not in have:
             have.add(key)
             extra.append(Deployment(e.model, hw, e.tp, e.arch, e.server.kv_blocks * e.server.block_size))
-    return base if not extra else build_envelope((*base.deployments, *extra))
+        longest = int((e.input_tokens + e.output_tokens).max()) if e.n_requests else 0
+        reach = reach.covering(e.server.max_num_batched_tokens, e.server.max_num_seqs, longest)
+    if not extra and reach == Reach():
+        return base
+    return build_envelope((*base.deployments, *extra), reach)
 
 
 @dataclass(frozen=True)
@@ -233,6 +275,7 @@ class FloorCheck:
 
     ratio: float  # the smallest step time / floor over the envelope (nan: a step time was not finite)
     worst: str  # the point where it is smallest (or the first non-finite one)
+    branch: bool = False  # the smallest is a branch's that the point's own condition does not take
 
     @property
     def margin(self) -> float:
@@ -244,24 +287,46 @@ class FloorCheck:
         return self.ratio >= 1.0 - TOLERANCE
 
     def reason(self) -> str:
+        what = (
+            "a branch of step_time (each `a if cond else b` is held to the floor on its own, wherever a "
+            "user could send it)"
+            if self.branch
+            else "step_time"
+        )
         if math.isnan(self.ratio):
-            return f"step_time is not a finite number at {self.worst}"
+            return f"{what} is not a finite number at {self.worst}"
         return (
-            f"step_time is {self.ratio:.3g}x the physical floor (the roofline of the step's work at the "
+            f"{what} is {self.ratio:.3g}x the physical floor (the roofline of the step's work at the "
             f"hardware's peak) at {self.worst}"
         )
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "ratio": None if math.isnan(self.ratio) else self.ratio, "worst": self.worst}
+        return {
+            "ok": self.ok,
+            "ratio": None if math.isnan(self.ratio) else self.ratio,
+            "worst": self.worst,
+            "branch": self.branch,
+        }
 
 
-def step_ratios(program: Program, constants: np.ndarray, env: Envelope) -> np.ndarray:
-    """step_time / floor at every envelope point for each constant vector: (P, n) for (P, K)
-    constants; NaN where a step time is not finite."""
-    key = ("floor-vector", id(env))
+def _vector(program: Program, lowest: bool) -> VectorFunction:
+    """step_time compiled for arrays; `lowest`: with each branch at its lowest (the floor's view)."""
+    key = ("floor-vector", lowest)
     vf = program._cache.get(key)
     if vf is None:
-        vf = program._cache[key] = compile_vector(program, "step_time")
+        expr = inlined(program.functions["step_time"]) if lowest else None
+        if expr is not None and has_branches(expr):
+            vf = compile_expression(lowest_branch(expr, Ranges(program)))
+        else:
+            vf = compile_vector(program, "step_time")
+        program._cache[key] = vf
+    return vf
+
+
+def step_ratios(program: Program, constants: np.ndarray, env: Envelope, lowest: bool = False) -> np.ndarray:
+    """step_time / floor at every envelope point for each constant vector: (P, n) for (P, K)
+    constants; NaN where a step time is not finite. `lowest`: each branch at its lowest."""
+    vf = _vector(program, lowest)
     constants = np.atleast_2d(np.asarray(constants, dtype=np.float64))
     inputs = {f"f_{name}": env.components[i] for name, i in COMPONENT_INDEX.items()}
     for j, name in enumerate(program.constants):
@@ -275,24 +340,28 @@ def step_ratios(program: Program, constants: np.ndarray, env: Envelope) -> np.nd
 def check_floor(
     program: Program, constants: dict[str, float] | np.ndarray | None = None, env: Envelope | None = None
 ) -> FloorCheck:
-    """The program (at `constants`, default its own) against the floor over the envelope."""
+    """The program (at `constants`, default its own) against the floor over the envelope, each
+    branch on its own."""
     env = env or _catalog_envelope()
     if constants is None:
         constants = program.constants
     v = np.array([constants[k] for k in program.constants] if isinstance(constants, dict) else constants, dtype=float)
-    ratio = step_ratios(program, v, env)[0]
+    ratio = step_ratios(program, v, env, lowest=True)[0]
     bad = np.flatnonzero(np.isnan(ratio))
-    if len(bad):
-        return FloorCheck(math.nan, env.describe(int(bad[0])))
-    i = int(np.argmin(ratio))
-    return FloorCheck(float(ratio[i]), env.describe(i))
+    i = int(bad[0]) if len(bad) else int(np.argmin(ratio))
+    value = math.nan if len(bad) else float(ratio[i])
+    branch = False
+    if not value >= 1.0 - TOLERANCE and _vector(program, True) is not _vector(program, False):
+        taken = step_ratios(program, v, env)[0][i]
+        branch = bool(taken >= 1.0 - TOLERANCE)
+    return FloorCheck(value, env.describe(i), branch)
 
 
 def below_floor(program: Program, population: np.ndarray, env: Envelope) -> np.ndarray:
     """For a fit: how far each constant vector (P, K) puts the program below the floor, as the
-    largest shortfall (1 - step / floor) over the envelope; 0 where it stays at or above it, inf
-    where a step time is not finite."""
-    ratio = step_ratios(program, population, env)
+    largest shortfall (1 - step / floor) over the envelope, each branch on its own; 0 where it stays
+    at or above it, inf where a step time is not finite."""
+    ratio = step_ratios(program, population, env, lowest=True)
     short = np.where(np.isnan(ratio), np.inf, 1.0 - ratio).max(axis=1)
     return np.where(short > TOLERANCE, short, 0.0)
 

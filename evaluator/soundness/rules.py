@@ -1,29 +1,41 @@
 """Physics a program may not trade away: what `--physics check` (the default) asks of every new
-program (a seed, a search's child, a program `evolve fit` is given), beyond what the DSL parses.
+program (a seed, a search's child, a program `evolve fit`, `cv` or `emit-go` is given), beyond
+what the DSL parses. Each rule is one line of refusal, naming where the program breaks it.
 
-  causal  inputs that cause the time. Each function reads only what can cause its duration
-          (CAUSAL_READS; the DSL docs carry the table): queueing_time does not read
-          r.output_tokens, and a term for a feature some deployments lack is zero where it is
-          absent: step_time is the same at TP 1 as with no tensor parallelism at all (f.allreduce
-          is, k * f.tp is not). f.experts needs no check: it is 0 for a dense model, so a term in
-          it is zero there by construction.
-  floor   no FLOP or HBM time counts at the hardware's peak (every one is scaled by an efficiency
-          constant: no kernel reaches the peak, and a child that drops the constant would run
-          prefill at it); no time component is subtracted (or divides, or enters with a negative power): a step
-          cannot get faster for doing more of a kind of work; each constant has one role, in one
-          function (a constant that scales one resource's time, FLOP, HBM or link time, in one
-          place is not read as another's, inside sqrt, beside a count or in a condition in
-          another, nor shared between step_time and queueing_time);
-          and step_time is at or above the physical floor everywhere in the envelope (floor.py).
+  causal     inputs that cause the time. Each function reads only what can cause its duration
+             (CAUSAL_READS; the DSL docs carry the table): queueing_time does not read
+             r.output_tokens, and a term for a feature some deployments lack is zero where it is
+             absent: step_time is the same at TP 1 as with no tensor parallelism at all (f.allreduce
+             is, k * f.tp is not). f.experts needs no check: it is 0 for a dense model, so a term in
+             it is zero there by construction.
+  floor      no FLOP or HBM time counts at the hardware's peak (every one is scaled by an efficiency
+             constant: no kernel reaches the peak, and a child that drops the constant would run
+             prefill at it); no time component is subtracted, divides, enters with a negative power or
+             is scaled by a factor of either sign (signs.polarity): a step cannot get faster for doing
+             more of a kind of work; each constant has one role, in one function (a constant that
+             scales one resource's time, FLOP, HBM or link time, in one place is not read as another's,
+             inside sqrt, beside a count or in a condition in another, nor shared between step_time and
+             queueing_time); and step_time, each branch of a condition on its own, is at or above the
+             physical floor everywhere in the envelope (floor.py).
+  sign       nothing takes time away through a back door (signs.py): a constant read in a value is
+             >= 0 (its start, min, max and prior; with no min the fit holds it at 0 or above:
+             `held_bounds`), and every term and factor of a time is >= 0 wherever its constants'
+             bounds let it go: no difference of constants, negative branch, negated value or log of a
+             value below 1 (a hinge is max(0, x - k), whose other argument is free).
+  twice      no time component is counted twice in one sum (`c.a * (f.gemm_pf + f.attn_pf) +
+             c.b * f.gemm_pf`): one step does that work once. A search's child has such terms merged
+             by the simplifier first (evolve/search/simplify.py) where they differ only in a constant.
+  threshold  every condition of step_time switches inside the envelope, at the program's constants
+             and at the bounds of the constants it reads (thresholds.py).
 
 The parser (dsl/program.py) keeps accepting what these rules refuse, so programs stored before
-them still read, browse and emit; the rules apply where a program enters a search or a fit.
+them still read and browse; the rules apply where a program enters a search, a fit or emission,
+and the replay under --physics check fails at any step below its floor, naming it.
 """
 
 from __future__ import annotations
 
 import ast
-import copy
 import math
 from collections.abc import Iterator
 
@@ -31,10 +43,18 @@ import numpy as np
 
 from stepml_evolve.evaluator.dsl import Program, ProgramError
 from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector
-from stepml_evolve.evaluator.dsl.operators import literal_number
-from stepml_evolve.evaluator.dsl.program import Prior, clip_to, prior_kind
+from stepml_evolve.evaluator.dsl.program import Prior, clip_to, inlined, prior_kind
 from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, TIME_COMPONENTS
 from stepml_evolve.evaluator.soundness.floor import Envelope, check_floor, envelope_for
+from stepml_evolve.evaluator.soundness.signs import (
+    FOLDS,
+    Ranges,
+    falling_times,
+    negative_constants,
+    negative_values,
+    value_constants,
+)
+from stepml_evolve.evaluator.soundness.thresholds import threshold_bounds, threshold_problems
 
 # What each function may read, and why (the DSL docs' table). Anything a function's parameters
 # give that is not listed is not causal, with its reason in NOT_CAUSAL.
@@ -88,18 +108,21 @@ def default_prior(start: float, bounds: tuple[float, float] | None) -> Prior:
     return Prior(start, 10.0 * max(abs(start), 1.0), False)
 
 
-def inherit(child: Program, parent: Program) -> Program:
+def inherit(child: Program, parent: Program, env: Envelope | None = None) -> Program:
     """The child with its first parent's bounds and prior on every constant it inherits (by name:
     a child may not loosen what holds its parent's constants), and on every constant it adds a prior
-    (its own, else `default_prior`) and, where it scales a time (`c.k * f.kv_read`) and has no
-    bounds, a min of 0 (a negative one would subtract that work); values moved into the bounds."""
+    (its own, else `default_prior`) and, where it has no bounds, a min of 0 if a value reads it (a
+    negative one would take time away) or, given the envelope, bounds inside the range of what a
+    condition of step_time compares it with (thresholds.threshold_bounds); values moved into the
+    bounds."""
     bounds, priors, values = {}, {}, {}
-    scales_time = _scales_time(child)
+    in_values = _value_constants(child)
+    at_thresholds = threshold_bounds(child, env) if env is not None else {}
     for name, value in child.constants.items():
         if name in parent.constants:
             b, p = parent.bounds.get(name), parent.priors.get(name)
         else:
-            b = child.bounds.get(name) or ((0.0, math.inf) if name in scales_time else None)
+            b = child.bounds.get(name) or ((0.0, math.inf) if name in in_values else at_thresholds.get(name))
             p = child.priors.get(name) or default_prior(clip_to(value, b), b)
         if b is not None:
             bounds[name] = b
@@ -111,37 +134,20 @@ def inherit(child: Program, parent: Program) -> Program:
     return child.with_constants(values, bounds=bounds, priors=priors)
 
 
-def _scales_time(program: Program) -> set[str]:
-    """The constants every occurrence of which scales a time (a product with a time component or a
-    step's time, summed into a value)."""
-    roles: dict[str, set] = {}
-    for name, fn in program.functions.items():
-        expr = inlined(fn)
-        parents = _parents(expr)
-        for node in ast.walk(expr):
-            if _is(node, "c"):
-                roles.setdefault(node.attr, set()).add(_role(node, parents, name))
-    return {
-        k
-        for k, rs in roles.items()
-        if all(where == "a value" and multiplies not in ("a count", "nothing") for _, multiplies, where in rs)
-    }
+def _value_constants(program: Program) -> set[str]:
+    """The constants read in a value of any function (not only in a condition)."""
+    return set().union(*(value_constants(inlined(fn)) for fn in program.functions.values()))
 
 
-def inlined(fn: ast.FunctionDef) -> ast.expr:
-    """The function's return expression with its locals substituted (a fresh tree)."""
-    locals_: dict[str, ast.expr] = {}
-
-    class Substitute(ast.NodeTransformer):
-        def visit_Name(self, node):
-            return copy.deepcopy(locals_[node.id]) if node.id in locals_ else node
-
-    for stmt in fn.body:
-        if isinstance(stmt, ast.Assign):
-            locals_[stmt.targets[0].id] = Substitute().visit(copy.deepcopy(stmt.value))
-        elif isinstance(stmt, ast.Return):
-            return Substitute().visit(copy.deepcopy(stmt.value))
-    raise ValueError(f"{fn.name} has no return")  # the validator makes this impossible
+def held_bounds(program: Program) -> dict[str, tuple[float, float]]:
+    """The bounds a fit under --physics check holds the constants in: each one's own, with a min of
+    0 for a constant a value reads that has none (a negative one would take time away)."""
+    held = dict(program.bounds)
+    for name in _value_constants(program):
+        lo, hi = held.get(name, (-math.inf, math.inf))
+        if lo == -math.inf:
+            held[name] = (0.0, hi)
+    return held
 
 
 def _is(node: ast.AST, base: str, names=None) -> bool:
@@ -151,45 +157,6 @@ def _is(node: ast.AST, base: str, names=None) -> bool:
         and node.value.id == base
         and (names is None or node.attr in names)
     )
-
-
-def _negative_literal(node: ast.AST) -> bool:
-    v = literal_number(node)
-    return v is not None and v < 0
-
-
-def _decreasing_time(node: ast.AST, sign: int = 1) -> Iterator[ast.Attribute]:
-    """The time components f.T under `node` that the value falls as they grow (polarity through
-    + - * / ** and unary minus; a negative literal factor flips it; calls keep it; conditions do
-    not count)."""
-    if _is(node, "f", TIME_COMPONENTS):
-        if sign < 0:
-            yield node
-    elif isinstance(node, ast.BinOp):
-        op = type(node.op)
-        if op is ast.Add:
-            yield from _decreasing_time(node.left, sign)
-            yield from _decreasing_time(node.right, sign)
-        elif op is ast.Sub:
-            yield from _decreasing_time(node.left, sign)
-            yield from _decreasing_time(node.right, -sign)
-        elif op is ast.Mult:
-            yield from _decreasing_time(node.left, -sign if _negative_literal(node.right) else sign)
-            yield from _decreasing_time(node.right, -sign if _negative_literal(node.left) else sign)
-        elif op is ast.Div:
-            yield from _decreasing_time(node.left, -sign if _negative_literal(node.right) else sign)
-            yield from _decreasing_time(node.right, -sign)
-        elif op is ast.Pow:
-            p = literal_number(node.right)
-            yield from _decreasing_time(node.left, sign if p is not None and p > 0 else -sign)
-    elif isinstance(node, ast.UnaryOp):
-        yield from _decreasing_time(node.operand, -sign if isinstance(node.op, ast.USub) else sign)
-    elif isinstance(node, ast.Call):
-        for a in node.args:
-            yield from _decreasing_time(a, sign)
-    elif isinstance(node, ast.IfExp):
-        yield from _decreasing_time(node.body, sign)
-        yield from _decreasing_time(node.orelse, sign)
 
 
 def _parents(tree: ast.AST) -> dict[int, ast.AST]:
@@ -323,6 +290,98 @@ def _time_times_count(expr: ast.expr, parents: dict[int, ast.AST]) -> Iterator[t
             cur = parent
 
 
+def _shown(node: ast.AST, limit: int = 80) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _sign_problems(program: Program, function: str, expr: ast.expr) -> Iterator[tuple[str, str]]:
+    """No time subtracted through a back door: no negative constant, no term or factor of a time
+    that may be negative (a difference of constants, a negative branch, a log below 1), no time
+    component the value falls with (subtracted, dividing, scaled by a factor of either sign), no
+    component counted twice in one sum."""
+    ranges = Ranges(program)
+    for name, what in negative_constants(program, value_constants(expr)):
+        yield (
+            "sign",
+            f"c.{name} may be negative ({what}) in {function}: a constant read in a value scales or adds "
+            "a time, and a negative one takes time away; its start, min, max and prior must be >= 0 (a "
+            "constant with no min is held at 0 or above)",
+        )
+        return
+    falling = list(falling_times(expr, ranges))
+    for node, sign in sorted(falling, key=lambda fs: fs[1]):  # one that surely falls first
+        if sign < 0 or not any(True for _ in negative_values(expr, ranges)):
+            yield (
+                "floor",
+                f"{function} {'subtracts' if sign < 0 else 'may fall with'} f.{node.attr} (the step falls as "
+                f"f.{node.attr} grows{'' if sign < 0 else ', for some constants'}): a step cannot get faster for "
+                "doing more of that work",
+            )
+            return
+        break
+    for node, why in negative_values(expr, ranges):
+        if why.startswith(FOLDS):
+            message = (
+                f"{function} takes `{_shown(node)}`, the {why.removeprefix(FOLDS)}: it folds the negative side "
+                "back up, so the step falls, then rises, as that value grows (a hinge is written max(0, x - k))"
+            )
+        else:
+            message = (
+                f"{function} adds or scales a time by `{_shown(node)}`, {why}: a term or factor of a time that "
+                "can be negative takes time away, as a subtracted time does (a hinge is written max(0, x - k))"
+            )
+        yield "sign", message
+        return
+    for component, terms in counted_twice(expr):
+        yield (
+            "twice",
+            f"{function} counts f.{component} twice in one sum (in `{_shown(terms[0], 50)}` and "
+            f"`{_shown(terms[1], 50)}`): one step does that work once; give each part of it its own "
+            "component, or one efficiency",
+        )
+        return
+
+
+def _summed(node: ast.AST) -> Iterator[str]:
+    """The time components a term adds as themselves: through sums, products, quotients' numerators
+    and signs; not through max, min, a function, a branch or a power, each a time of its own."""
+    if _is(node, "f", TIME_COMPONENTS):
+        yield node.attr
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        yield from _summed(node.left)
+        yield from _summed(node.right)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        yield from _summed(node.left)
+    elif isinstance(node, ast.UnaryOp):
+        yield from _summed(node.operand)
+
+
+def _sum_terms(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        return _sum_terms(node.left) + _sum_terms(node.right)
+    return [node]
+
+
+def counted_twice(expr: ast.AST) -> Iterator[tuple[str, tuple[ast.AST, ast.AST]]]:
+    """(component, the two terms) where one sum (a chain of + and -) has a time component in two of
+    its terms, each adding it as itself (`c.a * (f.gemm_pf + f.attn_pf) + c.b * f.gemm_pf`)."""
+    parents = _parents(expr)
+    for node in ast.walk(expr):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Add, ast.Sub)):
+            continue  # not the top of its chain
+        first: dict[str, ast.AST] = {}
+        for term in _sum_terms(node):
+            for component in set(_summed(term)):
+                if component in first:
+                    yield component, (first[component], term)
+                    return
+                first[component] = term
+
+
 def _form_problems(program: Program) -> Iterator[tuple[str, str]]:
     """(rule, message) of what the program reads or computes against the static rules."""
     roles: dict[str, dict[tuple[str, str, str], int]] = {}
@@ -335,13 +394,7 @@ def _form_problems(program: Program) -> Iterator[tuple[str, str]]:
                         f"line {node.lineno}: {function} reads {base}.{attr}, which cannot cause its time: {why}",
                     )
         expr = inlined(fn)
-        for node in _decreasing_time(expr):
-            yield (
-                "floor",
-                f"{name} subtracts f.{node.attr} (or falls as it grows): a step cannot get faster for "
-                "doing more of that work",
-            )
-            break
+        yield from _sign_problems(program, name, expr)
         parents = _parents(expr)
         for node in ast.walk(expr):
             if _is(node, "c"):
@@ -409,6 +462,7 @@ def physics_problems(program: Program, env: Envelope | None = None) -> list[tupl
     program's own constants) last; [] for a sound program."""
     env = env or envelope_for()
     problems = list(_form_problems(program))
+    problems += list(threshold_problems(program, env))
     problems += list(_absence_problems(program, env))
     floor = check_floor(program, env=env)
     if not floor.ok:

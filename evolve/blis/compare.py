@@ -88,9 +88,11 @@ def compare_with_blis(
     workdir: Path | None = None,
     timeout_s: float = 1800,
     prompt_reuse: str = DEFAULT_POLICY,
+    floor: bool = True,
 ) -> Fidelity:
     """Replay `exp_dir` (its first `requests` requests, or all) through the BLIS checkout's binary with
-    `--latency-model latency_model` (the program installed there) and through the tool's replay."""
+    `--latency-model latency_model` (the program installed there) and through the tool's replay
+    (floor: failing at a step below its physical floor, as the Go emitted under --physics check does)."""
     exp_dir, blis_checkout = Path(exp_dir), Path(blis_checkout)
     binary = blis_checkout / "blis"
     if not binary.is_file():
@@ -110,7 +112,8 @@ def compare_with_blis(
         proc = subprocess.run(export.argv, capture_output=True, text=True, timeout=timeout_s, cwd=blis_checkout)
         blis_s = time.perf_counter() - t0
         if proc.returncode != 0:
-            last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1][:300]
+            said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
+            last = next((ln for ln in said if ln.startswith("panic: ")), said[-1])[:300]
             raise BlisRunError(f"blis replay on {exp_dir.name} exited {proc.returncode}: {last}")
         blis = read_blis_results(export.results)
     n = exp.n_requests if requests is None else min(requests, exp.n_requests)
@@ -121,9 +124,11 @@ def compare_with_blis(
     constants = np.array(list(program.constants.values()), dtype=float)
     replay(view, compiled, constants, horizon=1)  # numba code loaded outside the timing
     t0 = time.perf_counter()
-    res = replay(view, compiled, constants, semantics="blis")
+    res = replay(view, compiled, constants, semantics="blis", floor=floor)
     tool_s = time.perf_counter() - t0
-    full = replay(exp, compiled, constants, semantics="blis")
+    full = replay(exp, compiled, constants, semantics="blis", floor=floor)
+    if not (res.ok and full.ok):
+        raise BlisRunError(f"{exp_dir.name}: the tool's replay failed: {(res if not res.ok else full).failure()}")
     done = res.state == FINISHED
     ids = [i for i in np.flatnonzero(~exp.failed & done) if int(i) in blis]
     tool_ttft = np.array([res.ttft_us[i] for i in ids], dtype=float)
@@ -162,6 +167,7 @@ def compare_program_in_blis(
     requests: int | None = None,
     say=lambda line: None,
     prompt_reuse: str = DEFAULT_POLICY,
+    physics: str = "check",
 ) -> list[Fidelity]:
     """`evolve blis-compare`: install the program (best, an id, or a file) into the checkout as
     `emit-go --blis` does (without BLIS's tests), then compare it on each experiment directory."""
@@ -169,8 +175,10 @@ def compare_program_in_blis(
 
     from .install import DEFAULT_BACKEND, install_into_blis
 
-    program, _ = program_for_emission(spec, archive_dir)
-    install_into_blis(spec, archive_dir, blis_checkout, backend=backend or DEFAULT_BACKEND, go_test=(), say=say)
+    program, _ = program_for_emission(spec, archive_dir, physics=physics)
+    install_into_blis(
+        spec, archive_dir, blis_checkout, backend=backend or DEFAULT_BACKEND, go_test=(), say=say, physics=physics
+    )
     return [
         compare_with_blis(
             program,
@@ -179,6 +187,7 @@ def compare_program_in_blis(
             latency_model=backend or DEFAULT_BACKEND,
             requests=requests,
             prompt_reuse=prompt_reuse,
+            floor=physics == "check",
         )
         for d in experiment_dirs
     ]

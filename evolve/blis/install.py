@@ -449,6 +449,7 @@ def install_into_blis(
     go_test: tuple[str, ...] | list[str] = DEFAULT_GO_TEST,
     say: Callable[[str], None] = print,
     tail: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    physics: str = "check",
 ) -> list[GoResult]:
     """`evolve emit-go SPEC --blis BLIS`: check, plan, emit, write, then the Go checks (one line
     each through `say`); a failed check prints the end of its output through `tail` and raises."""
@@ -457,7 +458,7 @@ def install_into_blis(
     blis = Path(blis)
     check_checkout(blis, target_name)
     plan = plan_install(blis, backend, name)
-    source, test_source = emitted_sources(spec, archive_dir, target_name, name, samples)
+    source, test_source = emitted_sources(spec, archive_dir, target_name, name, samples, physics=physics)
     plan.writes[plan.model_file], plan.writes[plan.test_file] = source, test_source
     changed = apply(plan)
     say(

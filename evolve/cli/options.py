@@ -10,8 +10,10 @@ import typer
 
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fit.fitting import METHODS
+from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES
 from stepml_evolve.evolve.commands import EvaluationSetup
 from stepml_evolve.evolve.search import SearchConfig
+from stepml_evolve.evolve.search.settings import EMIT_PHYSICS_HELP
 
 from .settings_options import option_type
 
@@ -23,6 +25,7 @@ OutputLenOption = option_type(EvaluationSetup, "output_len")
 PromptReuseOption = option_type(EvaluationSetup, "prompt_reuse")
 WorkersOption = option_type(EvaluationSetup, "workers")
 PhysicsOption = option_type(SearchConfig, "physics")
+EmitPhysicsOption = Annotated[Literal[PHYSICS_MODES], typer.Option("--physics", help=EMIT_PHYSICS_HELP)]
 ClusterOption = Annotated[
     str | None,
     typer.Option(

@@ -28,6 +28,7 @@ from .console import err, error, out, say
 from .options import (
     SETUP,
     ClusterOption,
+    EmitPhysicsOption,
     MethodOption,
     PhysicsOption,
     PromptReuseOption,
@@ -275,6 +276,7 @@ def emit_go_cmd(
         "--go-test",
         help="With --blis: the packages to test (default ./sim/...; several: repeat, or space-separated in one value).",
     ),
+    physics: EmitPhysicsOption = PHYSICS_MODES[0],
 ):
     """Emit a program as Go (package latency) implementing BLIS's LatencyModel (or install it with --blis)."""
     if blis is None and (backend or go_test):
@@ -285,12 +287,28 @@ def emit_go_cmd(
         if within is not None:
             raise BlisError("--within does not go with --blis yet (simplest there uses 5%); emit with --out instead")
         install_into_blis(
-            program, archive_dir, blis, target, name, backend or DEFAULT_BACKEND, samples, go_test or DEFAULT_GO_TEST
+            program,
+            archive_dir,
+            blis,
+            target,
+            name,
+            backend or DEFAULT_BACKEND,
+            samples,
+            go_test or DEFAULT_GO_TEST,
+            physics=physics,
         )
         return
     out_path = out_path or Path("stepml_evolved.go")
     choice = emit_program(
-        program, archive_dir, out_path, test_out, target=target, name=name, samples=samples, within=within
+        program,
+        archive_dir,
+        out_path,
+        test_out,
+        target=target,
+        name=name,
+        samples=samples,
+        within=within,
+        physics=physics,
     )
     if choice is not None:
         err.print(choice.describe(), markup=False, highlight=False, soft_wrap=True)
@@ -317,6 +335,7 @@ def blis_compare_cmd(
     backend: str | None = typer.Option(None, "--backend", help="The backend name in BLIS (default stepml-evolved)."),
     prompt_reuse: PromptReuseOption = SETUP.prompt_reuse,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    physics: EmitPhysicsOption = PHYSICS_MODES[0],
 ):
     """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
     from stepml_evolve.evaluator.data.experiment_reader import experiment_dirs
@@ -326,7 +345,15 @@ def blis_compare_cmd(
     if not dirs:
         raise BlisError(f"{data}: no experiment directories{' named ' + ', '.join(experiment) if experiment else ''}")
     rows = compare_program_in_blis(
-        program, archive_dir, blis, dirs, backend=backend, requests=requests, say=say, prompt_reuse=prompt_reuse
+        program,
+        archive_dir,
+        blis,
+        dirs,
+        backend=backend,
+        requests=requests,
+        say=say,
+        prompt_reuse=prompt_reuse,
+        physics=physics,
     )
     if as_json:
         print(dumps([r.to_json() for r in rows]))

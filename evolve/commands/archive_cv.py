@@ -255,7 +255,10 @@ def cross_validate_archive(
         fit = run_fit_settings(run, seed, max_evals)
         loaded = run_data(run, archive.dir, data, say)
         make_folds(protocol, loaded.experiments)  # a protocol the data cannot serve fails before the engine starts
-        with ReplayPool(loaded.experiments, workers, semantics=fit.semantics) as engine, progress() as on_progress:
+        with (
+            ReplayPool(loaded.experiments, workers, semantics=fit.semantics, floor=fit.config.floor) as engine,
+            progress() as on_progress,
+        ):
             done = cross_validate_programs(
                 archive, chosen, loaded, engine, protocol, fit, again=again, progress=on_progress, say=say
             )

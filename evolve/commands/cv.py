@@ -90,7 +90,7 @@ def cross_validate_program(
     config = dataclasses.replace(
         FitConfig(seed=seed, max_evals=max_evals, method=method, floor=physics == "check"), objective=setup.goal(loaded)
     )
-    with setup.replay_pool(loaded) as engine, progress() as on_progress:
+    with setup.replay_pool(loaded, floor=physics == "check") as engine, progress() as on_progress:
         cv = cross_validate(
             program,
             loaded.experiments,

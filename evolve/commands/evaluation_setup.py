@@ -101,6 +101,7 @@ class EvaluationSetup:
         """The objective, its weights read (a pattern matching none of `loaded`'s experiments is refused)."""
         return load_objective(self.objective, self.weights, [e.name for e in loaded.experiments])
 
-    def replay_pool(self, loaded: LoadedData) -> ReplayPool:
-        """An engine replaying `loaded`'s experiments with these semantics, on threads or the cluster."""
-        return ReplayPool(loaded.experiments, self.workers, semantics=self.semantics, cluster=self.cluster)
+    def replay_pool(self, loaded: LoadedData, floor: bool = False) -> ReplayPool:
+        """An engine replaying `loaded`'s experiments with these semantics, on threads or the cluster;
+        floor: a replay fails at a step below its physical floor (--physics check)."""
+        return ReplayPool(loaded.experiments, self.workers, semantics=self.semantics, cluster=self.cluster, floor=floor)

@@ -120,7 +120,7 @@ def fit_program(
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
-    with setup.replay_pool(loaded) as engine, progress() as on_progress:
+    with setup.replay_pool(loaded, floor=physics == "check") as engine, progress() as on_progress:
         result = fit(program, loaded.experiments, engine, config, progress=on_progress)
         if not result.loss < FAILED_LOSS:
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")

@@ -260,7 +260,7 @@ def run_search(
             "llm_base_url": llm.base_url if llm else None,
             "engine": engine,
         }
-        with setup.replay_pool(loaded) as pool:
+        with setup.replay_pool(loaded, floor=config.physics == "check") as pool:
             search = Search(
                 archive,
                 loaded,

@@ -10,7 +10,7 @@ Go file's header names the rule, the losses and the program's CV scores."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stepml_evolve.archive.browse import cv_header, fitted_header, opened, resolve
@@ -19,6 +19,7 @@ from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
 from stepml_evolve.evaluator.errors import cut
 from stepml_evolve.evaluator.fit.fitted_header import header_lines
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
+from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES, physics_problems
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, EmitError, emit_go, emit_go_test, gofmt
 from stepml_evolve.evolve.go.emit import target as target_of
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
@@ -27,11 +28,31 @@ from stepml_evolve.evolve.go.parity import samples as parity_samples
 
 @dataclass(frozen=True)
 class Emission:
-    """The program to emit, the labelled fields of the Go file's header, and the rule's choice (if a rule chose it)."""
+    """The program to emit, the labelled fields of the Go file's header, the rule's choice (if a
+    rule chose it), and whether the Go holds every step to its physical floor."""
 
     program: Program
     header: dict[str, str]
     choice: Choice | None = None
+    floor: bool = True
+
+
+def _held_to_physics(emission: Emission, spec: str, physics: str) -> Emission:
+    """The emission under `physics`: "check" refuses a program that breaks a rule of
+    evaluator/soundness (one line: which rule, where) and has the Go panic at a step below its floor;
+    "off" emits it as it is, with only a step above 0 required."""
+    if physics not in PHYSICS_MODES:
+        raise EmitError(f"--physics must be one of {', '.join(PHYSICS_MODES)}, not {physics!r}")
+    if physics == "off":
+        return replace(emission, floor=False)
+    if problems := physics_problems(emission.program):
+        rule, message = problems[0]
+        what = f"#{emission.choice.program.id} (rule {emission.choice.rule})" if emission.choice else cut(spec)
+        raise EmitError(
+            f"{what}: --physics check refuses it [{rule}]: {message}; nothing written (--physics off emits it "
+            "without the floor's guard)"
+        )
+    return emission
 
 
 def _is_file_spec(spec: str) -> bool:
@@ -43,9 +64,16 @@ def _is_file_spec(spec: str) -> bool:
         return False
 
 
-def choose_for_emission(spec: str, archive_dir: Path | None, within: float | None = None) -> Emission:
-    """The program named by `spec`: a .py file, a deployment rule (RULES) or an id of the archive.
-    `within` (percent) goes with the rules that have a margin (MARGIN_RULES)."""
+def choose_for_emission(
+    spec: str, archive_dir: Path | None, within: float | None = None, physics: str = PHYSICS_MODES[0]
+) -> Emission:
+    """The program named by `spec`: a .py file, a deployment rule (RULES) or an id of the archive,
+    held to `physics` (`_held_to_physics`). `within` (percent) goes with the rules that have a margin
+    (MARGIN_RULES)."""
+    return _held_to_physics(_chosen(spec, archive_dir, within), spec, physics)
+
+
+def _chosen(spec: str, archive_dir: Path | None, within: float | None) -> Emission:
     rule = spec.strip().lower()
     if within is not None and (rule not in MARGIN_RULES or _is_file_spec(spec)):
         raise EmitError(f"--within goes with the rules {', '.join(MARGIN_RULES)} only, not with {spec!r}")
@@ -69,12 +97,12 @@ def choose_for_emission(spec: str, archive_dir: Path | None, within: float | Non
 
 
 def program_for_emission(
-    spec: str, archive_dir: Path | None, within: float | None = None
+    spec: str, archive_dir: Path | None, within: float | None = None, physics: str = PHYSICS_MODES[0]
 ) -> tuple[Program, dict[str, str]]:
     """The program named by `spec` (a .py file, or `best`/`simplest`/an id in the archive) and the
     header of the Go file: the file and its `# fitted:` header on one line, or the archived program,
     its data, seed and losses (and, for a rule, which rule chose it and why)."""
-    emission = choose_for_emission(spec, archive_dir, within)
+    emission = choose_for_emission(spec, archive_dir, within, physics)
     return emission.program, emission.header
 
 
@@ -85,16 +113,21 @@ def emitted_sources(
     name: str = DEFAULT_NAME,
     samples: int | None = DEFAULT_SAMPLES,
     within: float | None = None,
+    physics: str = PHYSICS_MODES[0],
 ) -> tuple[str, str | None]:
     """The gofmt-clean Go model of `spec` and, unless samples is None, its Go test against Python
     on `samples` batches."""
-    return _sources(choose_for_emission(spec, archive_dir, within), target, name, samples)
+    return _sources(choose_for_emission(spec, archive_dir, within, physics), target, name, samples)
 
 
 def _sources(emission: Emission, target: str, name: str, samples: int | None) -> tuple[str, str | None]:
-    source = gofmt(emit_go(emission.program, name=name, target_name=target, header=emission.header))
+    source = gofmt(
+        emit_go(emission.program, name=name, target_name=target, header=emission.header, floor=emission.floor)
+    )
     test_source = (
-        gofmt(emit_go_test(name, parity_samples(emission.program, samples), target)) if samples is not None else None
+        gofmt(emit_go_test(name, parity_samples(emission.program, samples, floor=emission.floor), target))
+        if samples is not None
+        else None
     )
     return source, test_source
 
@@ -108,12 +141,13 @@ def emit_program(
     name: str = DEFAULT_NAME,
     samples: int = DEFAULT_SAMPLES,
     within: float | None = None,
+    physics: str = PHYSICS_MODES[0],
 ) -> Choice | None:
     """Write `out` (and `test_out`, the Go test against Python on `samples` batches); paths checked
     first. Returns the rule's choice when a rule (`best`, `simplest`) picked the program."""
     check_outputs([out] + ([test_out] if test_out else []), inputs=[Path(spec)] if spec.endswith(".py") else [])
     target_of(target)
-    emission = choose_for_emission(spec, archive_dir, within)
+    emission = choose_for_emission(spec, archive_dir, within, physics)
     source, test_source = _sources(emission, target, name, samples if test_out else None)
     write_atomic(out, source)
     if test_out:

@@ -339,9 +339,14 @@ def _gpu_names() -> list[dict]:
 
 
 def emit_go(
-    program: Program, name: str = DEFAULT_NAME, target_name: str = DEFAULT_TARGET, header: dict | None = None
+    program: Program,
+    name: str = DEFAULT_NAME,
+    target_name: str = DEFAULT_TARGET,
+    header: dict | None = None,
+    floor: bool = True,
 ) -> str:
-    """Go source (before gofmt) implementing sim.LatencyModel of `target_name` for `program`."""
+    """Go source (before gofmt) implementing sim.LatencyModel of `target_name` for `program`.
+    floor: StepTime panics at a step below its physical floor, naming it (--physics check)."""
     tgt = target(target_name)
     if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", name):
         raise EmitError(f"--name must be an exported Go identifier (e.g. StepMLEvolved), not {name!r}")
@@ -372,6 +377,7 @@ def emit_go(
         "constants": [(consts[k], go_value(v), k) for k, v in program.constants.items()],
         "functions": functions,
         "gpus": _gpu_names(),
+        "floor": floor,
         **physics_context(name),
     }
     return _templates().get_template("latency_model.go.j2").render(**ctx)

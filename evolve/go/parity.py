@@ -2,7 +2,9 @@
 
 Expected values apply the same rounding the Go side does (half to even; at least 1 us for a
 step, at least 0 for the other times), so the test checks the physics and the program, not
-rounding conventions.
+rounding conventions. A value the replay refuses (a step not above 0, or below its physical floor
+when the model holds steps to it; a delay below 0 or not a number) is expected as PANICS: the Go
+model must panic there, as the replay fails.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from stepml_evolve.evaluator.dsl import Program, ScalarProgram, compile_program
 from stepml_evolve.evaluator.physics.catalog import catalog
 from stepml_evolve.evaluator.physics.components import coefficients, from_trajectory
 from stepml_evolve.evaluator.physics.hardware import get_hardware
+from stepml_evolve.evaluator.soundness.floor import TOLERANCE, floor_of
+
+PANICS = -1  # the expected value of a sample the Go model must refuse (panic on)
 
 # The deployments of the real data: dense MHA TP1, GQA TP4, MoE TP2, GQA TP2; plus one A100.
 DEFAULT_DEPLOYMENTS = [
@@ -52,19 +57,36 @@ def _batch(rng: random.Random, budget: int = 2048) -> list[tuple[int, int, int, 
     return reqs
 
 
-def python_step_us(program: ScalarProgram, consts: np.ndarray, k: np.ndarray, reqs) -> int:
-    """The step as one trajectory step: scheduled requests only, in prefill while progress < input."""
+def python_step_us(program: ScalarProgram, consts: np.ndarray, k: np.ndarray, reqs, floor: bool = False) -> int:
+    """The step as one trajectory step: scheduled requests only, in prefill while progress < input;
+    PANICS where the step is not above 0 or (floor) below its physical floor."""
     slots = np.array([r for r in reqs if r[3] > 0], dtype=np.int64).reshape(-1, 4)
     inputs, progress, new = slots[:, 0], slots[:, 2], slots[:, 3]
     f = from_trajectory(np.zeros(len(slots), np.int64), new, progress, progress < inputs, 1, k)[:, 0]
-    return micros(program.step_time(f, consts), 1)
+    x = program.step_time(f, consts)
+    if not x > 0 or (floor and x < floor_of(f[:, None])[0] * (1 - TOLERANCE)):
+        return PANICS
+    return micros(x, 1)
+
+
+def python_delay_us(x: float) -> int:
+    """A queueing, output-token or post-decode delay as Go rounds it; PANICS below 0 or not a number."""
+    return micros(x, 0) if x >= 0 else PANICS
 
 
 DEFAULT_SAMPLES = 1000  # batches in the generated Go test
 
 
-def samples(program: Program, n_batches: int = DEFAULT_SAMPLES, seed: int = 0, deployments=DEFAULT_DEPLOYMENTS) -> dict:
-    """Template context for the Go test: deployments, step samples, queueing samples."""
+def samples(
+    program: Program,
+    n_batches: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    deployments=DEFAULT_DEPLOYMENTS,
+    floor: bool = True,
+) -> dict:
+    """Template context for the Go test: deployments, step samples (n_batches random ones, then an
+    empty batch and one of an unscheduled request per deployment), queueing samples. floor: the
+    model holds its steps to the physical floor (as emit_go's `floor`)."""
     rng = random.Random(seed)
     sp = ScalarProgram(compile_program(program))
     consts = np.array(list(program.constants.values()), dtype=float)
@@ -86,25 +108,25 @@ def samples(program: Program, n_batches: int = DEFAULT_SAMPLES, seed: int = 0, d
             }
         )
         ks.append(coefficients(arch, hw, tp))
-    steps = []
-    for i in range(n_batches):
-        d = i % len(deployments)
-        reqs = _batch(rng)
-        steps.append(
-            {"deployment": d, "want": python_step_us(sp, consts, ks[d], reqs), "reqs": [v for r in reqs for v in r]}
-        )
+    batches = [(i % len(deployments), _batch(rng)) for i in range(n_batches)]
+    batches += [(d, reqs) for d in range(len(deployments)) for reqs in ([], [(5, 1, 0, 0)])]
+    steps = [
+        {"deployment": d, "want": python_step_us(sp, consts, ks[d], reqs, floor), "reqs": [v for r in reqs for v in r]}
+        for d, reqs in batches
+    ]
     queue = []
     for _ in range(50):
         inp, out = rng.randint(1, 4000), rng.randint(1, 1500)
         last = rng.choice([0, rng.randint(1, 200_000)])  # before the first step, or a step's duration
-        queue.append([inp, out, last, micros(sp.queueing_time(inp, out, consts, last), 0)])
+        queue.append([inp, out, last, python_delay_us(sp.queueing_time(inp, out, consts, last))])
     return {
         "deployments": deps,
         "steps": steps,
         "queue": queue,
-        "output_token_us": micros(sp.output_token_time(consts), 0),
-        "post_decode_us": micros(sp.post_decode_time(consts), 0),
+        "output_token_us": python_delay_us(sp.output_token_time(consts)),
+        "post_decode_us": python_delay_us(sp.post_decode_time(consts)),
+        "panics": PANICS,
     }
 
 
-__all__ = ["samples", "micros", "DEFAULT_DEPLOYMENTS"]
+__all__ = ["samples", "micros", "DEFAULT_DEPLOYMENTS", "PANICS"]

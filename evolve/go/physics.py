@@ -17,6 +17,8 @@ import textwrap
 from stepml_evolve.evaluator.physics import components as comps_mod
 from stepml_evolve.evaluator.physics.catalog import catalog
 from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, COMPONENTS, N_COEFFICIENTS
+from stepml_evolve.evaluator.soundness.floor import ADDED_TIMES, BYTE_TIMES, FLOP_TIMES
+from stepml_evolve.evaluator.soundness.floor import TOLERANCE as FLOOR_TOLERANCE
 
 from .text import ATOM, BINARY, COMPARISONS, UNARY, EmitError, camel, go_number, go_value, wrap
 
@@ -230,4 +232,9 @@ def physics_context(name: str) -> dict:
         "coefficient_args": [(value, go) for go, value in params],
         "coefficient_code": code,
         "hardware_presets": hardware_presets(),
+        "floor_parts": {
+            part: " + ".join(f"f.{camel(n)}" for n in names)
+            for part, names in (("flops", FLOP_TIMES), ("bytes", BYTE_TIMES), ("added", ADDED_TIMES))
+        },
+        "floor_tolerance": go_number(FLOOR_TOLERANCE),
     }

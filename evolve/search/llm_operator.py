@@ -17,6 +17,7 @@ from stepml_evolve.evaluator.soundness.floor import Envelope
 from stepml_evolve.evaluator.soundness.rules import check_physics, inherit
 
 from .llm_client import MAX_REPLY_CHARS, Attempt, LLMClient, LLMUnavailable
+from .simplify import simplify
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -199,7 +200,9 @@ class LLMOperator:
                     if self.keep_time_components:
                         self._check_keeps(parent, program)
                     if self.envelope is not None:
-                        check_physics(inherit(program, parse_program(parent.source)), self.envelope)
+                        check_physics(
+                            simplify(inherit(program, parse_program(parent.source), self.envelope))[0], self.envelope
+                        )
                     last.outcome = "valid"
                     proposal.source, proposal.reason, proposal.rule = code, "", ""
                     return proposal

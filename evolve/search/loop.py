@@ -252,7 +252,7 @@ class Search:
                 check_units(child)  # on the child as proposed, so a rejection's line is the proposal's
             if self.envelope is not None:  # --physics check: the parent's bounds and priors, then simplified
                 if (parent := self._first_parent(proposal)) is not None:
-                    child = inherit(child, parse_program(parent.source))
+                    child = inherit(child, parse_program(parent.source), self.envelope)
                 child, simplified = simplify(child)
                 if simplified:
                     proposal.detail += f" (simplified: {'; '.join(simplified)})"

@@ -66,9 +66,16 @@ OBJECTIVE_HELP = (
 )
 PHYSICS_HELP = (
     "check: refuse a program below the physical floor (the roofline of a step's work at the hardware's "
-    "peak, on an envelope of steps users simulate), one that subtracts a time component, shares a constant "
-    "between roles, or reads an input that cannot cause its time, and keep fits at or above the floor; "
-    "off: neither (a regression such as BLIS's blackbox)."
+    "peak, on an envelope of steps users simulate, each branch of a condition on its own), one that takes "
+    "time away (a subtracted time, a negative constant, a difference of constants or a branch that can be "
+    "negative), counts a component twice in one sum, shares a constant between roles, reads an input that "
+    "cannot cause its time, or switches at a threshold outside the envelope; keep fits at or above the "
+    "floor, and fail a replay at a step below it; off: none of these (a regression such as BLIS's blackbox)."
+)
+EMIT_PHYSICS_HELP = (
+    "check: refuse a program --physics check would refuse, and have the Go panic, naming the step, at a "
+    "step below its physical floor rather than clamp it; off: emit it as it is (a step must still take more "
+    "than 0)."
 )
 OPERATOR_SHAPES = {  # what the opt-in symbolic operators make
     "modulate": "a time component f.T becomes f.T * (1 + k * f.n) or f.T * (1 + k / f.n) for a count n of the step",

@@ -18,8 +18,7 @@ import ast
 import math
 
 from stepml_evolve.evaluator.dsl import Program, parse_program
-from stepml_evolve.evaluator.dsl.program import clip_to
-from stepml_evolve.evaluator.soundness.rules import inlined
+from stepml_evolve.evaluator.dsl.program import clip_to, inlined
 
 from .symbolic import assemble
 

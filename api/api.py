@@ -108,6 +108,11 @@ MAX_PATH_CHARS = 4096  # the longest path Linux opens (PATH_MAX): a longer one-l
 def _program_file(program: ProgramSpec) -> Iterator[Path]:
     """The program as a file: its path, or its text (parsed first, so a bad one fails naming its
     line, not a temporary file) written to a temporary directory as program.py."""
+    if not isinstance(program, (str, os.PathLike)):
+        raise APIError(
+            f"program must be a program file's path (a str or os.PathLike) or a program's text (a str holding "
+            f"a newline), not {type(program).__name__} {shown(program)}"
+        )
     if isinstance(program, os.PathLike) or "\n" not in program:
         if len(os.fspath(program)) > MAX_PATH_CHARS:
             raise APIError(
@@ -123,7 +128,11 @@ def _program_file(program: ProgramSpec) -> Iterator[Path]:
         yield path
 
 
-def _path(path: PathSpec | None) -> Path | None:
+def _path(path: PathSpec | None, name: str = "data") -> Path | None:
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise APIError(
+            f"{name} must be a directory's path (a str or os.PathLike), not {type(path).__name__} {shown(path)}"
+        )
     return Path(path) if path is not None else None
 
 

@@ -91,9 +91,15 @@ class Choice:
         limit = self.best_loss * (1 + self.within / 100)
         return (
             f"simplest within {self.within:g}% of the best {self.loss_name} (#{self.best.id}, {self.best_loss:.4f}; "
-            f"limit {limit:.4f}): #{self.program.id}, complexity {self.program.complexity}, "
+            f"limit {_figure(limit)}): #{self.program.id}, complexity {self.program.complexity}, "
             f"{self.loss_name} {self.loss:.4f} (of {pool})"
         )
+
+
+def _figure(x: float) -> str:
+    """A loss as the lines show it (4 decimals), or a number too large for that in 4 significant
+    digits (a limit of --within 1e308 is not printed as 300 digits)."""
+    return f"{x:.4f}" if abs(x) < 1e9 else f"{x:.4g}"
 
 
 def choose(archive: Archive, rule: str = "best", within: float | None = None) -> Choice:

@@ -104,6 +104,19 @@ class ArchiveError(UserError):
     """An archive file that cannot be used; the message is one line naming the file."""
 
 
+# SQLite's error names for a write that failed (not a read): a full disk, a file over its size limit
+WRITE_FAILURES = frozenset(
+    {
+        "SQLITE_FULL",
+        "SQLITE_IOERR_WRITE",
+        "SQLITE_IOERR_FSYNC",
+        "SQLITE_IOERR_DIR_FSYNC",
+        "SQLITE_IOERR_TRUNCATE",
+        "SQLITE_IOERR_SHMSIZE",
+    }
+)
+
+
 def _problem(e: sqlite3.Error) -> str:
     """What a database error means for the user (SQLite's words in parentheses)."""
     text = str(e)
@@ -111,8 +124,8 @@ def _problem(e: sqlite3.Error) -> str:
         return f"the archive cannot be written ({text}); browsing works, a run or `archive cv` needs a writable copy"
     if "locked" in text or "busy" in text:
         return f"the archive is held by another process ({text})"
-    if "full" in text:
-        return f"the archive cannot be written ({text})"
+    if "full" in text or getattr(e, "sqlite_errorname", None) in WRITE_FAILURES:
+        return f"a write to the archive failed ({text}: the disk is full, or the file is over its size limit)"
     return f"not a readable archive ({text})"
 
 

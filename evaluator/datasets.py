@@ -145,14 +145,27 @@ def synthetic_dir(size: str | None = None) -> Path:
     target = cache_dir() / f"synthetic-v{GENERATOR_VERSION}-seed{SYNTHETIC_SEED}{'' if size == 'full' else '-' + size}"
     if (target / ".complete").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".synthetic-", dir=target.parent))
-    write_sample(tmp, seed=SYNTHETIC_SEED, size=size)
-    (tmp / ".complete").write_text("ok\n")
-    try:
-        tmp.rename(target)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    tmp = None
+    try:  # whole or not at all: a failed write (a full disk) leaves no temporary directory behind
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".synthetic-", dir=target.parent))
+        write_sample(tmp, seed=SYNTHETIC_SEED, size=size)
+        (tmp / ".complete").write_text("ok\n")
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / ".complete").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise DataError(
+                f"{target}: cannot write the built-in synthetic sample into the cache ({e.strerror or e}): "
+                "nothing written (free space there, or point STEPML_CACHE at another directory)"
+            ) from None
+        raise
     return target
 
 

@@ -40,3 +40,16 @@ def shown(value, limit: int = QUOTE_CHARS) -> str:
         return cut(reprlib.repr(value), limit)
     except ValueError:  # an integer too long to print, nested in a container
         return f"a {type(value).__name__} holding an integer too long to print"
+
+
+def printable(text: str, newlines: bool = False) -> str:
+    """Text that may quote the user's names (a directory, a file, a model id) as it goes to a
+    terminal: every non-printable character (the ESC of an escape sequence, a carriage return, a
+    bell, a bidi override) shown as its Python escape, so a name can never recolour, move the
+    cursor or hide itself; with `newlines`, line breaks are kept (a message listing items one a
+    line). The one rule for user-supplied text on the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or (newlines and c == "\n") else c.encode("unicode_escape").decode("ascii") for c in text
+    )

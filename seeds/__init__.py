@@ -1,5 +1,6 @@
 """Seed programs, one file each, in the program DSL (never imported: read as text), and the
 user's own seeds (`evolve run --seeds`): found, read and validated here."""
+
 import math
 from importlib import resources
 from pathlib import Path
@@ -56,17 +57,65 @@ def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:
     return seeds
 
 
-def seed_priors() -> dict:
-    """priors.yaml: {"quantities": name -> {centre, spread, unit, source}, "constants": seed ->
-    constant -> quantity}, the one table of the shipped seeds' priors and their sources."""
-    import yaml
-
-    return yaml.safe_load((resources.files(__name__) / "priors.yaml").read_text())
+MAX_SPREAD = 700.0  # a prior's spread, ln units: exp of it (the page's factor) is finite
 
 
-def priors_markdown() -> str:
-    """The priors table of docs/concepts/priors.md (generated from priors.yaml, so the page cannot drift)."""
-    table = seed_priors()
+def _priors_problem(table) -> str | None:
+    """What is wrong with a priors table's shape (its field and value), or None."""
+    from stepml_evolve.evaluator.errors import cut, shown
+
+    if not isinstance(table, dict) or not isinstance(table.get("quantities"), dict):
+        return "expected a mapping with a 'quantities' mapping"
+    if not isinstance(table.get("constants"), dict):
+        return "expected a 'constants' mapping (seed -> constant -> quantity)"
+    for name, q in table["quantities"].items():
+        if not isinstance(q, dict):
+            return f"quantities.{cut(str(name))} must be a mapping of centre, spread, unit, source, not {shown(q)}"
+        for key, positive in (("centre", False), ("spread", True)):
+            v = q.get(key)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not math.isfinite(v)
+                or (positive and not 0 < v <= MAX_SPREAD)
+            ):
+                what = (
+                    f"a number above 0 and at most {MAX_SPREAD:g} (the standard deviation of ln(value))"
+                    if positive
+                    else "a finite number"
+                )
+                return f"quantities.{cut(str(name))}.{key} must be {what}, not {shown(v)}"
+        for key in ("unit", "source"):
+            if not isinstance(q.get(key), str):
+                return f"quantities.{cut(str(name))}.{key} must be text, not {shown(q.get(key))}"
+    for seed, constants in table["constants"].items():
+        if not isinstance(constants, dict):
+            return f"constants.{cut(str(seed))} must be a mapping of constant -> quantity, not {shown(constants)}"
+        for constant, quantity in constants.items():
+            if not isinstance(quantity, str) or quantity not in table["quantities"]:
+                return f"constants.{cut(str(seed))}.{cut(str(constant))} names {shown(quantity)}, not a quantity of the file"
+    return None
+
+
+def seed_priors(path: str | Path | None = None) -> dict:
+    """priors.yaml (or the table at `path`): {"quantities": name -> {centre, spread, unit, source},
+    "constants": seed -> constant -> quantity}, the one table of the shipped seeds' priors and
+    their sources. Read under the one reader rule; a bad table is a SeedError naming the file
+    and the field."""
+    from stepml_evolve.evaluator.readers import read_yaml
+
+    path = Path(str(resources.files(__name__) / "priors.yaml")) if path is None else Path(path)
+    table = read_yaml(path, SeedError, "priors file")
+    problem = _priors_problem(table)
+    if problem is not None:
+        raise SeedError(f"{path}: {problem}")
+    return table
+
+
+def priors_markdown(path: str | Path | None = None) -> str:
+    """The priors table of docs/concepts/priors.md (generated from priors.yaml, or the table at
+    `path`, so the page cannot drift); a bad table is a one-line SeedError naming the file."""
+    table = seed_priors(path)
     users: dict[str, list[str]] = {}
     for seed, constants in table["constants"].items():
         for constant, quantity in constants.items():

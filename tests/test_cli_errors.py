@@ -138,7 +138,9 @@ def test_missing_or_empty_data_directory(program, tmp_path):
     alone(invoke("data", "check", "--data", tmp_path / "nowhere"), "no such data directory")
     alone(invoke("bench", "--data", tmp_path / "nowhere", "--skip-fit"), "no such data directory")
     (tmp_path / "ref.json").write_text("{not json")
-    alone(invoke("bench", "--skip-fit", "--reference", tmp_path / "ref.json"), f"{tmp_path / 'ref.json'}: not JSON")
+    alone(
+        invoke("bench", "--skip-fit", "--reference", tmp_path / "ref.json"), f"{tmp_path / 'ref.json'}: malformed JSON"
+    )
     (tmp_path / "ref.json").write_text('{"data": "x"}')
     alone(invoke("bench", "--skip-fit", "--reference", tmp_path / "ref.json"), "no figure of evolve bench --json")
     (tmp_path / "empty").mkdir()

@@ -90,6 +90,26 @@ def _config_int(exp: str, cfg: dict, key: str, hi: int) -> int:
     return _int_field(exp, f"requests.json: config.{key}", cfg.get(key), 1, hi)
 
 
+def _check_deployment(exp: str, arch: ModelArch, tp: int, server: ServerConfig) -> None:
+    """A deployment no server runs: a tensor parallelism that does not divide the model's
+    attention heads (vLLM refuses it: each GPU takes a whole share of them), and a step budget
+    under one KV block (a budget of 1 token replays a 600-token prompt in 600 steps). vLLM's own
+    floor, a budget of at least max_num_seqs, is not the rule: the workloads grid of the
+    known-truth worlds runs chunked prefill at its smallest, 64 tokens for 128 sequences."""
+    if arch.heads % tp:
+        raise ExperimentError(
+            exp,
+            f"requests.json: config.tensor_parallelism {tp} does not divide the model's {arch.heads} attention "
+            "heads (model_config.num_heads): vLLM refuses such a deployment",
+        )
+    if server.max_num_batched_tokens < server.block_size:
+        raise ExperimentError(
+            exp,
+            f"requests.json: config.max_num_batched_tokens {server.max_num_batched_tokens:,} is under one KV block "
+            f"(config.block_size {server.block_size:,}): a step's token budget must hold at least one block",
+        )
+
+
 def _summary_means(path: Path) -> dict | None:
     """inference-perf's success means, or None when the file is absent or unusable."""
     if not path.is_file():
@@ -142,6 +162,7 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         kv_blocks=_config_int(exp, cfg, "kv_blocks_total_gpu", MAX_KV_BLOCKS),
         block_size=_config_int(exp, cfg, "block_size", MAX_BLOCK_SIZE),
     )
+    _check_deployment(exp, arch, tp, server)
     hw_name = options.hardware or cfg.get("hardware") or meta.get("hardware") or DEFAULT_HARDWARE
     try:
         hardware = get_hardware(str(hw_name))

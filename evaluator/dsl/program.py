@@ -323,6 +323,7 @@ class _FunctionChecker:
             body = body[1:]
         if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
             self.fail(fn, "statement", f"{fn.name} must end with one `return <expression>`")
+        self.check_size(body)
         for stmt in body[:-1]:
             if not isinstance(stmt, ast.Assign):
                 self.fail(
@@ -338,6 +339,16 @@ class _FunctionChecker:
             if len(self.locals) > MAX_LOCALS:
                 self.fail(stmt, "size", f"more than {MAX_LOCALS} local names")
         self.expr(body[-1].value, 0)
+
+    def check_size(self, body: list[ast.stmt]) -> None:
+        """The size rule before the depth rule: Python nests a flat sum left-deep (`a + b + c` is
+        `(a + b) + c`), so a sum of 1,000 terms is 999 levels deep, and the recursive walk below
+        would call it nested. Counted without recursion, over node kinds the walk counts once
+        each (a lower bound of its count, so nothing it would take is refused here)."""
+        counted = (ast.BinOp, ast.UnaryOp, ast.Call, ast.Attribute, ast.Compare, ast.BoolOp, ast.IfExp)
+        n = sum(isinstance(node, counted) for stmt in body for node in ast.walk(stmt))
+        if n > MAX_NODES:
+            self.fail(body[-1], "size", f"more than {MAX_NODES} expression nodes in {self.fn.name}")
 
     def expr(self, node: ast.AST, depth: int) -> None:
         self.nodes += 1
@@ -535,6 +546,43 @@ def _check_literal_lengths(source: str) -> None:
         pass  # malformed text: the parser below names the syntax error
 
 
+_PUNCTUATION = frozenset("()[]{},:.;=") | {"->"}
+
+
+def _unparsable(source: str) -> ProgramError:
+    """Why Python's parser gave up on `source` (its recursion limit): by the DSL's own rules, read
+    off its tokens (no recursion): a statement nested deeper than MAX_DEPTH brackets, or one of
+    more than MAX_NODES names, numbers and operators (a flat sum of 6,000 terms, which Python
+    nests 6,000 deep: its size is the problem, not nesting anyone wrote)."""
+    line, depth, deepest, count = 1, 0, (0, 1), (0, 1)
+    n = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                count = max(count, (n, line))
+                n, line = 0, tok.end[0] + 1
+            elif tok.type == tokenize.OP and tok.string in "([{":
+                depth += 1
+                deepest = max(deepest, (depth, tok.start[0]))
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                depth -= 1
+            elif tok.type == tokenize.NUMBER or (tok.type == tokenize.NAME and tok.string not in ("def", "return")):
+                n += 1
+            elif tok.type == tokenize.OP and tok.string not in _PUNCTUATION:
+                n += 1
+    except (tokenize.TokenError, SyntaxError):
+        count = max(count, (n, line))
+    if deepest[0] > MAX_DEPTH:
+        return ProgramError(deepest[1], "depth", f"expression nested deeper than {MAX_DEPTH}")
+    if count[0] > MAX_NODES:
+        return ProgramError(
+            count[1],
+            "size",
+            f"more than {MAX_NODES} expression nodes ({count[0]:,} names, numbers and operators in one statement)",
+        )
+    return ProgramError(None, "depth", "program text is nested too deeply to parse")
+
+
 def parse_program(source: str) -> Program:
     """Parse and validate program text; raises ProgramError naming the line and rule."""
     if not isinstance(source, str):
@@ -552,7 +600,7 @@ def parse_program(source: str) -> Program:
     except SyntaxError as e:
         raise ProgramError(e.lineno, "syntax", f"syntax error: {e.msg}") from None
     except (RecursionError, MemoryError, ValueError):
-        raise ProgramError(None, "depth", "program text is nested too deeply to parse") from None
+        raise _unparsable(source) from None
     body = list(tree.body)
     doc = ""
     if (

@@ -16,8 +16,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from stepml_evolve.evaluator.data.experiments import Experiment
+from stepml_evolve.evaluator.data.experiment_reader import load_experiment
+from stepml_evolve.evaluator.data.experiments import MAX_TIME_S, MAX_TIME_US, Experiment, ExperimentError
 from stepml_evolve.evaluator.dsl import compile_program
+from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector, step_times
+from stepml_evolve.evaluator.dsl.vm import ScalarProgram
 from stepml_evolve.evaluator.known_truth.configurations import GRID_SIZES, GRIDS, Configuration, configurations
 from stepml_evolve.evaluator.known_truth.laws import World, WorldError
 from stepml_evolve.evaluator.known_truth.replay_files import GeneratedExperiment, write_experiment
@@ -25,7 +28,8 @@ from stepml_evolve.evaluator.known_truth.splits import make_inner_splits, make_s
 from stepml_evolve.evaluator.known_truth.workloads import WORKLOADS
 from stepml_evolve.evaluator.outputs import check_output_dir, directory_written_whole
 from stepml_evolve.evaluator.physics.catalog import catalog
-from stepml_evolve.evaluator.replay.closed_loop import replay
+from stepml_evolve.evaluator.physics.components import component_values
+from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients, replay
 from stepml_evolve.evaluator.replay.state import FINISHED
 
 GENERATOR_VERSION = 1
@@ -33,6 +37,7 @@ WORLD_FILE = "world.json"  # written last: a directory with it holds a finished 
 REQUEST_NOISE_SIGMA = 0.03
 RUN_NOISE_SIGMA = 0.01
 PILOT_TIMEOUT_S = 1e6
+MIN_STEP_US = 1.0  # the replay's resolution: a step the law makes shorter is replayed as 1 us
 
 
 def _experiment(config: Configuration, arrival, reqs, timeout_s: float) -> Experiment:
@@ -52,10 +57,77 @@ def _experiment(config: Configuration, arrival, reqs, timeout_s: float) -> Exper
 
 
 def _replayed(world: World, compiled, consts, exp: Experiment):
-    res = replay(exp, compiled, consts)
+    res = replay(exp, compiled, consts, record=True, rows=False)  # the steps, for _check_step_times
     if not res.ok:
-        raise WorldError(f"world {world.name}: its law fails on {exp.name}: {res.failure()}")
+        raise _refuse(world, f"its law fails on {exp.name}: {res.failure()}")
     return res
+
+
+def _refuse(world: World, problem: str) -> WorldError:
+    return WorldError(f"world {world.name}: {problem}; nothing written")
+
+
+def _check_constant_times(world: World, consts: np.ndarray) -> dict[str, float]:
+    """output_token_time and post_decode_time (they read only the constants), each a duration of at
+    least 0 (the replay would take a negative one as 0: the data would not be the law's); their
+    values, for the messages of the later checks. Non-finite and overflowing ones the replay refuses."""
+    scalar = ScalarProgram(compile_program(world.program))
+    values = {}
+    for name in ("output_token_time", "post_decode_time"):
+        if name in world.program.functions:
+            x = values[name] = getattr(scalar, name)(consts)
+            if x < 0:
+                raise _refuse(world, f"its law's {name} is {x:.3g} us, not a duration (at least 0)")
+    return values
+
+
+def _check_step_times(world: World, consts: np.ndarray, exp: Experiment, res) -> tuple[float, float]:
+    """step_time at every step the replay of `exp` ran is at least the replay's resolution (a
+    shorter step would be timed MIN_STEP_US, not as the law says), and queueing_time at each of
+    its requests, after the shortest and the longest of those steps, at least 0 (a negative one
+    would be taken as 0). The shortest and longest step times, for the messages of later checks."""
+    t = res.trajectory
+    if t.n_steps == 0:
+        return 0.0, 0.0
+    comps = np.array(component_values(*t.totals.T, experiment_coefficients(exp)), dtype=np.float64)
+    with np.errstate(all="ignore"):
+        steps = step_times(world.program, comps, consts)
+    lo, hi = float(np.min(steps)), float(np.max(steps))
+    if lo < MIN_STEP_US:
+        raise _refuse(
+            world,
+            f"its law's step_time is {lo:.3g} us at a step of {exp.name}, under the replay's resolution of "
+            f"{MIN_STEP_US:g} us (it would time that step {MIN_STEP_US:g} us: the data would not be the law's)",
+        )
+    if "queueing_time" in world.program.functions:
+        inputs = {f"c_{k}": consts[j] for j, k in enumerate(world.program.constants)}
+        inputs |= {"r_input_tokens": exp.input_tokens, "r_output_tokens": exp.output_tokens}
+        vf = compile_vector(world.program, "queueing_time")
+        for last in (lo, hi):
+            with np.errstate(all="ignore"):
+                q = float(np.min(evaluate_vector(vf, inputs | {"r_last_step_us": np.float64(last)})))
+            if q < 0:
+                raise _refuse(
+                    world,
+                    f"its law's queueing_time is {q:.3g} us at a request of {exp.name}, not a duration (at least 0)",
+                )
+    return lo, hi
+
+
+def _check_in_range(world: World, config: Configuration, what: str, value_s: float, times: str) -> None:
+    """What a configuration would write is within what the experiment reader accepts (MAX_TIME_S,
+    its MAX_TIME_US in seconds): `evolve data check` reads every world synth writes."""
+    if not value_s <= MAX_TIME_S:  # NaN too
+        raise _refuse(
+            world,
+            f"its law makes {what} of {config.name} {value_s:.3g} s, past the {MAX_TIME_S:.0e} s ({MAX_TIME_US:.0e} us) "
+            f"an experiment may hold ({times}): not the times of a server",
+        )
+
+
+def _times(steps: tuple[float, float], constant_times: dict[str, float]) -> str:
+    lo, hi = steps
+    return ", ".join([f"step_time {lo:.3g} to {hi:.3g} us", *(f"{k} {v:.3g} us" for k, v in constant_times.items())])
 
 
 def _check_finished(world: World, config: Configuration, res, done: np.ndarray, needed: int, limit_s: float, what):
@@ -82,26 +154,34 @@ def generate_world(world: World, seed: int, size: str, grid: str = GRIDS[0]) -> 
     sizing = GRID_SIZES[size]
     compiled = compile_program(world.program)
     consts = np.array(list(world.program.constants.values()))
+    constant_times = _check_constant_times(world, consts)
     out = []
     for index, config in enumerate(configurations(size, grid)):
         rng = np.random.default_rng([seed, index])
         workload = WORKLOADS[config.workload]
         reqs = workload.requests(rng, sizing.requests, sizing.n_prompts)
         n = len(reqs.inputs)
-        pilot = _replayed(world, compiled, consts, _experiment(config, np.zeros(n, np.int64), reqs, PILOT_TIMEOUT_S))
+        pilot_exp = _experiment(config, np.zeros(n, np.int64), reqs, PILOT_TIMEOUT_S)
+        pilot = _replayed(world, compiled, consts, pilot_exp)
+        times = _times(_check_step_times(world, consts, pilot_exp, pilot), constant_times)
         _check_finished(world, config, pilot, pilot.state == FINISHED, n, PILOT_TIMEOUT_S, "the pilot (all at once)")
         throughput = _saturated_throughput(pilot.e2e_us / 1e6)
         rate = workload.utilization * throughput
         timeout_s = workload.timeout(n, throughput)
+        _check_in_range(world, config, "the client's limit", timeout_s, times)
         arrival_s = np.cumsum(rng.exponential(1.0 / rate, size=n))
         arrival_s -= arrival_s[0]
+        _check_in_range(world, config, "the last arrival", float(arrival_s[-1]), times)
         arrival = np.round(arrival_s * 1e6).astype(np.int64)
-        res = _replayed(world, compiled, consts, _experiment(config, arrival, reqs, timeout_s))
+        measured = _experiment(config, arrival, reqs, timeout_s)
+        res = _replayed(world, compiled, consts, measured)
+        times = _times(_check_step_times(world, consts, measured, res), constant_times)
         done = res.state == FINISHED
         _check_finished(world, config, res, done, 1, timeout_s, "the measured replay")
         noise = rng.lognormal(0.0, RUN_NOISE_SIGMA) * rng.lognormal(0.0, REQUEST_NOISE_SIGMA, n)
         e2e = np.where(done, res.e2e_us / 1e6 * noise, timeout_s + rng.uniform(0, 1, n))
         ttft = np.minimum(np.where(done, res.ttft_us / 1e6 * noise, np.nan), e2e)
+        _check_in_range(world, config, "a request's E2E", float(np.max(e2e)), times)
         out.append(
             GeneratedExperiment(
                 name=config.name,
@@ -140,6 +220,11 @@ def write_world(
     experiments = generate_world(world, seed, size, grid)
     with directory_written_whole(out_dir) as tmp:  # a full disk half-way leaves nothing, and a rerun is not refused
         dirs = [out_dir / write_experiment(tmp, g).name for g in experiments]
+        for d in dirs:  # read back as `evolve data check` reads it: a world is written only if it passes
+            try:
+                load_experiment(tmp / d.name)
+            except ExperimentError as e:
+                raise _refuse(world, f"the experiment reader refuses what its law makes: {e}") from None
         files = {}
         for name, folds in splits.items():
             files[name] = split_file(out_dir, name)

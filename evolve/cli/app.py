@@ -5,9 +5,12 @@ bench_command.py and archive_commands.py). User errors (`UserError`) are reporte
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
+
+from stepml_evolve.evolve.commands import Terminated
 
 from .archive_commands import archive_app
 from .bench_command import bench_cmd
@@ -37,10 +40,15 @@ for name, command in (
     app.command(name)(command)
 
 
+def _terminate(signum, frame) -> None:
+    raise Terminated(signum, signal.Signals(signum).name)
+
+
 def main() -> None:
     keep_freed_memory()
+    signal.signal(signal.SIGTERM, _terminate)  # ends a command as Ctrl-C does (CommandGroup: exit 143)
     try:
         app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         err.print("interrupted")
-        sys.exit(130)
+        sys.exit(128 + e.signum if isinstance(e, Terminated) else 130)

@@ -10,25 +10,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evolve.commands import SKIPPED
+from stepml_evolve.evaluator.errors import UserError, printable
+from stepml_evolve.evolve.commands import SKIPPED, Terminated
 
 # wide when piped, so tables are not squeezed into 80 columns
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
-
-def printable(text: str, newlines: bool = False) -> str:
-    """Text that may quote the user's names (a directory, a file, a model id) as it goes to a
-    terminal: every non-printable character (the ESC of an escape sequence, a carriage return, a
-    bell, a bidi override) shown as its Python escape, so a name can never recolour, move the
-    cursor or hide itself; with `newlines`, line breaks are kept (a message listing items one a
-    line). The one rule for user-supplied text on the terminal."""
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() or (newlines and c == "\n") else c.encode("unicode_escape").decode("ascii") for c in text
-    )
 
 
 def plain(text: str, newlines: bool = False) -> str:
@@ -50,11 +37,15 @@ def say(message: str) -> None:
             soft_wrap=True,
         )
     else:
-        err.print(printable(message, newlines=True), highlight=False)
+        err.print(
+            printable(message, newlines=True), highlight=False, soft_wrap=True
+        )  # one line, never cut at 200 columns
 
 
 class CommandGroup(typer.core.TyperGroup):
-    """A command group whose commands' user errors print as one `error:` line and exit 2."""
+    """A command group whose commands' user errors print as one `error:` line and exit 2, and
+    which ends on SIGTERM (`Terminated`, raised by `main`'s handler) as on Ctrl-C, with the
+    conventional code: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
 
     def invoke(self, ctx):
         try:
@@ -64,3 +55,5 @@ class CommandGroup(typer.core.TyperGroup):
                 error(line)
             error(str(e))
             raise typer.Exit(e.exit_code) from None
+        except Terminated as e:
+            raise typer.Exit(128 + e.signum) from None

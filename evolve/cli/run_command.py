@@ -13,8 +13,9 @@ from stepml_evolve.evaluator.replay.executor import Cluster
 from stepml_evolve.evolve.commands import ENGINES, EvaluationSetup, LLMSettings, engine_rule, run_search
 from stepml_evolve.evolve.option_fields import from_options
 from stepml_evolve.evolve.search import SearchConfig
+from stepml_evolve.evolve.search.llm_client import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
-from .console import out, say
+from .console import out, plain, say
 from .options import ClusterOption, RemoteWorkersOption, require_with
 from .progress import run_progress
 from .settings_options import settings_options
@@ -48,7 +49,11 @@ def run_cmd(
         None, "--max-llm-tokens", min=0, help="Stop LLM calls after this many tokens."
     ),
     llm_timeout: float = typer.Option(
-        LLMSettings.timeout_s, "--llm-timeout", help="Seconds before an LLM call is abandoned (then retried)."
+        LLMSettings.timeout_s,
+        "--llm-timeout",
+        min=MIN_TIMEOUT_S,
+        max=MAX_TIMEOUT_S,
+        help="Seconds before an LLM call is abandoned (then retried).",
     ),
     llm_offline: bool = typer.Option(
         False, "--llm-offline", help="Replay LLM replies from the cache only; never call out."
@@ -116,4 +121,5 @@ def run_cmd(
     for item in run_summary_tables(outcome.summary):
         out.print(item)
     if outcome.summary.get("best"):
-        out.print(f"archive: {outcome.archive_dir}  (browse: evolve archive list --archive {outcome.archive_dir})")
+        path = plain(str(outcome.archive_dir))  # a newline or an escape in the path is shown escaped, never printed
+        out.print(f"archive: {path}  (browse: evolve archive list --archive {path})", highlight=False)

@@ -8,7 +8,7 @@ from .bench import run_bench
 from .bench_cluster import cluster_bench
 from .cv import cross_validate_program
 from .eval import evaluate_program
-from .evaluation_setup import SKIPPED, EvaluationSetup, Say
+from .evaluation_setup import SKIPPED, EvaluationSetup, Say, Terminated
 from .fit import fit_program
 from .report import write_report
 from .run import ENGINES, LLMSettings, engine_rule, run_search
@@ -20,6 +20,7 @@ __all__ = [
     "EvaluationSetup",
     "LLMSettings",
     "Say",
+    "Terminated",
     "cluster_bench",
     "cross_validate_archive",
     "cross_validate_program",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import statistics
 import time
@@ -12,8 +12,9 @@ import numpy as np
 
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program
-from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.errors import UserError, cut, shown
 from stepml_evolve.evaluator.fit.fitting import METHODS, FitConfig, fit, quick_config
+from stepml_evolve.evaluator.readers import CONFIG_BYTES, read_json
 from stepml_evolve.evaluator.replay.closed_loop import replay
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.seeds import seed_path, seed_paths
@@ -40,16 +41,26 @@ class BenchReferenceError(UserError):
 
 
 def read_reference(path: Path) -> dict:
-    """An earlier `evolve bench --json` output; BenchReferenceError naming the file otherwise."""
-    try:
-        figures = json.loads(path.read_text())
-    except OSError as e:
-        raise BenchReferenceError(f"{path}: cannot read the reference ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise BenchReferenceError(f"{path}: not JSON (line {e.lineno}): write one with evolve bench --json") from None
-    if not isinstance(figures, dict) or not any(isinstance(figures.get(k), (int, float)) for k in REFERENCE_FIGURES):
+    """An earlier `evolve bench --json` output, read under the one reader rule (a regular file of at
+    most CONFIG_BYTES, JSON at most JSON_DEPTH deep, no integer past INT_DIGITS digits); each figure
+    compared is null (a part the reference skipped) or a finite number of at least 0, and one is
+    positive. BenchReferenceError naming the file (and the figure) otherwise."""
+    figures = read_json(path, BenchReferenceError, "reference (an evolve bench --json output)", limit=CONFIG_BYTES)
+    if not isinstance(figures, dict):
         raise BenchReferenceError(
-            f"{path}: no figure of evolve bench --json in it (one of {', '.join(REFERENCE_FIGURES)})"
+            f"{path}: holds a JSON {type(figures).__name__}, not the object evolve bench --json writes"
+        )
+    for name in REFERENCE_FIGURES:
+        value = figures.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise BenchReferenceError(
+                f"{path}: figure {name} is {shown(value)}, not a finite number at least 0 (or null, a part it skipped)"
+            )
+    if not any(figures.get(k) for k in REFERENCE_FIGURES):
+        raise BenchReferenceError(
+            f"{path}: no figure of evolve bench --json in it (one of {', '.join(REFERENCE_FIGURES)}, above 0)"
         )
     return figures
 
@@ -328,7 +339,9 @@ def run_bench(
         compared = against_reference(figures, earlier)
         figures["against_reference"] = {"file": str(reference), "data": earlier.get("data"), "figures": compared}
         if earlier.get("data") != figures["data"]:
-            say(f"note: the reference {reference} was measured on {earlier.get('data')}, not {figures['data']}")
+            say(
+                f"note: the reference {reference} was measured on {cut(str(earlier.get('data')))}, not {figures['data']}"
+            )
         say(
             f"against {reference}: "
             + (", ".join(f"{k} {v['ratio']}x" for k, v in compared.items()) or "no figure measured in both")

@@ -27,6 +27,15 @@ FitProgress = Callable[[], AbstractContextManager[ProgressFn]]  # opens a fit's 
 SKIPPED = "skipped: "  # how a line about an input left out begins (the command line shows the word in yellow)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (the command line's handler, `evolve.cli.main`): a
+    command ends on it as on Ctrl-C, through the same cleanup, and says what it kept."""
+
+    def __init__(self, signum: int, name: str = "SIGTERM"):
+        super().__init__(name)
+        self.signum, self.name = signum, name
+
+
 class BadExperiments(UserError):
     """Experiments that do not load, without --skip-bad: one line each (its details), then this."""
 

@@ -14,6 +14,7 @@ from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
 from stepml_evolve.archive.map_elites import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
+from stepml_evolve.evaluator.errors import UserError, printable, shown
 from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, FoldError, make_folds, read_groups
 from stepml_evolve.evaluator.fit.fitting import ProgressFn
 from stepml_evolve.evaluator.outputs import OutputError, slug
@@ -21,12 +22,12 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.soundness.floor import envelope_for
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
-from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S
+from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from stepml_evolve.evolve.search.settings import OPTS, PARENT_RULES
 from stepml_evolve.seeds import load_seeds
 
 from .archive_cv import cross_validate_programs, run_fit_settings
-from .evaluation_setup import SKIPPED, EvaluationSetup, Say, no_progress, quiet
+from .evaluation_setup import SKIPPED, EvaluationSetup, Say, Terminated, no_progress, quiet
 
 SearchProgress = Callable[
     [int, int], AbstractContextManager[ProgressFn]
@@ -44,6 +45,12 @@ class LLMSettings:
     max_calls: int | None = None
     max_tokens: int | None = None
     max_usd: float | None = None
+
+    def __post_init__(self):  # the range --llm-timeout has, for a search started from Python
+        if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:  # NaN fails it too
+            raise SearchError(
+                f"the LLM timeout must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} seconds, not {shown(self.timeout_s)}"
+            )
 
 
 @dataclass
@@ -244,7 +251,7 @@ def run_search(
         archive_dir = default_archive_dir(loaded, config.seed)
         check_engine_resumable(engine, archive_dir, resume)  # the default directory is known only now
     if resume and not (archive_dir / Archive.FILE).exists():
-        say(f"{archive_dir}: no archive yet, starting a new run")
+        say(f"{printable(str(archive_dir))}: no archive yet, starting a new run")
     if llm is None:
         config = dataclasses.replace(config, llm_ratio=0.0)
     if resume and (archive_dir / Archive.FILE).exists():
@@ -276,11 +283,13 @@ def run_search(
             )
             start = archive.last_generation(search.run_id) + 1
             if start > config.generations:
-                say(f"{archive_dir}: already at generation {start - 1}; nothing to run")
+                say(f"{printable(str(archive_dir))}: already at generation {start - 1}; nothing to run")
             elif search.out_of_patience():
-                say(f"{archive_dir}: stopped by --patience {config.patience} at generation {start - 1}; nothing to run")
+                say(
+                    f"{printable(str(archive_dir))}: stopped by --patience {config.patience} at generation {start - 1}; nothing to run"
+                )
             else:
-                say(f"archive: {archive_dir}  (generations {start}..{config.generations})")
+                say(f"archive: {printable(str(archive_dir))}  (generations {start}..{config.generations})")
             try:
                 with progress(config.generations, start) as on_progress:
                     search.progress = on_progress
@@ -307,6 +316,24 @@ def run_search(
             if config.front_cv != "none":
                 summary = score_front(archive, search.run_id, loaded, pool, config, summary, say)
             summary = {**summary, **_deployed(archive)}
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated): say what the archive keeps
+        say(_kept(archive, archive_dir, e))
+        raise
     finally:
         archive.close()
     return RunOutcome(archive_dir, summary)
+
+
+def _kept(archive: Archive, archive_dir: Path, stop: KeyboardInterrupt) -> str:
+    """The line a stopped run ends with: what stopped it, what its archive keeps (every completed
+    generation; the one under way is redone on resume) and how to continue."""
+    what = f"stopped by {stop.name}" if isinstance(stop, Terminated) else "interrupted"
+    path = printable(str(archive_dir))
+    resume = f"`evolve run --resume --archive {path}` with the same options"
+    try:
+        run = archive.run()
+        last = archive.last_generation(run.id) if run is not None else -1
+    except UserError:  # the archive cannot say (a failed disk): the rule still holds
+        return f"{what}: {path} keeps every completed generation; {resume} continues after the last one"
+    kept = f"generations 0 to {last}" if last >= 0 else "no completed generation"
+    return f"{what}: {path} keeps {kept}; {resume} continues from generation {last + 1}"

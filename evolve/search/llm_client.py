@@ -4,7 +4,10 @@ The cache is keyed by the full request (model, messages, sampling parameters; no
 URL) and holds the request's whole history: every attempt (failed ones too) and the reply, or
 the final failure. It is written as soon as the request ends, so a finished or killed run
 replays offline and deterministically: the same archive state gives the same prompts, which hit
-the cache and yield the same attempts, the same budget spent and the same outcome.
+the cache and yield the same attempts, the same budget spent and the same outcome. A failure the
+server never answered (the deadline passed, no connection, an error raised here before or
+without a reply) is what the settings or the network caused, not the LLM's answer: it is kept for
+that offline replay, but a client that may call out asks again rather than serve it.
 Transient failures (timeouts, 429 rate limits, 5xx, connection errors) are retried a bounded
 number of times with backoff; every attempt is reported to the caller for the archive.
 The timeout is a deadline on the whole call, not on each read of the socket (a server that
@@ -36,6 +39,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetc
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
 DEFAULT_TIMEOUT_S = 60.0  # seconds a call may take in all before it is cancelled (then retried)
+# the deadlines a call may be given (`--llm-timeout`): a call cannot be answered in less than a
+# tenth of a second (0, a negative or NaN deadline fails every call at once, and the breaker then
+# shuts the LLM out), and one still running after a day is hung (inf overflows the wait)
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 86_400.0
+# the outcomes of an attempt that got no answer from the server (the deadline passed, no
+# connection): what the settings or the network caused, never the LLM's answer to the request
+NOT_ANSWERED = ("timeout", "connection_error")
 # The longest reply kept: as many characters as the longest program the DSL takes has bytes, so a
 # reply with a program of any admissible size fits, and a runaway reply costs at most this much.
 MAX_REPLY_CHARS = MAX_SOURCE_BYTES
@@ -160,9 +170,10 @@ class LLMClient:
         if not p.is_file():
             return None
         try:
-            return json.loads(p.read_text())
+            entry = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             return None  # a torn cache file is treated as a miss
+        return entry if isinstance(entry, dict) else None
 
     def _store(self, key: str, entry: dict) -> None:
         p = self._cache_path(key)
@@ -197,10 +208,12 @@ class LLMClient:
         content: str | None,
         error: str | None = None,
         received_chars: int | None = None,
+        answered: bool = True,
     ) -> None:
         entry = {
             "content": content,
             "error": error,
+            "answered": answered,  # False: no answer of the server (see _answered)
             "model": self.model,
             "created": time.time(),
             "attempts": [{**a.record(), "cached": False} for a in attempts],
@@ -217,7 +230,7 @@ class LLMClient:
         the cache key only: the n-th asking of the same messages gets its own reply."""
         key = request_hash(self.model, messages, self.temperature, self.max_tokens, tag)
         hit = self._cached(key)
-        if hit is not None:
+        if hit is not None and (self.offline or _answered(hit)):
             return self._replay(key, hit)
         if self.offline:
             a = Attempt(self.model, key, outcome="not_cached", error="offline and the reply is not in the cache")
@@ -260,10 +273,24 @@ class LLMClient:
                 a.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                 attempts.append(a)
                 if not retry or attempt == self.max_retries or (may_retry is not None and not may_retry(attempts)):
-                    self._store_history(key, attempts, None, a.error)
+                    answered = a.outcome not in NOT_ANSWERED and isinstance(getattr(e, "status_code", None), int)
+                    self._store_history(key, attempts, None, a.error, answered=answered)
                     raise LLMUnavailable(a.error, attempts) from None
                 time.sleep(self.backoff_s * (2**attempt) if a.outcome == "rate_limited" else self.backoff_s)
         raise LLMUnavailable("retries exhausted", attempts)  # pragma: no cover - loop always returns or raises
+
+
+def _answered(entry: dict) -> bool:
+    """Whether a cache entry holds the server's answer to its request: a reply, or a failure the
+    server sent (an HTTP error status); not a deadline, a lost connection or an error raised here
+    (an entry from before this was recorded: by its last attempt's outcome)."""
+    if entry.get("content") is not None:
+        return True
+    if "answered" in entry:
+        return bool(entry["answered"])
+    attempts = entry.get("attempts")
+    last = attempts[-1] if isinstance(attempts, list) and attempts and isinstance(attempts[-1], dict) else {}
+    return last.get("outcome") not in NOT_ANSWERED
 
 
 def _classify(e: Exception) -> tuple[str, bool]:

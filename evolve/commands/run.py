@@ -21,8 +21,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.soundness.floor import envelope_for
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
-from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S
-from stepml_evolve.evolve.search.settings import OPTS, PARENT_RULES
+from stepml_evolve.evolve.search.settings import ENGINES, OPTS, PARENT_RULES, LLMSettings
 from stepml_evolve.seeds import load_seeds
 
 from .archive_cv import cross_validate_programs, run_fit_settings
@@ -31,19 +30,6 @@ from .evaluation_setup import SKIPPED, EvaluationSetup, Say, no_progress, quiet
 SearchProgress = Callable[
     [int, int], AbstractContextManager[ProgressFn]
 ]  # opens a display for (last, first) generation
-
-
-@dataclass(frozen=True)
-class LLMSettings:
-    """The LLM side of a search: which model, where, and its caps (None: no cap)."""
-
-    model: str
-    base_url: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    offline: bool = False  # replay replies from the cache only
-    max_calls: int | None = None
-    max_tokens: int | None = None
-    max_usd: float | None = None
 
 
 @dataclass
@@ -119,9 +105,6 @@ def _seed_file(paths: list[Path], name: str) -> Path | str:
         if not p.is_dir() and p.stem == name:
             return p
     return name
-
-
-ENGINES = ("mapelites", "openevolve")  # --engine: our MAP-Elites loop, or OpenEvolve's controller over our evaluator
 
 
 def _llm_client(llm: LLMSettings, archive_dir: Path):

@@ -8,13 +8,16 @@ rounding conventions.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stepml_evolve.evaluator.dsl import Program, ScalarProgram, compile_program
 from stepml_evolve.evaluator.physics.catalog import catalog
 from stepml_evolve.evaluator.physics.components import coefficients, from_trajectory
 from stepml_evolve.evaluator.physics.hardware import get_hardware
+
+if TYPE_CHECKING:  # the VM loads numba: imported where samples are made, not with DEFAULT_SAMPLES
+    from stepml_evolve.evaluator.dsl import Program, ScalarProgram
 
 # The deployments of the real data: dense MHA TP1, GQA TP4, MoE TP2, GQA TP2; plus one A100.
 DEFAULT_DEPLOYMENTS = [
@@ -65,6 +68,8 @@ DEFAULT_SAMPLES = 1000  # batches in the generated Go test
 
 def samples(program: Program, n_batches: int = DEFAULT_SAMPLES, seed: int = 0, deployments=DEFAULT_DEPLOYMENTS) -> dict:
     """Template context for the Go test: deployments, step samples, queueing samples."""
+    from stepml_evolve.evaluator.dsl import ScalarProgram, compile_program
+
     rng = random.Random(seed)
     sp = ScalarProgram(compile_program(program))
     consts = np.array(list(program.constants.values()), dtype=float)

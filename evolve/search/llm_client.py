@@ -31,11 +31,11 @@ from typing import Any
 
 from stepml_evolve.evaluator.dsl.program import MAX_SOURCE_BYTES
 from stepml_evolve.evaluator.outputs import write_atomic
+from stepml_evolve.evolve.search.settings import DEFAULT_TIMEOUT_S
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price table at import
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
-DEFAULT_TIMEOUT_S = 60.0  # seconds a call may take in all before it is cancelled (then retried)
 # The longest reply kept: as many characters as the longest program the DSL takes has bytes, so a
 # reply with a program of any admissible size fits, and a runaway reply costs at most this much.
 MAX_REPLY_CHARS = MAX_SOURCE_BYTES

@@ -1,41 +1,29 @@
 """The search archive: SQLite store (store.py) of typed records (records.py), the MAP-Elites grid
 and Pareto front with the add-status query (map_elites.py), read-only browsing (browse.py) and the HTML
 report (report.py). This package stores what `evaluator` measured; it knows nothing of how
-programs are made."""
+programs are made.
 
-from .browse import BrowseError
-from .map_elites import AddStatus, Elites, best, cell_of, elites, pareto_front
-from .records import (
-    CVEvaluationRecord,
-    CVScoreRecord,
-    EvaluationRecord,
-    GenerationRecord,
-    LLMCallRecord,
-    NewProgram,
-    ProgramRecord,
-    RejectionRecord,
-    RunRecord,
+What callers use (imported on first use: importing one module of this package, such as
+choices.py, never loads the others)."""
+
+from stepml_evolve.lazy import attach
+
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        ".map_elites": ("AddStatus", "Elites", "best", "cell_of", "elites", "pareto_front"),
+        ".records": (
+            "CVEvaluationRecord",
+            "CVScoreRecord",
+            "EvaluationRecord",
+            "GenerationRecord",
+            "LLMCallRecord",
+            "NewProgram",
+            "ProgramRecord",
+            "RejectionRecord",
+            "RunRecord",
+        ),
+        ".store": ("SCHEMA_VERSION", "Archive", "ArchiveError"),
+        ".browse": ("BrowseError",),
+    },
 )
-from .store import SCHEMA_VERSION, Archive, ArchiveError
-
-__all__ = [
-    "AddStatus",
-    "Elites",
-    "best",
-    "cell_of",
-    "elites",
-    "pareto_front",
-    "CVEvaluationRecord",
-    "CVScoreRecord",
-    "EvaluationRecord",
-    "GenerationRecord",
-    "LLMCallRecord",
-    "NewProgram",
-    "ProgramRecord",
-    "RejectionRecord",
-    "RunRecord",
-    "SCHEMA_VERSION",
-    "Archive",
-    "ArchiveError",
-    "BrowseError",
-]

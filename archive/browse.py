@@ -27,12 +27,12 @@ from stepml_evolve.evaluator.fit.fitted_header import FittedHeader
 from stepml_evolve.evaluator.numbers import fmt
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
+from .choices import SORT_KEYS
 from .map_elites import best as best_program
 from .map_elites import cell_label, cell_of, pareto_front
 from .records import CVScoreRecord, ProgramRecord, RunRecord, generation_pace
 from .store import Archive
 
-SORT_KEYS = ("id", "generation", "train", "val", "complexity", "cv")
 CV_PREFERENCE = (
     "lomo",
     "lowo",

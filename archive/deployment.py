@@ -10,16 +10,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .browse import BrowseError, cv_by_program, ranked_cv, run_programs
+from .choices import DEFAULT_RULE as DEFAULT_RULE  # re-exported: the default of the rules `choose` applies
+from .choices import RULES
 from .map_elites import scored
 from .records import ProgramRecord
 from .store import Archive
 
-RULES = ("best", "simplest", "lineage", "anchored", "penalized", "tethered", "guarded")  # emit-go's rules (`choose`)
 MARGIN_RULES = ("simplest", "lineage", "anchored", "tethered", "guarded")  # the rules --within sets a margin of
-# The rule emit-go, blis-compare and the worlds benchmark deploy by default: on the worlds'
-# by-workload split its pick was never worse held out than the seed it descends from
-# (docs/results/physics.md, "Which program a search should deploy").
-DEFAULT_RULE = "guarded"
 DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
 # guarded: a program must beat its own seed's loss by more than this many percent: the CV losses of
 # programs that differ by a perturbed constant differ by up to ~15 % on the worlds (the fit's noise)

@@ -9,7 +9,7 @@ that uses it. A field declared with plain `field()` or a bare default has no fla
 from __future__ import annotations
 
 import dataclasses
-import typing
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,12 +48,19 @@ class OptionField:
 
 def option_fields(cls: type) -> list[OptionField]:
     """The fields of dataclass `cls` that have a flag, in declaration order."""
-    hints = typing.get_type_hints(cls)
     return [
-        OptionField(f.name, hints[f.name], f.default, f.metadata[KEY])
+        OptionField(f.name, _resolved(f.type, cls), f.default, f.metadata[KEY])
         for f in dataclasses.fields(cls)
         if KEY in f.metadata
     ]
+
+
+def _resolved(hint: Any, cls: type) -> Any:
+    """A field's type, its annotation (a string under `from __future__ import annotations`)
+    evaluated in the module of `cls`, as typing.get_type_hints does, but for this field alone: a
+    field without a flag may be typed with a name its module imports for type checkers only (one
+    that would load the replay with the options)."""
+    return eval(hint, vars(sys.modules[cls.__module__])) if isinstance(hint, str) else hint
 
 
 def from_options(cls: type, values: dict[str, Any], **overrides: Any) -> Any:

@@ -269,8 +269,12 @@ def test_bad_input_raises_one_line_user_errors(runs, archive_dir, tmp_path):
 FACES = (
     "stepml_evolve",
     "stepml_evolve.evaluator",
+    "stepml_evolve.evaluator.dsl",
+    "stepml_evolve.evaluator.known_truth",
     "stepml_evolve.archive",
     "stepml_evolve.evolve",
+    "stepml_evolve.evolve.commands",
+    "stepml_evolve.evolve.search",
     "stepml_evolve.evolve.go",
     "stepml_evolve.evolve.blis",
     "stepml_evolve.evolve.openevolve",

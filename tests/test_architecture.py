@@ -16,7 +16,12 @@ FOLDERS["evolve"] = "stepml_evolve.evolve"
 # bottom to top: a module may import modules of its own layer or of the layers below
 LAYERS = [
     ["stepml_evolve.lazy"],
-    ["stepml_evolve.evaluator.errors", "stepml_evolve.evaluator.numbers", "stepml_evolve.evaluator.readers"],
+    [
+        "stepml_evolve.evaluator.errors",
+        "stepml_evolve.evaluator.numbers",
+        "stepml_evolve.evaluator.readers",
+        "stepml_evolve.evaluator.choices",
+    ],
     ["stepml_evolve.evaluator.outputs", "stepml_evolve.evaluator.seeding"],
     ["stepml_evolve.evaluator.physics"],
     ["stepml_evolve.evaluator.dsl"],

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepml_evolve.evaluator.choices import GROUPS, GROUPS_PREFIX, PROTOCOLS
 from stepml_evolve.evaluator.data.experiments import ALL, Experiment
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.errors import UserError, shown
@@ -30,9 +31,6 @@ from stepml_evolve.evaluator.readers import read_yaml
 from stepml_evolve.evaluator.scoring.metrics import APE_KEYS, MetricRow
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
-PROTOCOLS = ("lomo", "lowo")  # and groups:FILE
-GROUPS_PREFIX = "groups:"
-GROUPS = "groups"  # a search's --cv groups:FILE, as its run stores it: the groups, not the file
 IN_DISTRIBUTION = "in-distribution"  # the comparison fit on every experiment
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from stepml_evolve.evaluator.choices import DEFAULT_SEMANTICS, METHODS
 from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY as DEFAULT_PROMPT_REUSE
 from stepml_evolve.evaluator.data.prompt_reuse import LEGACY_POLICY
 from stepml_evolve.evaluator.numbers import fmt
-from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS
 
-DEFAULT_METHOD = "trust-region"  # fitting.METHODS[0] (fitting imports the engine; this module stays light)
+DEFAULT_METHOD = METHODS[0]
 
 PREFIX = "# fitted: "
 _ARCHIVED = re.compile(r"program #(\d+) of (.*) \(generation (\d+), (.*)\)")

@@ -27,12 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from stepml_evolve.evaluator.data.experiments import Experiment
-from stepml_evolve.evaluator.dsl import compile_program, parse_program
 from stepml_evolve.evaluator.known_truth.replay_files import GeneratedExperiment, write_experiment
 from stepml_evolve.evaluator.physics.catalog import catalog
 from stepml_evolve.evaluator.physics.model_arch import ModelArch
-from stepml_evolve.evaluator.replay.closed_loop import replay
-from stepml_evolve.evaluator.replay.state import FINISHED
 
 GENERATOR_VERSION = 3  # 2: prefix caching by blocks (the replay's KV cache), BLIS step semantics; 3: cycled
 # prompts, and the engine's pipeline lag in queueing_time (r.last_step_us), as the real data show
@@ -145,6 +142,12 @@ def _requests(rng: np.random.Generator, stages) -> np.ndarray:
 
 def generate(seed: int = 0, size: str = "full") -> list[GeneratedExperiment]:
     """Every synthetic experiment, replayed under the oracle with measurement noise."""
+    # here, not at the top: the grids of the worlds (configurations.py, through workloads.py) and the
+    # command line's --size choices read this module without loading the replay
+    from stepml_evolve.evaluator.dsl import compile_program, parse_program
+    from stepml_evolve.evaluator.replay.closed_loop import replay
+    from stepml_evolve.evaluator.replay.state import FINISHED
+
     sizing = SAMPLE_SIZES[size]
     oracle = parse_program(ORACLE_SOURCE)
     compiled = compile_program(oracle)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stepml_evolve.evaluator.choices import DEFAULT_SEMANTICS, SEMANTICS
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl.vm import CompiledProgram
 from stepml_evolve.evaluator.physics.components import coefficients
@@ -17,7 +18,6 @@ from stepml_evolve.evaluator.replay.state import (
     BAD_QUEUE_TIME,
     BAD_STEP_TIME,
     BELOW_FLOOR,
-    DEFAULT_SEMANTICS,
     DIAG_ADMITTED,
     DIAG_CACHED,
     DIAG_CTX_MAX,
@@ -32,7 +32,6 @@ from stepml_evolve.evaluator.replay.state import (
     DIAG_VALUE,
     MAX_US,
     OK,
-    SEMANTICS,
     STEP_LIMIT,
     TRAJECTORY_FULL,
 )

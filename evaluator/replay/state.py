@@ -21,7 +21,8 @@ DIAG_FLOOR, DIAG_TOK_PF, DIAG_N_PF, DIAG_N_DC, DIAG_CTX_MAX = 6, 7, 8, 9, 10
 DIAG_SIZE = 11
 
 NO_DEADLINE = np.iinfo(np.int64).max
-# Where BLIS's accounting and vLLM's differ (both share the block-level prefix cache above):
+# The semantics (SEMANTICS, evaluator/choices.py): where BLIS's accounting and vLLM's differ (both
+# share the block-level prefix cache above):
 #   first chunk of an admitted request with cached prompt blocks: BLIS costs it with no context
 #     (its ProgressIndex is advanced only after the step), vLLM with the cached tokens as context;
 #   a fully cached prompt: BLIS admits it with no token to compute, vLLM recomputes its last token;
@@ -29,8 +30,6 @@ NO_DEADLINE = np.iinfo(np.int64).max
 #     at its start), vLLM's client has gone by the step's end;
 #   a finishing request: BLIS stores its last token's KV (taking a block if its last one is full,
 #     which evicts that block's cached content) before freeing its blocks.
-SEMANTICS = ("blis", "vllm")
-DEFAULT_SEMANTICS = "blis"
 MAX_US = 1e15  # the longest duration a program may return (31 years): over it is an overflow, as non-finite
 
 

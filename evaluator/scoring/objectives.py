@@ -18,12 +18,15 @@ import fnmatch
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stepml_evolve.evaluator.errors import UserError, shown
 from stepml_evolve.evaluator.readers import read_yaml
-from stepml_evolve.evaluator.scoring.metrics import MetricRow, rms
+
+if TYPE_CHECKING:  # metrics.py loads the replay; the objectives' names and defaults must not
+    from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
 OBJECTIVES = ("rms", "worst3")
 
@@ -64,6 +67,8 @@ class Objective:
         if self.name == "worst3":
             return np.array([_worst(row * w, 3) for row in e2e])
         if not self.weights:  # the plain RMS, as every figure before objectives existed
+            from stepml_evolve.evaluator.scoring.metrics import rms
+
             return np.array([rms(a) + rms(b) for a, b in zip(e2e, ttft)])
         return np.array([_weighted_rms(a, w) + _weighted_rms(b, w) for a, b in zip(e2e, ttft)])
 

@@ -13,11 +13,11 @@ import os
 
 import numpy as np
 
+from stepml_evolve.evaluator.choices import DEFAULT_SEMANTICS, SEMANTICS
 from stepml_evolve.evaluator.data.experiments import SPLITS, Experiment
 from stepml_evolve.evaluator.dsl import CompiledProgram, Program, compile_program
 from stepml_evolve.evaluator.replay.closed_loop import replay
 from stepml_evolve.evaluator.replay.executor import Cluster, LocalExecutor, check_cluster
-from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS, SEMANTICS
 from stepml_evolve.evaluator.scoring.metrics import MetricRow, failed_row, split_horizon, split_metrics
 from stepml_evolve.evaluator.scoring.objectives import DEFAULT, Objective
 from stepml_evolve.evaluator.scoring.surrogate import PendingModel, VectorProgram, record

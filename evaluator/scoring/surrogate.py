@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 from numba import njit
 
+from stepml_evolve.evaluator.choices import DEFAULT_SEMANTICS
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.dsl.linearity import nonaffine_inputs, read_inputs
@@ -38,7 +39,7 @@ from stepml_evolve.evaluator.dsl.numexpr_compile import VectorFunction, compile_
 from stepml_evolve.evaluator.dsl.vm import CompiledProgram
 from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, component_values
 from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients, replay
-from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS, FINISHED, MAX_US
+from stepml_evolve.evaluator.replay.state import FINISHED, MAX_US
 from stepml_evolve.evaluator.scoring.metrics import MetricRow, failed_row, split_horizon, split_metrics
 
 

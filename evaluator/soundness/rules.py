@@ -89,7 +89,6 @@ RESOURCE = {
     "kv_write": "HBM time",
     "allreduce": "link time",
 }
-PHYSICS_MODES = ("check", "off")  # --physics: check (the default) applies these rules and the floor; off: neither
 ABSENCE_TOLERANCE_US = 1e-6  # a feature's term counts as absent when it moves a step by less than this
 PERTURBED = (1.3, 0.7)  # the constants are also tried at value * 1.3 + 0.7: a zero is no coincidence
 

@@ -1,7 +1,8 @@
 """The `evolve` command line: each command parses its options, calls one library function and
 prints the result (the commands are in data_commands.py, program_commands.py, run_command.py,
 bench_command.py and archive_commands.py). User errors (`UserError`) are reported once, by
-`console.CommandGroup`."""
+`console.CommandGroup`. A command imports its backend (and with it numba, pycma, the replay) in its
+body: `--help` and usage errors read only the options, made from light modules, and answer at once."""
 
 from __future__ import annotations
 

@@ -12,31 +12,17 @@ from typing import Literal
 
 import typer
 from rich.markup import escape
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from stepml_evolve.archive.browse import (
-    SORT_KEYS,
-    compare_programs,
-    front_programs,
-    list_programs,
-    protocol_order,
-    run_history,
-    show_program,
-    show_source,
-)
-from stepml_evolve.archive.store import SCHEMA_VERSION
-from stepml_evolve.evaluator.fit.crossval import PROTOCOLS
-from stepml_evolve.evaluator.fit.fitting import FitConfig
+from stepml_evolve.archive.choices import SORT_KEYS
+from stepml_evolve.evaluator.choices import DEFAULT_PROTOCOL, DEFAULT_SEMANTICS, PROTOCOLS
+from stepml_evolve.evaluator.fit.config import FitConfig
 from stepml_evolve.evaluator.numbers import fmt
-from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS
-from stepml_evolve.evolve.commands import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive, write_report
 
 from .console import CommandGroup, out, say
 from .options import WorkersOption
 from .progress import fit_progress
-from .tables import cv_summary_table, dumps, metrics_table
 
 archive_app = typer.Typer(
     cls=CommandGroup,
@@ -60,6 +46,8 @@ def _cv_loss(r: dict, protocol: str) -> str:
 
 def _programs_table(rows: list[dict], title: str) -> Table:
     """Program rows; one CV column per protocol some row has a score of (one blank `cv` column if none has)."""
+    from stepml_evolve.archive.browse import protocol_order
+
     protocols = protocol_order(proto for r in rows for proto in r["cv"])
     t = Table(title=title)
     cv_cols = [f"cv {p}" for p in protocols] or ["cv"]
@@ -99,6 +87,8 @@ def _programs_table(rows: list[dict], title: str) -> Table:
 
 def _print_rows(rows: list[dict], title: str, as_json: bool) -> None:
     """Program rows as JSON (for scripts) or as a table."""
+    from .tables import dumps
+
     if as_json:
         print(dumps([{k: v for k, v in r.items() if k != "front"} for r in rows]))
     else:
@@ -122,6 +112,8 @@ def list_cmd(
     as_json: bool = JsonOpt,
 ):
     """Programs of the archive: operator, losses, complexity, components (* marks the Pareto front)."""
+    from stepml_evolve.archive.browse import list_programs
+
     listing = list_programs(
         archive_dir, sort=sort, front_only=front, cell=cell, operator=operator, include_screened=include_screened
     )
@@ -140,6 +132,12 @@ def show_cmd(
     ),
 ):
     """A program: source, fitted constants, descriptors, lineage to a seed, per-experiment errors by split."""
+    from rich.syntax import Syntax
+
+    from stepml_evolve.archive.browse import show_program, show_source
+
+    from .tables import dumps, metrics_table
+
     if source_only:
         print(show_source(archive_dir, program_id), end="")
         return
@@ -176,6 +174,8 @@ def show_cmd(
 
 
 def _print_cv(p: dict, held_out: dict[str, list[dict]]) -> None:
+    from .tables import cv_summary_table
+
     if not p["cv"]:
         out.print(f"no CV score (evolve archive cv {p['id']} cross-validates it)", highlight=False)
     for protocol, score in p["cv"].items():
@@ -245,6 +245,8 @@ def _lineage_table(steps: list[dict]) -> Table:
 @archive_app.command("pareto")
 def pareto_cmd(archive_dir: Path | None = ArchiveOpt, as_json: bool = JsonOpt):
     """The Pareto front: validation loss vs complexity, by increasing complexity."""
+    from stepml_evolve.archive.browse import front_programs
+
     listing = front_programs(archive_dir)
     _print_rows(listing.rows, f"Pareto front of {listing.archive_dir} (validation loss vs complexity)", as_json)
 
@@ -258,6 +260,10 @@ def history_cmd(
     as_json: bool = JsonOpt,
 ):
     """The run by generation: its pace, and the best losses with the programs that set them."""
+    from stepml_evolve.archive.browse import run_history
+
+    from .tables import dumps
+
     h = run_history(archive_dir, every)
     if as_json:
         print(dumps(h))
@@ -302,6 +308,10 @@ def diff_cmd(
     as_json: bool = JsonOpt,
 ):
     """Unified diff of two programs' sources and how their losses and per-experiment errors change (B - A)."""
+    from stepml_evolve.archive.browse import compare_programs
+
+    from .tables import dumps
+
     result = compare_programs(archive_dir, a, b)
     if as_json:
         print(dumps(result))
@@ -339,6 +349,8 @@ def report_cmd(
     archive_dir: Path | None = ArchiveOpt,
 ):
     """Write one self-contained HTML page: run summary, plots (inline SVG), program table and sources."""
+    from stepml_evolve.evolve.commands.report import write_report
+
     written_from = write_report(archive_dir, out_path)
     out.print(f"wrote {out_path} (archive {written_from})", highlight=False)
 
@@ -375,6 +387,10 @@ def cv_cmd(
     as_json: bool = JsonOpt,
 ):
     """Cross-validate programs with the run's data and fit settings and store the CV scores in the archive."""
+    from stepml_evolve.evolve.commands.archive_cv import cross_validate_archive
+
+    from .tables import dumps
+
     done = cross_validate_archive(
         archive_dir,
         program_ids,
@@ -416,6 +432,9 @@ def cv_cmd(
 @archive_app.command("migrate")
 def migrate_cmd(archive_dir: Path | None = ArchiveOpt):
     """Upgrade an archive of an older schema in place (browsing opens archives read-only, so it cannot)."""
+    from stepml_evolve.archive.store import SCHEMA_VERSION
+    from stepml_evolve.evolve.commands.archive_cv import migrate_archive
+
     directory, migrated_from = migrate_archive(archive_dir)
     if migrated_from is None:
         out.print(f"{directory}: already at the current schema; nothing to do", highlight=False)

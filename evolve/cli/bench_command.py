@@ -7,30 +7,16 @@ from typing import Literal
 
 import typer
 
-from stepml_evolve.evaluator.fit.fitting import METHODS, FitConfigError
+from stepml_evolve.evaluator.choices import METHODS
+from stepml_evolve.evaluator.fit.config import FitConfigError
 from stepml_evolve.evaluator.known_truth import GRID_SIZES
-from stepml_evolve.evaluator.replay.executor import Cluster
-from stepml_evolve.evolve.commands import (
-    ENGINES,
-    LLMSettings,
-    cluster_bench,
-    run_bench,
-)
-from stepml_evolve.evolve.commands.bench_worlds import bench_worlds
-from stepml_evolve.evolve.commands.bench_worlds_results import summary as worlds_summary
-from stepml_evolve.evolve.search import CV_MODES, SearchConfig
+from stepml_evolve.evolve.search import CV_MODES, ENGINES, LLMSettings, SearchConfig
 
 from .console import out, say
 from .options import (
     WorkersOption,
 )
 from .settings_options import settings_options
-from .tables import (
-    cluster_bench_table,
-    dumps,
-    worlds_bench_table,
-    worlds_rules_table,
-)
 
 
 # with --worlds, every search runs with these settings, as evolve run does
@@ -185,6 +171,14 @@ def bench_cmd(
     settings: dict | None = None,
 ):
     """Throughput figures: replay, full evaluation, quick fit, each seed's full fit by each method, search generations per hour."""
+    from stepml_evolve.evaluator.replay.executor import Cluster
+    from stepml_evolve.evolve.commands.bench import run_bench
+    from stepml_evolve.evolve.commands.bench_cluster import cluster_bench
+    from stepml_evolve.evolve.commands.bench_worlds import bench_worlds
+    from stepml_evolve.evolve.commands.bench_worlds_results import summary as worlds_summary
+
+    from .tables import cluster_bench_table, dumps, worlds_bench_table, worlds_rules_table
+
     if worlds or world or split or quick or world_size or llm or resume:
         results = bench_worlds(
             bench_out,

@@ -19,7 +19,7 @@ from stepml_evolve.evaluator.importers.blis_trace_export import (
     DEFAULT_SEED,
     export_experiment_dir,
 )
-from stepml_evolve.evaluator.known_truth import GRID_SIZES, GRIDS, load_world, world_names, write_world
+from stepml_evolve.evaluator.known_truth import GRID_SIZES, GRIDS
 from stepml_evolve.evaluator.known_truth.synthetic_sample import SAMPLE_SIZES
 
 from .console import CommandGroup, err, error, out
@@ -28,10 +28,6 @@ from .options import (
     DataOption,
     OutputLenOption,
     PromptReuseOption,
-)
-from .tables import (
-    experiments_table,
-    worlds_table,
 )
 
 data_app = typer.Typer(cls=CommandGroup, no_args_is_help=True, help="Inspect and generate experiment data.")
@@ -47,6 +43,8 @@ def data_check(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Validate experiments and summarize each: model, TP, requests, observed means, split sizes, prompt reuse."""
+    from .tables import experiments_table
+
     check = check_data(data, output_len, prompt_reuse)
     if as_json:
         print(json.dumps(check.to_json(), indent=2))
@@ -82,6 +80,8 @@ def data_synth(
     ),
 ):
     """Write the built-in synthetic sample (hidden oracle + noise), or a known-truth world, in the replay format."""
+    from stepml_evolve.evaluator.known_truth import load_world, write_world
+
     if world is None:
         if size is not None and size not in SAMPLE_SIZES:
             raise UserError(
@@ -100,6 +100,10 @@ def data_synth(
 @data_app.command("worlds")
 def data_worlds():
     """List the known-truth worlds: hidden step-time laws for `evolve data synth --world`."""
+    from stepml_evolve.evaluator.known_truth import load_world, world_names
+
+    from .tables import worlds_table
+
     out.print(worlds_table([load_world(name) for name in world_names()]))
 
 

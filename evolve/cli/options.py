@@ -8,9 +8,8 @@ from typing import Annotated, Literal
 
 import typer
 
+from stepml_evolve.evaluator.choices import METHODS, PHYSICS_MODES
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fit.fitting import METHODS
-from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES
 from stepml_evolve.evolve.commands import EvaluationSetup
 from stepml_evolve.evolve.search import SearchConfig
 from stepml_evolve.evolve.search.settings import EMIT_PHYSICS_HELP

@@ -7,19 +7,13 @@ from typing import Literal
 
 import typer
 
-from stepml_evolve.archive.deployment import DEFAULT_RULE
+from stepml_evolve.archive.choices import DEFAULT_RULE
+from stepml_evolve.evaluator.choices import PHYSICS_MODES, SCOPES
 from stepml_evolve.evaluator.data.experiments import SCORED_SPLITS
-from stepml_evolve.evaluator.fit.fitting import SCOPES, FitConfig
-from stepml_evolve.evaluator.replay.executor import Cluster
-from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES
+from stepml_evolve.evaluator.dsl.program import load_program
+from stepml_evolve.evaluator.fit.config import FitConfig
 from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
-from stepml_evolve.evolve.commands import (
-    EvaluationSetup,
-    cross_validate_program,
-    emit_program,
-    evaluate_program,
-    fit_program,
-)
+from stepml_evolve.evolve.commands import EvaluationSetup
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.option_fields import from_options
@@ -36,15 +30,6 @@ from .options import (
 )
 from .progress import fit_progress
 from .settings_options import settings_options
-from .tables import (
-    blis_comparison_table,
-    cv_summary_table,
-    dumps,
-    floor_text,
-    identifiability_table,
-    loss_text,
-    metrics_table,
-)
 
 FIT = FitConfig()
 
@@ -52,6 +37,13 @@ FIT = FitConfig()
 Split = Literal[SCORED_SPLITS]
 Scope = Literal[SCOPES]
 GoTarget = Literal[tuple(TARGETS)]
+
+
+def _check_program(program: Path) -> None:
+    """PROGRAM's one-line error (no such file, not a program), the first thing its backend would
+    raise, raised before the command imports that backend and with it the replay: a mistyped path
+    answers at once."""
+    load_program(program)
 
 
 @settings_options(EvaluationSetup)  # --data, --prompt-reuse, ... (the options every replaying command takes)
@@ -65,6 +57,11 @@ def eval_cmd(
 ):
     """Replay every experiment closed-loop with PROGRAM; print observed vs predicted and APE."""
     setup = from_options(EvaluationSetup, settings)
+    _check_program(program)
+    from stepml_evolve.evolve.commands.eval import evaluate_program
+
+    from .tables import dumps, floor_text, loss_text, metrics_table
+
     result = evaluate_program(program, setup, split, say=say)
     everywhere = result.failed_everywhere(setup.skip_bad)  # one line, not a table of failures and loss inf
     if as_json:
@@ -126,7 +123,14 @@ def fit_cmd(
     settings: dict | None = None,
 ):
     """Fit PROGRAM's constants on the train split, then score validate and test."""
+    from stepml_evolve.evaluator.replay.executor import Cluster
+
     setup = from_options(EvaluationSetup, settings, cluster=Cluster.of(cluster, remote_workers))
+    _check_program(program)
+    from stepml_evolve.evolve.commands.fit import fit_program
+
+    from .tables import dumps, floor_text, identifiability_table, loss_text, metrics_table
+
     fitted = fit_program(
         program,
         setup,
@@ -188,7 +192,14 @@ def cv_cmd(
     settings: dict | None = None,
 ):
     """Cross-validate PROGRAM: per fold, fit on the other experiments' train split, score the held-out ones on all requests."""
+    from stepml_evolve.evaluator.replay.executor import Cluster
+
     setup = from_options(EvaluationSetup, settings, cluster=Cluster.of(cluster, remote_workers))
+    _check_program(program)
+    from stepml_evolve.evolve.commands.cv import cross_validate_program
+
+    from .tables import cv_summary_table, dumps, loss_text, metrics_table
+
     done = cross_validate_program(
         program,
         protocol,
@@ -279,6 +290,8 @@ def emit_go_cmd(
     physics: EmitPhysicsOption = PHYSICS_MODES[0],
 ):
     """Emit a program as Go (package latency) implementing BLIS's LatencyModel (or install it with --blis)."""
+    from stepml_evolve.evolve.go.emission import emit_program
+
     if blis is None and (backend or go_test):
         raise BlisError("--backend and --go-test go with --blis")
     if blis is not None and (out_path or test_out):
@@ -340,6 +353,8 @@ def blis_compare_cmd(
     """Replay experiments with the program in BLIS and in the tool (BLIS semantics): per-request agreement, means, seconds."""
     from stepml_evolve.evaluator.data.experiment_reader import experiment_dirs
     from stepml_evolve.evolve.blis.compare import compare_program_in_blis
+
+    from .tables import blis_comparison_table, dumps
 
     dirs = [d for d in experiment_dirs(data) if not experiment or d.name in experiment]
     if not dirs:

@@ -9,17 +9,15 @@ from typing import Literal
 
 import typer
 
-from stepml_evolve.evaluator.replay.executor import Cluster
-from stepml_evolve.evolve.commands import ENGINES, EvaluationSetup, LLMSettings, engine_rule, run_search
+from stepml_evolve.evolve.commands import EvaluationSetup
 from stepml_evolve.evolve.option_fields import from_options
-from stepml_evolve.evolve.search import SearchConfig
-from stepml_evolve.evolve.search.llm_client import MAX_TIMEOUT_S, MIN_TIMEOUT_S
+from stepml_evolve.evolve.search import ENGINES, LLMSettings, SearchConfig
+from stepml_evolve.evolve.search.settings import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 from .console import out, plain, say
 from .options import ClusterOption, RemoteWorkersOption, require_with
 from .progress import run_progress
 from .settings_options import settings_options
-from .tables import dumps, run_summary_tables
 
 LLM_ONLY = ("llm_base_url", "llm_ratio", "llm_timeout", "llm_offline", "budget_usd", "max_llm_calls", "max_llm_tokens")
 
@@ -82,6 +80,11 @@ def run_cmd(
     settings: dict | None = None,
 ):
     """Search for step-time programs: MAP-Elites over seeds, symbolic and LLM mutations."""
+    from stepml_evolve.evaluator.replay.executor import Cluster
+    from stepml_evolve.evolve.commands.run import engine_rule, run_search
+
+    from .tables import dumps, run_summary_tables
+
     require_with(ctx, "--llm MODEL", llm is not None, *LLM_ONLY)
     setup = from_options(EvaluationSetup, settings, cluster=Cluster.of(cluster, remote_workers))
     config = from_options(

@@ -1,35 +1,26 @@
 """The library function behind each command (named after its verb), and what they share: the
 `EvaluationSetup` a replaying command starts from and `say`, the plain callable they report through.
-They know nothing of the terminal; `evolve.cli` parses, calls one of them and prints."""
+They know nothing of the terminal; `evolve.cli` parses, calls one of them and prints.
 
-from ..go.emission import emit_program
-from .archive_cv import DEFAULT_PROTOCOL, cross_validate_archive, migrate_archive
-from .bench import run_bench
-from .bench_cluster import cluster_bench
-from .cv import cross_validate_program
-from .eval import evaluate_program
-from .evaluation_setup import SKIPPED, EvaluationSetup, Say, Terminated
-from .fit import fit_program
-from .report import write_report
-from .run import ENGINES, LLMSettings, engine_rule, run_search
+Each name is imported on first use: the command line builds its options from evaluation_setup.py
+and loads a command's backend only when that command runs."""
 
-__all__ = [
-    "DEFAULT_PROTOCOL",
-    "ENGINES",
-    "SKIPPED",
-    "EvaluationSetup",
-    "LLMSettings",
-    "Say",
-    "Terminated",
-    "cluster_bench",
-    "cross_validate_archive",
-    "cross_validate_program",
-    "emit_program",
-    "engine_rule",
-    "evaluate_program",
-    "fit_program",
-    "migrate_archive",
-    "run_bench",
-    "run_search",
-    "write_report",
-]
+from stepml_evolve.lazy import attach
+
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        "..go.emission": ("emit_program",),
+        ".archive_cv": ("cross_validate_archive", "migrate_archive"),
+        ".bench": ("run_bench",),
+        ".bench_cluster": ("cluster_bench",),
+        ".cv": ("cross_validate_program",),
+        ".eval": ("evaluate_program",),
+        ".evaluation_setup": ("SKIPPED", "EvaluationSetup", "Say", "Terminated"),
+        ".fit": ("fit_program",),
+        ".report": ("write_report",),
+        ".run": ("engine_rule", "run_search"),
+        "..search.settings": ("ENGINES", "LLMSettings"),
+        "stepml_evolve.evaluator.choices": ("DEFAULT_PROTOCOL",),
+    },
+)

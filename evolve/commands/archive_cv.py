@@ -22,21 +22,17 @@ from stepml_evolve.archive.browse import latest_archive_dir, resolve, run_progra
 from stepml_evolve.archive.map_elites import pareto_front
 from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord, RunRecord
 from stepml_evolve.archive.store import SCHEMA_VERSION, Archive
+from stepml_evolve.evaluator.choices import DEFAULT_PROTOCOL, DEFAULT_SEMANTICS
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fit.crossval import cross_validate, make_folds
 from stepml_evolve.evaluator.fit.fitting import FitConfig, ProgressFn
-from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS
 from stepml_evolve.evaluator.scoring.objectives import Objective
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search import RunSettings
 
 from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
-
-DEFAULT_PROTOCOL = (
-    "lomo"  # `evolve archive cv --protocol` offers crossval.PROTOCOLS (the library takes groups:FILE too)
-)
 
 
 class ArchiveCVError(UserError):

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepml_evolve.evaluator.choices import PHYSICS_MODES
 from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
@@ -14,7 +15,7 @@ from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fit.crossval import CrossValidation, cross_validate, make_folds, summarize
 from stepml_evolve.evaluator.fit.fitting import FitConfig
 from stepml_evolve.evaluator.soundness.floor import envelope_for
-from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES, physics_problems
+from stepml_evolve.evaluator.soundness.rules import physics_problems
 
 from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 

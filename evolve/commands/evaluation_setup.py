@@ -9,18 +9,23 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from stepml_evolve.evaluator.choices import DEFAULT_SEMANTICS, SEMANTICS
 from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.data.prompt_reuse import POLICIES as PROMPT_REUSE_POLICIES
 from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES, LoadedData, load_data
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fit.fitting import ProgressFn
-from stepml_evolve.evaluator.replay.executor import Cluster
-from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS, SEMANTICS
+from stepml_evolve.evaluator.fit.config import ProgressFn
 from stepml_evolve.evaluator.scoring.objectives import DEFAULT, OBJECTIVES, Objective, load_objective
-from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.option_fields import setting
 from stepml_evolve.evolve.search.settings import OBJECTIVE_HELP, PROMPT_REUSE_HELP, SEMANTICS_HELP
+
+# the replay's (numba): imported where replays start, so that the setup's fields (the command line's
+# options) load none of it
+if TYPE_CHECKING:
+    from stepml_evolve.evaluator.replay.executor import Cluster
+    from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
 Say = Callable[[str], None]  # one line to the user
 FitProgress = Callable[[], AbstractContextManager[ProgressFn]]  # opens a fit's display; yields what the fit reports to
@@ -113,4 +118,6 @@ class EvaluationSetup:
     def replay_pool(self, loaded: LoadedData, floor: bool = False) -> ReplayPool:
         """An engine replaying `loaded`'s experiments with these semantics, on threads or the cluster;
         floor: a replay fails at a step below its physical floor (--physics check)."""
+        from stepml_evolve.evaluator.scoring.pool import ReplayPool
+
         return ReplayPool(loaded.experiments, self.workers, semantics=self.semantics, cluster=self.cluster, floor=floor)

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepml_evolve.evaluator.choices import PHYSICS_MODES
 from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
@@ -25,7 +26,7 @@ from stepml_evolve.evaluator.fit.identifiability import ConstantReport, identify
 from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from stepml_evolve.evaluator.soundness.floor import FloorCheck, check_floor, envelope_for
-from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES, physics_problems
+from stepml_evolve.evaluator.soundness.rules import physics_problems
 
 from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
 

@@ -14,7 +14,7 @@ from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
 from stepml_evolve.archive.map_elites import pareto_front
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
-from stepml_evolve.evaluator.errors import UserError, printable, shown
+from stepml_evolve.evaluator.errors import UserError, printable
 from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, FoldError, make_folds, read_groups
 from stepml_evolve.evaluator.fit.fitting import ProgressFn
 from stepml_evolve.evaluator.outputs import OutputError, slug
@@ -22,8 +22,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.soundness.floor import envelope_for
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
-from stepml_evolve.evolve.search.llm_client import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
-from stepml_evolve.evolve.search.settings import OPTS, PARENT_RULES
+from stepml_evolve.evolve.search.settings import ENGINES, OPTS, PARENT_RULES, LLMSettings
 from stepml_evolve.seeds import load_seeds
 
 from .archive_cv import cross_validate_programs, run_fit_settings
@@ -32,25 +31,6 @@ from .evaluation_setup import SKIPPED, EvaluationSetup, Say, Terminated, no_prog
 SearchProgress = Callable[
     [int, int], AbstractContextManager[ProgressFn]
 ]  # opens a display for (last, first) generation
-
-
-@dataclass(frozen=True)
-class LLMSettings:
-    """The LLM side of a search: which model, where, and its caps (None: no cap)."""
-
-    model: str
-    base_url: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    offline: bool = False  # replay replies from the cache only
-    max_calls: int | None = None
-    max_tokens: int | None = None
-    max_usd: float | None = None
-
-    def __post_init__(self):  # the range --llm-timeout has, for a search started from Python
-        if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:  # NaN fails it too
-            raise SearchError(
-                f"the LLM timeout must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} seconds, not {shown(self.timeout_s)}"
-            )
 
 
 @dataclass
@@ -126,9 +106,6 @@ def _seed_file(paths: list[Path], name: str) -> Path | str:
         if not p.is_dir() and p.stem == name:
             return p
     return name
-
-
-ENGINES = ("mapelites", "openevolve")  # --engine: our MAP-Elites loop, or OpenEvolve's controller over our evaluator
 
 
 def _llm_client(llm: LLMSettings, archive_dir: Path):

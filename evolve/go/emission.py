@@ -15,11 +15,12 @@ from pathlib import Path
 
 from stepml_evolve.archive.browse import cv_header, fitted_header, opened, resolve
 from stepml_evolve.archive.deployment import MARGIN_RULES, RULES, Choice, choose
+from stepml_evolve.evaluator.choices import PHYSICS_MODES
 from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
 from stepml_evolve.evaluator.errors import cut
 from stepml_evolve.evaluator.fit.fitted_header import header_lines
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
-from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES, physics_problems
+from stepml_evolve.evaluator.soundness.rules import physics_problems
 from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, EmitError, emit_go, emit_go_test, gofmt
 from stepml_evolve.evolve.go.emit import target as target_of
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES

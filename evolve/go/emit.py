@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass
 from functools import reduce
 from importlib import resources
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.dsl.operators import AND, Kind, Operator, operands, operator_of
@@ -27,6 +26,9 @@ from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
 
 from .physics import physics_context
 from .text import ATOM, EmitError, camel, go_float, go_value, wrap
+
+if TYPE_CHECKING:  # imported where a file is written: the command line reads TARGETS without it
+    import jinja2
 
 DEFAULT_NAME = "StepMLEvolved"  # Go identifier prefix: <name>Model, New<name>Model, ...
 
@@ -290,6 +292,8 @@ class _GoExpr:
 
 
 def _templates() -> jinja2.Environment:
+    import jinja2
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resources.files(__package__) / "templates")),
         undefined=jinja2.StrictUndefined,

@@ -10,16 +10,18 @@ model must panic there, as the replay fails.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stepml_evolve.evaluator.dsl import Program, ScalarProgram, compile_program
 from stepml_evolve.evaluator.physics.catalog import catalog
 from stepml_evolve.evaluator.physics.components import coefficients, from_trajectory
 from stepml_evolve.evaluator.physics.hardware import get_hardware
-from stepml_evolve.evaluator.soundness.floor import TOLERANCE, floor_of
 
 PANICS = -1  # the expected value of a sample the Go model must refuse (panic on)
+
+if TYPE_CHECKING:  # the VM loads numba: imported where samples are made, not with DEFAULT_SAMPLES
+    from stepml_evolve.evaluator.dsl import Program, ScalarProgram
 
 # The deployments of the real data: dense MHA TP1, GQA TP4, MoE TP2, GQA TP2; plus one A100.
 DEFAULT_DEPLOYMENTS = [
@@ -60,6 +62,8 @@ def _batch(rng: random.Random, budget: int = 2048) -> list[tuple[int, int, int, 
 def python_step_us(program: ScalarProgram, consts: np.ndarray, k: np.ndarray, reqs, floor: bool = False) -> int:
     """The step as one trajectory step: scheduled requests only, in prefill while progress < input;
     PANICS where the step is not above 0 or (floor) below its physical floor."""
+    from stepml_evolve.evaluator.soundness.floor import TOLERANCE, floor_of
+
     slots = np.array([r for r in reqs if r[3] > 0], dtype=np.int64).reshape(-1, 4)
     inputs, progress, new = slots[:, 0], slots[:, 2], slots[:, 3]
     f = from_trajectory(np.zeros(len(slots), np.int64), new, progress, progress < inputs, 1, k)[:, 0]
@@ -87,6 +91,8 @@ def samples(
     """Template context for the Go test: deployments, step samples (n_batches random ones, then an
     empty batch and one of an unscheduled request per deployment), queueing samples. floor: the
     model holds its steps to the physical floor (as emit_go's `floor`)."""
+    from stepml_evolve.evaluator.dsl import ScalarProgram, compile_program
+
     rng = random.Random(seed)
     sp = ScalarProgram(compile_program(program))
     consts = np.array(list(program.constants.values()), dtype=float)

@@ -17,8 +17,6 @@ import textwrap
 from stepml_evolve.evaluator.physics import components as comps_mod
 from stepml_evolve.evaluator.physics.catalog import catalog
 from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, COMPONENTS, N_COEFFICIENTS
-from stepml_evolve.evaluator.soundness.floor import ADDED_TIMES, BYTE_TIMES, FLOP_TIMES
-from stepml_evolve.evaluator.soundness.floor import TOLERANCE as FLOOR_TOLERANCE
 
 from .text import ATOM, BINARY, COMPARISONS, UNARY, EmitError, camel, go_number, go_value, wrap
 
@@ -222,6 +220,9 @@ def hardware_presets() -> list[dict[str, str]]:
 def physics_context(name: str) -> dict:
     """Template variables of the physics for the Go model `name` (helpers are prefixed with
     name's lower-camel form, as emit_go does)."""
+    from stepml_evolve.evaluator.soundness.floor import ADDED_TIMES, BYTE_TIMES, FLOP_TIMES
+    from stepml_evolve.evaluator.soundness.floor import TOLERANCE as FLOOR_TOLERANCE
+
     prefix = name[:1].lower() + name[1:]
     params, code = coefficient_function_go(select=f"{prefix}Select")
     return {

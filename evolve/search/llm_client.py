@@ -34,15 +34,11 @@ from typing import Any
 
 from stepml_evolve.evaluator.dsl.program import MAX_SOURCE_BYTES
 from stepml_evolve.evaluator.outputs import write_atomic
+from stepml_evolve.evolve.search.settings import DEFAULT_TIMEOUT_S
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price table at import
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
-DEFAULT_TIMEOUT_S = 60.0  # seconds a call may take in all before it is cancelled (then retried)
-# the deadlines a call may be given (`--llm-timeout`): a call cannot be answered in less than a
-# tenth of a second (0, a negative or NaN deadline fails every call at once, and the breaker then
-# shuts the LLM out), and one still running after a day is hung (inf overflows the wait)
-MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 86_400.0
 # the outcomes of an attempt that got no answer from the server (the deadline passed, no
 # connection): what the settings or the network caused, never the LLM's answer to the request
 NOT_ANSWERED = ("timeout", "connection_error")

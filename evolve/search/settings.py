@@ -1,10 +1,13 @@
 """A search's settings, and what a resume checks against them.
 
-`SearchConfig` is what a search is given. `RunSettings` is the part that makes a run what it is,
-as the archive stores it with the run and a resume must repeat: the search settings but those a
-resumed run may change (`NOT_IDENTITY`), the LLM model and the custom seeds (by content). A
-setting added after runs were first stored has a legacy value (`LEGACY_SETTINGS`): the value an
-archive stored without it ran with.
+`SearchConfig` is what a search is given, `LLMSettings` the LLM it may ask. `RunSettings` is the
+part that makes a run what it is, as the archive stores it with the run and a resume must repeat:
+the search settings but those a resumed run may change (`NOT_IDENTITY`), the LLM model and the
+custom seeds (by content). A setting added after runs were first stored has a legacy value
+(`LEGACY_SETTINGS`): the value an archive stored without it ran with.
+
+The command line builds its options from this module: it imports nothing heavy at its top (what a
+resume checks reads the archive, imported where it does).
 """
 
 from __future__ import annotations
@@ -16,9 +19,17 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from stepml_evolve.archive.records import RunRecord
-from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.choices import (
+    DEFAULT_SEMANTICS,
+    GROUPS,
+    GROUPS_PREFIX,
+    METHODS,
+    PHYSICS_MODES,
+    PROTOCOLS,
+    SEMANTICS,
+)
 from stepml_evolve.evaluator.data.prompt_reuse import (
     DEFAULT_POLICY as DEFAULT_PROMPT_REUSE,
 )
@@ -26,15 +37,16 @@ from stepml_evolve.evaluator.data.prompt_reuse import (
     LEGACY_POLICY as LEGACY_PROMPT_REUSE,
 )
 from stepml_evolve.evaluator.data.prompt_reuse import POLICIES as PROMPT_REUSE_POLICIES
-from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, parse_program
-from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, PROTOCOLS
-from stepml_evolve.evaluator.fit.fitting import METHODS, QUICK_EVALS, QUICK_WINDOW
-from stepml_evolve.evaluator.replay.state import DEFAULT_SEMANTICS, SEMANTICS
+from stepml_evolve.evaluator.errors import UserError, shown
+from stepml_evolve.evaluator.fit.config import QUICK_EVALS, QUICK_WINDOW
 from stepml_evolve.evaluator.scoring.objectives import OBJECTIVES, Objective
-from stepml_evolve.evaluator.soundness.rules import PHYSICS_MODES
 from stepml_evolve.evolve.option_fields import option_fields, setting
+
+if TYPE_CHECKING:  # the archive loads the replay's metric rows
+    from stepml_evolve.archive.records import RunRecord
+    from stepml_evolve.archive.store import Archive
+    from stepml_evolve.evaluator.datasets import LoadedData
 
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
 # and groups:FILE, which a run stores as GROUPS with the file's folds (cv_groups)
@@ -48,6 +60,12 @@ TIME_COMPONENT_MODES = ("keep", "free")
 # runs at tp 1, f.tp at one TP) more often than its first parent does (docs/HISTORY.md, "Terms the
 # train configurations cannot judge")
 UNEXERCISED_MODES = ("reject", "allow")
+ENGINES = ("mapelites", "openevolve")  # --engine: our MAP-Elites loop, or OpenEvolve's controller over our evaluator
+DEFAULT_TIMEOUT_S = 60.0  # seconds an LLM call may take in all before it is cancelled (then retried; llm_client.py)
+# the deadlines a call may be given (`--llm-timeout`): a call cannot be answered in less than a
+# tenth of a second (0, a negative or NaN deadline fails every call at once, and the breaker then
+# shuts the LLM out), and one still running after a day is hung (inf overflows the wait)
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 86_400.0
 
 
 # help texts of settings SearchConfig shares with EvaluationSetup (evolve/commands/evaluation_setup.py)
@@ -242,6 +260,25 @@ class SearchConfig:
         return {fold: list(names) for fold, names in self.cv_groups}
 
 
+@dataclass(frozen=True)
+class LLMSettings:
+    """The LLM side of a search: which model, where, and its caps (None: no cap)."""
+
+    model: str
+    base_url: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    offline: bool = False  # replay replies from the cache only
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    max_usd: float | None = None
+
+    def __post_init__(self):  # the range --llm-timeout has, for a search started from Python
+        if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:  # NaN fails it too
+            raise SearchError(
+                f"the LLM timeout must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} seconds, not {shown(self.timeout_s)}"
+            )
+
+
 NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
 # the settings `evolve run` sets by a flag taking one value that a resume must repeat, and how a
 # stored None is given on the command line (absent: None cannot be given, it is the flag's default)
@@ -364,6 +401,8 @@ def _identity(search: dict) -> dict:
 def check_engine_resumable(engine: str, archive_dir: Path, resume: bool) -> None:
     """An OpenEvolve archive is resumed by neither engine, and OpenEvolve resumes no archive
     (checked before any data is loaded)."""
+    from stepml_evolve.archive.store import Archive
+
     if not resume or not (archive_dir / Archive.FILE).is_file():
         return
     try:

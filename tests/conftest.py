@@ -184,10 +184,13 @@ ONE_SEED_SCREENED = [
     "none",
 ]
 # the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
+# one start per seed fit: these tests are not of the starts (tests/test_starts.py is), and three cost 3x generation 0
 SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
+SEARCH_BUDGETS += ["--seed-starts", "1"]
 # for tests of where and how a search runs (islands, a cluster), not of what it finds: the smallest
 # fits that still promote children, a third of the time of SEARCH_BUDGETS
 TINY_BUDGETS = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "4", "--children", "5"]
+TINY_BUDGETS += ["--seed-starts", "1", "--residual", "0"]  # residual_term's own tests set it (tests/test_discovery.py)
 
 
 def tiny_run(archive, generations: int, *extra):

@@ -37,6 +37,8 @@ RUN_OPTIONS = {
     "--linear": "linear",
     "--modulate": "modulate",
     "--switch": "switch",
+    "--residual": "residual",
+    "--seed-starts": "seed_starts",
     "--physics": "physics",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}

@@ -18,7 +18,9 @@ from stepml_evolve.seeds import seed_path
 def test_a_promoted_child_gets_the_full_fit_trust_region_and_a_seed_the_standard_one(synthetic):
     exps = synthetic.experiments
     program = load_program(seed_path("roofline"))
-    config = SearchConfig(seed=3, full_fit_evals=5, full_fit_candidates=1, full_fit_surrogate=60, linear="solve")
+    config = SearchConfig(
+        seed=3, full_fit_evals=5, full_fit_candidates=1, full_fit_surrogate=60, linear="solve", seed_starts=1
+    )
     with ReplayPool(exps) as engine:
         cascade = Cascade(synthetic, engine, config)
         cand = Candidate(program, Proposal(program.source, "seed", []), None, 0, constants=dict(program.constants))

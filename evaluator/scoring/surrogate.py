@@ -205,54 +205,87 @@ class PendingModel:
         if n_ok == 0 or n_steps == 0:  # nothing to re-time (no step ran: every request gave up queueing)
             return model
 
-        start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
-        end = start + dt
-        table = None
-        if vector.queue_reads_request:
-            table = np.zeros((len(REQUEST_ROWS), exp.n_requests))
-            table[0], table[1] = exp.input_tokens, exp.output_tokens
-            if vector.queue_reads_step:  # the last step started before each arrival (recorded schedule)
-                before = np.searchsorted(t.step_start_us, exp.arrival_us, side="left") - 1
-                table[2] = before >= 0
-                table[3:] = comps[:, np.maximum(before, 0)]
-        ready, out_tok = _recorded_delays(vector, constants, table, exp.arrival_us)
-        limit = exp.abort_after_us
-        finished = ok & (res.state == FINISHED)
-        # TTFT moves with the steps only for requests that got their first token before the client's
-        # limit (the others count at the limit, fixed); E2E only for finished requests
-        timed = ok & (res.ttft_us >= 0) & (res.ttft_us <= limit)
-        first = np.full(exp.n_requests, -1, np.int64)
-        first[timed] = np.searchsorted(end, exp.arrival_us[timed] + res.ttft_us[timed] - out_tok)
-        # the step in flight when each request became ready (-1: none, the engine was idle) and the
-        # share of it left
-        in_flight = np.searchsorted(start, ready, side="right") - 1
-        in_flight = np.where((in_flight >= 0) & (end[np.maximum(in_flight, 0)] > ready), in_flight, -1)
-        left = np.where(in_flight >= 0, (end[np.maximum(in_flight, 0)] - ready) / dt[np.maximum(in_flight, 0)], 0.0)
-        # pre-first-token weight: 1 on steps in_flight+1 .. first (difference array), `left` on in_flight
-        after = np.where(in_flight >= 0, in_flight + 1, np.searchsorted(start, ready, side="left"))
+        life = lifetimes(exp, res, vector, constants, ok, comps)
+        finished, timed = life.finished, life.timed
 
         def lifetime_weight(mask):
-            w = np.bincount(after[mask], minlength=n_steps + 1)[: n_steps + 1].astype(np.float64)
-            w -= np.bincount(first[mask] + 1, minlength=n_steps + 1)[: n_steps + 1]
+            w = np.bincount(life.after[mask], minlength=n_steps + 1)[: n_steps + 1].astype(np.float64)
+            w -= np.bincount(life.first[mask] + 1, minlength=n_steps + 1)[: n_steps + 1]
             w = np.cumsum(w)[:n_steps]
-            fl = mask & (in_flight >= 0)
-            return w + np.bincount(in_flight[fl], weights=left[fl], minlength=n_steps)
+            fl = mask & (life.in_flight >= 0)
+            return w + np.bincount(life.in_flight[fl], weights=life.left[fl], minlength=n_steps)
 
-        decode_steps, n_decoding = _decode_steps(t.runs, finished, first, n_steps)
+        decode_steps, n_decoding = _decode_steps(t.runs, finished, life.first, n_steps)
         fin_timed = finished & timed
         reps, model.weight = _classes(
             comps, np.stack([lifetime_weight(fin_timed) + decode_steps, lifetime_weight(timed)]), vector.class_keys
         )
         model.components = {f"f_{n}": reps[i] for i, n in enumerate(COMPONENT_NAMES)}
         model.queued_count = np.array([fin_timed.sum(), timed.sum()], dtype=np.float64)
-        if table is not None:
-            model.requests, model.request_weight = _request_classes(table, np.stack([fin_timed, timed]), vector)
+        if life.table is not None:
+            model.requests, model.request_weight = _request_classes(life.table, np.stack([fin_timed, timed]), vector)
         model.out_tok_count = np.array([fin_timed.sum() + n_decoding, timed.sum()], dtype=np.float64)
         model.n_finished = int(finished.sum())
         model.linear0 = linear(
             model, vector, constants[None, :], step_us(model.components, vector, constants[None, :])[0]
         )[0]
         return model
+
+
+@dataclass
+class Lifetimes:
+    """Where each request of a recorded replay lives on its schedule: what its TTFT and E2E sum.
+
+    TTFT sums the share `left` of the step in flight when it became ready (`in_flight`, -1: the
+    engine was idle), then the steps `after` .. `first` (the one that gave its first token); E2E
+    adds the steps of its runs after `first` (the trajectory's `runs`). `timed`: the measured
+    requests whose first token came before the client's limit (the others count at the limit,
+    fixed); `finished`: those measured that finished. `table`: the requests' REQUEST_ROWS when
+    queueing_time reads them (else None)."""
+
+    ready: np.ndarray
+    out_tok: float
+    finished: np.ndarray
+    timed: np.ndarray
+    first: np.ndarray
+    in_flight: np.ndarray
+    left: np.ndarray
+    after: np.ndarray
+    table: np.ndarray | None
+
+
+def lifetimes(
+    exp: Experiment, res, vector: VectorProgram, constants: np.ndarray, ok: np.ndarray, comps: np.ndarray
+) -> Lifetimes:
+    """The measured requests' (`ok`) lifetimes on `res`'s recorded schedule (`comps`: its steps'
+    components), with queueing_time and output_token_time at `constants` as the replay rounds them."""
+    t = res.trajectory
+    start, dt = t.step_start_us.astype(np.float64), t.step_us.astype(np.float64)
+    end = start + dt
+    table = None
+    if vector.queue_reads_request:
+        table = np.zeros((len(REQUEST_ROWS), exp.n_requests))
+        table[0], table[1] = exp.input_tokens, exp.output_tokens
+        if vector.queue_reads_step:  # the last step started before each arrival (recorded schedule)
+            before = np.searchsorted(t.step_start_us, exp.arrival_us, side="left") - 1
+            table[2] = before >= 0
+            table[3:] = comps[:, np.maximum(before, 0)]
+    ready, out_tok = _recorded_delays(vector, constants, table, exp.arrival_us)
+    limit = exp.abort_after_us
+    finished = ok & (res.state == FINISHED)
+    # TTFT moves with the steps only for requests that got their first token before the client's
+    # limit (the others count at the limit, fixed); E2E only for finished requests
+    timed = ok & (res.ttft_us >= 0) & (res.ttft_us <= limit)
+    first = np.full(exp.n_requests, -1, np.int64)
+    first[timed] = np.searchsorted(end, exp.arrival_us[timed] + res.ttft_us[timed] - out_tok)
+    # the step in flight when each request became ready (-1: none, the engine was idle) and the
+    # share of it left
+    in_flight = np.searchsorted(start, ready, side="right") - 1
+    in_flight = np.where((in_flight >= 0) & (end[np.maximum(in_flight, 0)] > ready), in_flight, -1)
+    left = np.where(in_flight >= 0, (end[np.maximum(in_flight, 0)] - ready) / dt[np.maximum(in_flight, 0)], 0.0)
+    # pre-first-token steps: in_flight+1 .. first, `left` of in_flight
+    after = np.where(in_flight >= 0, in_flight + 1, np.searchsorted(start, ready, side="left"))
+    return Lifetimes(ready, out_tok, finished, timed, first, in_flight, left, after, table)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -362,6 +362,12 @@ def _sum_terms(node: ast.AST) -> list[ast.AST]:
     return [node]
 
 
+def summed_times(expr: ast.AST) -> set[str]:
+    """The time components the top-level sum of `expr` adds as themselves: a term that adds one of
+    them again counts it twice."""
+    return {c for term in _sum_terms(expr) for c in _summed(term)}
+
+
 def counted_twice(expr: ast.AST) -> Iterator[tuple[str, tuple[ast.AST, ast.AST]]]:
     """(component, the two terms) where one sum (a chain of + and -) has a time component in two of
     its terms, each adding it as itself (`c.a * (f.gemm_pf + f.attn_pf) + c.b * f.gemm_pf`)."""

@@ -18,7 +18,7 @@ from .bench_command import bench_cmd
 from .console import CommandGroup, err
 from .data_commands import data_app
 from .memory import keep_freed_memory
-from .program_commands import blis_compare_cmd, cv_cmd, emit_go_cmd, eval_cmd, fit_cmd
+from .program_commands import blis_compare_cmd, cv_cmd, emit_go_cmd, eval_cmd, explain_cmd, fit_cmd
 from .run_command import run_cmd
 
 app = typer.Typer(
@@ -33,6 +33,7 @@ for name, command in (
     ("eval", eval_cmd),
     ("fit", fit_cmd),
     ("cv", cv_cmd),
+    ("explain", explain_cmd),
     ("run", run_cmd),
     ("emit-go", emit_go_cmd),
     ("blis-compare", blis_compare_cmd),

@@ -20,7 +20,7 @@ from .settings_options import settings_options
 
 
 # with --worlds, every search runs with these settings, as evolve run does
-@settings_options(SearchConfig, only=("modulate", "switch", "time_components", "unexercised", "physics"))
+@settings_options(SearchConfig, only=("modulate", "switch", "residual", "time_components", "unexercised", "physics"))
 def bench_cmd(
     data: Path | None = typer.Option(
         None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."
@@ -197,6 +197,7 @@ def bench_cmd(
             pick=held_out_pick,
             modulate=settings["modulate"],
             switch=settings["switch"],
+            residual=settings["residual"],
             time_components=settings["time_components"],
             unexercised=settings["unexercised"],
             physics=settings["physics"],

@@ -236,6 +236,52 @@ def cv_cmd(
     out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}  ({done.config.objective.describe()})")
 
 
+@settings_options(EvaluationSetup)  # --data, --prompt-reuse, ... (the options every replaying command takes)
+def explain_cmd(
+    program: str = typer.Argument(
+        ..., help="A program file (.py), or an archive's program: an id or a deployment rule (as emit-go takes them)."
+    ),
+    archive_dir: Path | None = typer.Option(
+        None, "--archive", help="Archive directory (default: the newest under runs/), for an id or a rule."
+    ),
+    split: Split = typer.Option(
+        "train", "--split", help="The split whose requests are explained (train: what a search's screening reads)."
+    ),
+    top: int = typer.Option(10, "--top", min=1, help="Associations and screened terms shown."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    settings: dict | None = None,
+):
+    """Where PROGRAM's error grows (by context, chunk, batch, decode share, model, TP, workload) and
+    which candidate terms would explain it, screened on its residuals."""
+    setup = from_options(EvaluationSetup, settings)
+    if program.endswith(".py"):
+        _check_program(Path(program))
+    from stepml_evolve.evolve.commands.explain import explain_program, explained_program
+
+    from .tables import associations_table, dumps, screening_table
+
+    prog, label = explained_program(program, archive_dir)
+    result = explain_program(prog, label, setup, split, say=say)
+    if as_json:
+        print(dumps(result.to_json(top)))
+        return
+    where = f"{label} on {result.data.label}, {split} split ({result.requests:,} requests)"
+    out.print(associations_table(result.associations, f"where the error grows: {where}", top))
+    s = result.screening
+    out.print(
+        screening_table(
+            s,
+            f"terms screened on its residuals: {len(s.passed)} of {len(s.results) + s.skipped} pass "
+            f"(on shuffled residuals {s.false_passes:.1%} would)",
+            top,
+        )
+    )
+    if s.skipped:
+        out.print(f"{s.skipped} candidate(s) skipped: their column is not a finite number somewhere")
+    for a, b, gain in s.pairs[:3]:
+        out.print(f"pair: + {a.term.shown()} + {b.term.shown()}: {gain:.1%} of the residual together", markup=False)
+
+
 # the run options that only an LLM reads: refused without --llm rather than silently ignored
 def emit_go_cmd(
     program: str = typer.Argument(

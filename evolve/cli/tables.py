@@ -359,3 +359,34 @@ def archive_cell(r) -> str:
         return ""
     recovers = ", recovers" if r.archive_recovers else ""
     return f"{plain(r.archive_best.program)} {fmt(r.archive_best.loss, '.2f')} of {r.archive_scored}{recovers}"
+
+
+def associations_table(associations, title: str, top: int = 10) -> Table:
+    """`evolve explain`: the strongest associations of a program's error, with their bins."""
+    t = Table(title=plain(title))
+    for col in ("latency", "by", "strength", "error % in each quartile (level)"):
+        t.add_column(col, justify="right" if col == "strength" else "left")
+    for a in associations[:top]:
+        strength = f"rho {a.strength:+.2f}" if a.kind == "rank" else f"eta2 {a.strength:.2f}"
+        bins = ", ".join(f"{plain(label)}: {err:+.1f}" for label, err, _ in a.bins)
+        t.add_row(a.latency, plain(a.feature), strength, bins)
+    return t
+
+
+def screening_table(screening, title: str, top: int = 10) -> Table:
+    """`evolve explain`: the best screened terms, their gain, chance and held-out gains."""
+    t = Table(title=plain(title))
+    for col in ("term", "family", "k", "gain %", "chance %", "held out %", "passed"):
+        t.add_column(col, justify="left" if col in ("term", "family", "held out %") else "right")
+    for s in screening.results[:top]:
+        held = ", ".join(f"{g} {v * 100:+.1f}" for g, v in s.held_out.items())
+        t.add_row(
+            plain(s.term.shown()),
+            s.term.family,
+            fmt(s.coefficient, 4),
+            fmt(s.gain * 100, ".1f"),
+            fmt(s.chance * 100, ".1f"),
+            held or "n/a",
+            "yes" if s.passed else "no",
+        )
+    return t

@@ -22,6 +22,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.soundness.floor import envelope_for
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
+from stepml_evolve.evolve.search.residual_terms import ResidualSource
 from stepml_evolve.evolve.search.settings import ENGINES, OPTS, PARENT_RULES, LLMSettings
 from stepml_evolve.seeds import load_seeds
 
@@ -251,7 +252,13 @@ def run_search(
                 pool,
                 config,
                 build_emitters(
-                    operator, config.llm_ratio, config.modulate, config.switch, causal=config.physics == "check"
+                    operator,
+                    config.llm_ratio,
+                    config.modulate,
+                    config.switch,
+                    causal=config.physics == "check",
+                    residual=config.residual,
+                    source=ResidualSource(pool, loaded.experiments) if config.residual > 0 or operator else None,
                 ),
                 resume=resume,
                 run_config=run_config,

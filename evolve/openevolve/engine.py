@@ -37,11 +37,13 @@ from pathlib import Path
 
 from stepml_evolve.archive.map_elites import best
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, RejectionRecord
+from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.physics.components import COMPONENTS
 from stepml_evolve.evolve.search import Judgement, Search, SearchError
 from stepml_evolve.evolve.search.emitters import Proposal, signed_errors
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, prompt_templates
+from stepml_evolve.evolve.search.residual_terms import ResidualSource
 
 from .evaluator import FAILED, JUDGE_URL_ENV, SEED_ENV
 from .local_server import LocalServer, chat_completion
@@ -128,8 +130,9 @@ def metrics_of(j: Judgement) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def artifacts_of(j: Judgement) -> dict:
-    """What OpenEvolve's prompt shows the LLM about a candidate (as the parent of the next one)."""
+def artifacts_of(j: Judgement, residual_summary: str = "") -> dict:
+    """What OpenEvolve's prompt shows the LLM about a candidate (as the parent of the next one);
+    residual_summary: where, inside the experiments, a promoted candidate's error grows."""
     if j.program is None:
         return {"rejected": f"rule {j.rejection.rule}: {j.rejection.reason}"}
     r = j.program.record
@@ -144,10 +147,16 @@ def artifacts_of(j: Judgement) -> dict:
             f"{row['experiment']} | {row['split']} | {row['e2e_obs']:.3f} | {row['e2e_err']:+.1f} | "
             f"{row['ttft_obs']:.3f} | {row['ttft_err']:+.1f}"
         )
-    return {
+    out = {
         "per_experiment_errors": "\n".join(lines) + "\n(signed: positive means predicted slower than measured)",
         "fitted_constants": json.dumps(r.constants, sort_keys=True),
     }
+    if residual_summary:
+        out["where_the_error_grows"] = residual_summary + (
+            "\n(each request's signed error against what it lived through on the program's own schedule; "
+            "rho: rank correlation, eta^2: share of variance; negative: the program is too fast there)"
+        )
+    return out
 
 
 # OpenEvolve's own failures, as its main process logs them, and the rule each is recorded under
@@ -188,6 +197,8 @@ class Judge:
         self.calls: list[LLMCallRecord] = []  # LLM attempts not yet written (they go with the next generation)
         self.asked: dict[str, int] = {}  # how often each prompt was asked (OpenEvolve repeats prompts)
         self.last = time.perf_counter()
+        # where a promoted candidate's error grows, for its artifacts (evaluator/discovery)
+        self.residuals = ResidualSource(search.cascade.engine, search.cascade.exps)
 
     # ---- HTTP side (server threads) ----
     def evaluate(self, code: str) -> dict:
@@ -198,7 +209,11 @@ class Judge:
             else:
                 j = self._judge(code)
                 self.judged.setdefault(key, []).append(j)
-        return {"metrics": metrics_of(j), "artifacts": artifacts_of(j)}
+            summary = ""
+            if j.program is not None and j.promoted:
+                record = j.program.record
+                summary = self.residuals.summary(key, parse_program(record.source), record.constants)
+        return {"metrics": metrics_of(j), "artifacts": artifacts_of(j, summary)}
 
     def _judge(self, code: str) -> Judgement:
         block, why = unwrap(code)

@@ -14,9 +14,7 @@ same child in the same place is judged the same way.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import hashlib
 import math
 import threading
 import time
@@ -41,21 +39,14 @@ from stepml_evolve.evaluator.fit.fitting import (
     fit_experiments,
     quick_config,
 )
+from stepml_evolve.evaluator.fit.starts import fit_from_starts
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.seeding import mix
 
 from .emitters import Emitter, Proposal
 from .settings import SearchConfig
-
-
-def structure_hash(program: Program) -> str:
-    """Identity of a program's structure: its functions' ASTs, constant names, bounds and priors, not
-    values (a program without bounds or priors hashes as it did before they existed)."""
-    dump = [ast.dump(program.functions[n]) for n in sorted(program.functions)] + sorted(program.constants)
-    dump += [f"{k} in [{lo!r}, {hi!r}]" for k, (lo, hi) in sorted(program.bounds.items())]
-    dump += [f"{k} prior {p.centre!r} spread {p.spread!r}" for k, p in sorted(program.priors.items())]
-    return hashlib.sha256("\n".join(dump).encode()).hexdigest()[:20]
+from .structure import structure_hash
 
 
 @dataclass(eq=False)
@@ -228,8 +219,8 @@ class Cascade:
         )
 
     def seed_fits(self, programs: list[Program]) -> list[FullFit]:
-        """Generation 0: each seed program fully fitted from its own constants, with the standard
-        first step (all at once)."""
+        """Generation 0: each seed program fully fitted with the standard first step from its own
+        constants and from seed_starts - 1 draws from its priors, the best kept (all at once)."""
         return _at_once(
             lambda i: self._full_fit(
                 programs[i],
@@ -238,6 +229,7 @@ class Cascade:
                 self.cfg.seed_fit_evals,
                 FitConfig.sigma0,
                 promoted=False,
+                starts=self.cfg.seed_starts,
             ),
             range(len(programs)),
         )
@@ -306,15 +298,22 @@ class Cascade:
         max_evals: int | None,
         sigma: float,
         promoted: bool = True,
+        starts: int = 1,
     ) -> FullFit:
-        """The fit on every experiment, scored on every split; with --cv also the fold fits (by
-        default warm-started from it, see SearchConfig.cv_fit_evals), whose CV loss becomes the
-        validation loss."""
+        """The fit on every experiment (the best of `starts`: evaluator/fit/starts.py), scored on
+        every split; with --cv also the fold fits (by default warm-started from it, see
+        SearchConfig.cv_fit_evals), whose CV loss becomes the validation loss."""
         config = self.full_fit_config(seed, max_evals, sigma, promoted)
         cv: CrossValidation | None = None
         fold_config = config  # the folds' fit settings, as the CV score stores them
+
+        def best_fit() -> FitResult:
+            best, every = fit_from_starts(program, self.exps, self.engine, config, start, starts)
+            self._count(sum(r.evaluations for r in every) - best.evaluations)  # the best one is counted below
+            return best
+
         if self.folds and self.cfg.cv_fit_evals:  # the fit on every experiment, then folds warm-started from it
-            res = fit(program, self.exps, self.engine, config, start=start)
+            res = best_fit()
             t0 = time.perf_counter()
             fold_config = dataclasses.replace(config, max_evals=self.cfg.cv_fit_evals)
             cv = cross_validate(
@@ -331,7 +330,7 @@ class Cascade:
             self._count(sum(f.fit.evaluations for f in cv.folds))
             cv_seconds = time.perf_counter() - t0
         else:
-            res = fit(program, self.exps, self.engine, config, start=start)
+            res = best_fit()
         self._count(res.evaluations)
         consts = res.constants["all"]
         vec = np.array([consts[k] for k in program.constants], dtype=float)

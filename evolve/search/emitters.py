@@ -23,7 +23,10 @@ from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.dsl import Program, parse_program
 
 from .llm_operator import LLMOperator
+from .residual_terms import OPERATOR as RESIDUAL_TERM
+from .residual_terms import ResidualSource, next_child
 from .selection import examples_for, select_parent
+from .structure import structure_hash
 from .symbolic import NotRepresentable, mutate
 
 OPERATOR_WEIGHTS = {
@@ -152,8 +155,9 @@ class LLMEmitter:
     the budget, rebuilt from the archive's call records on resume, and the circuit breaker: once
     it opens, the LLM is not asked again in that generation (its other children are symbolic)."""
 
-    def __init__(self, operator: LLMOperator, share: float):
+    def __init__(self, operator: LLMOperator, share: float, residuals=None):
         self.operator, self.share = operator, share
+        self.residuals = residuals  # a ResidualSource: the prompt's residual summary (None: none)
 
     @property
     def name(self) -> str:
@@ -174,11 +178,15 @@ class LLMEmitter:
 
     def ask(self, ctx: AskContext) -> Proposal:
         parents = [ctx.parent.id]
+        summary = ""
+        if self.residuals is not None:
+            summary = self.residuals.summary(ctx.parent.id, ctx.parent_program, dict(ctx.parent.constants))
         result = self.operator.propose(
             ctx.parent,
             prompt_rows(ctx.archive, ctx.parent),
             examples_for(ctx.parent, ctx.elites.grid, ctx.rng),
             request_tag=f"{ctx.generation}.{ctx.child}",
+            residual_summary=summary,
         )
         calls = [LLMCallRecord(**a.record()) for a in result.attempts]
         if result.source is None:
@@ -212,6 +220,44 @@ class LLMEmitter:
     def status(self) -> dict:
         b = self.operator.budget
         return {"llm_calls": b.calls, "llm_tokens": b.tokens, "llm_usd": b.usd}
+
+
+class ResidualEmitter:
+    """Proposes `residual_term` children (residual_terms.py) for its share of a generation's children:
+    each parent's residuals and screening computed once a run; the structures it proposed rebuilt
+    from the archive on resume, so a resumed run proposes what an uninterrupted one would."""
+
+    def __init__(self, source: ResidualSource, share: float):
+        self.source, self.share = source, share
+        self.tried: set[str] = set()  # structures it proposed
+
+    def available(self) -> bool:
+        return True
+
+    def resume(self, archive: Archive, run_id: int) -> None:
+        sources = [p.source for p in archive.programs(run_id) if p.operator == RESIDUAL_TERM]
+        sources += [r.source for r in archive.rejections(run_id) if r.operator == RESIDUAL_TERM and r.source]
+        self.tried |= {structure_hash(parse_program(text)) for text in sources}
+
+    def begin(self, generation: int) -> None:
+        pass
+
+    def ask(self, ctx: AskContext) -> Proposal:
+        parents = [ctx.parent.id]
+        constants = dict(ctx.parent.constants) or dict(ctx.parent_program.constants)
+        child = next_child(self.source, ctx.parent.id, ctx.parent_program, constants, self.tried)
+        if isinstance(child, str):
+            rule, why = child.split(": ", 1)
+            rejection = RejectionRecord(operator=RESIDUAL_TERM, parents=parents, rule=rule, reason=why)
+            return Proposal(RESIDUAL_TERM, parents, rejection=rejection)
+        text, detail = child
+        return Proposal(RESIDUAL_TERM, parents, text, f"{RESIDUAL_TERM}: + {detail}, parent via {ctx.how}")
+
+    def tell(self, proposal: Proposal, outcome: str, program_index: int | None = None) -> None:
+        pass
+
+    def status(self) -> dict:
+        return {}
 
 
 def prompt_rows(archive: Archive, parent: ProgramRecord) -> list[dict]:
@@ -250,9 +296,14 @@ def build_emitters(
     modulate: float = 0.0,
     switch: float = 0.0,
     causal: bool = False,
+    residual: float = 0.0,
+    source=None,
 ) -> list[Emitter]:
-    """The emitters of a run: symbolic operators by default, plus the LLM for its share of children."""
+    """The emitters of a run: symbolic operators by default, plus the LLM for its share of children
+    and `residual_term` for its share (residual_terms.py; `source`: the run's ResidualSource)."""
     emitters: list[Emitter] = [SymbolicEmitter(modulate, switch, causal)]
     if llm is not None:
-        emitters.append(LLMEmitter(llm, llm_share))
+        emitters.append(LLMEmitter(llm, llm_share, source))
+    if residual > 0 and source is not None:
+        emitters.append(ResidualEmitter(source, residual))
     return emitters

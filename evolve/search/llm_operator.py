@@ -146,15 +146,22 @@ class LLMOperator:
         self.mutate_t = env.get_template("mutate.j2")
         self.retry_t = env.get_template("retry.j2")
 
-    def propose(self, parent, parent_rows: list[dict], examples: list, request_tag: str = "") -> LLMProposal:
+    def propose(
+        self, parent, parent_rows: list[dict], examples: list, request_tag: str = "", residual_summary: str = ""
+    ) -> LLMProposal:
         """Ask for a child of `parent`; request_tag (e.g. generation.child) makes each request distinct,
-        so the reply cache never hands the same answer to two different children."""
+        so the reply cache never hands the same answer to two different children. residual_summary:
+        where, inside the experiments, the parent's error grows (evaluator/discovery/explain.py)."""
         messages = [
             {"role": "system", "content": self.system},
             {
                 "role": "user",
                 "content": self.mutate_t.render(
-                    parent=parent, parent_rows=parent_rows, examples=examples, request_tag=request_tag
+                    parent=parent,
+                    parent_rows=parent_rows,
+                    examples=examples,
+                    request_tag=request_tag,
+                    residual_summary=residual_summary,
                 ),
             },
         ]

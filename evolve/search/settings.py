@@ -100,6 +100,7 @@ OPERATOR_SHAPES = {  # what the opt-in symbolic operators make
     "switch": "a change of regime at a fitted threshold t of a step's count n: f.T becomes "
     "(f.T * k if f.n > t else f.T), or the step time gains + (k * X if f.n > t else 0)",
 }
+RESIDUAL_SHARE = 0.2  # the default share of residual_term children (docs/results/search.md)
 PARENT_RULES = {"time_components": TIME_COMPONENT_MODES, "unexercised": UNEXERCISED_MODES}  # (on, off)
 PARENT_RULE_HELP = {  # what each rule of PARENT_RULES does when on, and what its off mode allows
     "time_components": "reject a child that drops a time component (f.gemm_pf ... f.allreduce) its first "
@@ -159,6 +160,12 @@ class SearchConfig:
     full_fit_evals: int | None = setting(8, "Full-fit budget for promoted children (default by --fit-method).", min=1)
     full_fit_sigma: float = 0.2
     seed_fit_evals: int | None = setting(None, "Fit budget for the seeds (default: the standard fit).", min=1)
+    seed_starts: int = setting(
+        3,
+        "Fits of each seed in generation 0: from its own constants and from draws from their priors, "
+        "the best kept, so a child's gain over its seed is its structure's and not a luckier start's.",
+        min=1,
+    )
     # seed fits keep the standard fit's trust region; docs/HISTORY.md "Search speed" measured what these buy
     full_fit_candidates: int = setting(
         1, "A promoted child's fit (trust region): closed-loop judged points per iteration.", min=1
@@ -218,6 +225,15 @@ class SearchConfig:
     )
     modulate: float = setting(0.0, _share_help("modulate", OPERATOR_SHAPES["modulate"]), min=0.0, max=0.99)
     switch: float = setting(0.0, _share_help("switch", OPERATOR_SHAPES["switch"]), min=0.0, max=0.99)
+    residual: float = setting(
+        RESIDUAL_SHARE,
+        "Share of children made by `residual_term`: the parent plus the term that best explains its "
+        "per-request residuals on its own schedule, screened in closed form from a typed library of "
+        "physically valid terms (hinges, logs, overheads, switches, efficiencies; evolve explain shows the "
+        "residuals) and checked against held-out groups and chance (0: not used).",
+        min=0.0,
+        max=0.99,
+    )
     # the default since the worlds' benchmark (docs/HISTORY.md "Keeping every time component")
     time_components: str = setting(
         TIME_COMPONENT_MODES[0], _parent_rule_help("time_components"), choices=TIME_COMPONENT_MODES, unset=True
@@ -305,6 +321,8 @@ LEGACY_SETTINGS = {
     "time_components": "free",
     "unexercised": "allow",
     "physics": "off",
+    "residual": 0.0,
+    "seed_starts": 1,
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed

@@ -1,0 +1,263 @@
+"""Screening candidate terms in closed form on a fitted program's frozen schedule.
+
+Adding `k * g(step)` to step_time moves each measured request's E2E and TTFT by k times the sum
+of g over its own steps (residuals.py). So on the per-request residuals (observed - predicted,
+relative to the split's observed mean; each experiment's E2E rows and TTFT rows weigh one in all,
+as the loss weighs experiments), the best k >= 0 of a candidate is one least-squares solve and its
+gain the share of the residual sum of squares it removes: microseconds a term, not a fit.
+
+Chance: with a thousand candidates some will fit noise. A term passes only if, for each grouping
+of the experiments the data allow (by model, by workload: at least two groups), its coefficient
+fitted without a group lowers that group's residual, summed over the groups (held-out gain > 0);
+its gain on all rows is at least MIN_GAIN; and it gains MIN_GAIN more than chance: the most it
+gains on the residuals shuffled among the requests of each experiment (which keeps every
+experiment's bias and breaks every association with the steps; SHUFFLES times) plus twice the
+spread of those gains. The screening reports its own false-discovery rate: the share of the
+candidates the same test passes with one shuffle taken for the residuals and the others for chance.
+
+Pairs: the best passing terms are also tried two at a time (non-negative least squares, scipy's
+nnls), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numexpr as ne
+import numpy as np
+from scipy.optimize import nnls
+
+from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX
+
+from .residuals import E2E, TTFT, RequestResiduals
+from .terms import Term
+
+MIN_GAIN = 0.005  # a term must remove at least 0.5 % of the residual sum of squares
+GROUPINGS = ("model", "workload")
+CHUNK = 128  # candidate columns evaluated at once (memory: steps x CHUNK floats per experiment)
+SHUFFLES = 8  # permutations of the residuals: chance for each term, and the false-discovery check
+REFINE = 25  # knots tried around a hinge's or switch's best one
+
+
+@dataclass
+class Screened:
+    """One candidate's result: its coefficient (us per unit of g) on all rows, the share of the
+    residual sum of squares it removes there, and per grouping what it removes held out."""
+
+    term: Term
+    coefficient: float
+    gain: float
+    held_out: dict[str, float] = field(default_factory=dict)
+    passed: bool = False
+    chance: float = 0.0  # the most it gains on residuals shuffled among each experiment's requests, + 2 spreads
+
+
+@dataclass
+class Screening:
+    """A screening's results, best first; its false-discovery check; the pairs it kept."""
+
+    results: list[Screened]
+    sse: float  # the residual sum of squares before any term
+    skipped: int  # candidates whose column was not finite somewhere: never proposed
+    false_passes: float  # mean share of candidates that pass on shuffled residuals
+    pairs: list[tuple[Screened, Screened, float]] = field(default_factory=list)  # (a, b, gain together)
+
+    @property
+    def passed(self) -> list[Screened]:
+        return [s for s in self.results if s.passed]
+
+
+class _Rows:
+    """The residual rows of every experiment, their weights and groups."""
+
+    def __init__(self, residuals: list[RequestResiduals]):
+        self.residuals = residuals
+        self.masks, self.y, self.w = [], [], []
+        for r in residuals:
+            measured = np.stack([r.finished, np.ones(r.n, bool)])
+            counts = measured.sum(axis=1)
+            w = np.where(measured, 1.0 / np.maximum(counts, 1)[:, None], 0.0)
+            self.masks.append(measured)
+            self.y.append(r.residual)
+            self.w.append(w)
+        self.groups = {g: [getattr(r, g) for r in residuals] for g in GROUPINGS}
+
+    def shuffled(self, rng: np.random.Generator) -> list[np.ndarray]:
+        out = []
+        for y, m in zip(self.y, self.masks):
+            z = np.zeros_like(y)
+            for row in (E2E, TTFT):
+                idx = np.flatnonzero(m[row])
+                z[row, idx] = y[row, rng.permutation(idx)]
+            out.append(z)
+        return out
+
+
+def _columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
+    """(S, K) the terms' g at every step of `r`."""
+    env = {f"f_{n}": r.components[i] for n, i in COMPONENT_INDEX.items()}
+    out = np.empty((r.n_steps, len(terms)))
+    with np.errstate(all="ignore"):
+        for j, t in enumerate(terms):
+            out[:, j] = np.broadcast_to(ne.evaluate(t.column, local_dict=env), (r.n_steps,))
+    return out
+
+
+def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per experiment e and candidate k: a[v, e, k] = sum w X y (for each residual set v of `ys`),
+    b[e, k] = sum w X^2; and which candidates are finite everywhere."""
+    n_e, n_k = len(rows.residuals), len(terms)
+    a, b = np.zeros((len(ys), n_e, n_k)), np.zeros((n_e, n_k))
+    finite = np.ones(n_k, bool)
+    for e, r in enumerate(rows.residuals):
+        x = r.sums(_columns(r, terms))  # (2, n, K)
+        ok = np.isfinite(x).all(axis=(0, 1))
+        finite &= ok
+        x = np.where(np.isfinite(x), x, 0.0)
+        w = rows.w[e][:, :, None]
+        b[e] = (w * x * x).sum(axis=(0, 1))
+        for v, y in enumerate(ys):
+            a[v, e] = (w * x * y[e][:, :, None]).sum(axis=(0, 1))
+    return a, b, finite
+
+
+def _gains(a: np.ndarray, b: np.ndarray, sse: float, groups: dict[str, list]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Coefficients, gains (share of sse) on all rows, and per grouping the held-out gain, from
+    the per-experiment moments a (E, K), b (E, K)."""
+    at, bt = a.sum(axis=0), b.sum(axis=0)
+    beta = np.where(bt > 0, np.maximum(at, 0.0) / np.where(bt > 0, bt, 1.0), 0.0)
+    gain = (2 * beta * at - beta**2 * bt) / sse
+    held = {}
+    for g, labels in groups.items():
+        labels = np.array(labels)
+        kinds = np.unique(labels)
+        if len(kinds) < 2:
+            continue
+        total = np.zeros(a.shape[1])
+        for kind in kinds:
+            inside = labels == kind
+            ai, bi = a[inside].sum(axis=0), b[inside].sum(axis=0)
+            ao, bo = at - ai, bt - bi
+            bet = np.where(bo > 0, np.maximum(ao, 0.0) / np.where(bo > 0, bo, 1.0), 0.0)
+            total += 2 * bet * ai - bet**2 * bi
+        held[g] = total / sse
+    return beta, gain, held
+
+
+def _chance(null_gains: list[np.ndarray]) -> np.ndarray:
+    """What each term may gain by chance: the most it gains on the shuffled residuals, plus twice
+    their spread (a term's gain on residuals with structure must clear it by MIN_GAIN)."""
+    g = np.array(null_gains)
+    return g.max(axis=0) + 2 * g.std(axis=0)
+
+
+def _sse(weights: list[np.ndarray], ys: list[np.ndarray]) -> float:
+    return float(sum((w * y * y).sum() for w, y in zip(weights, ys)))
+
+
+def _passes(gain: np.ndarray, held: dict[str, np.ndarray], finite: np.ndarray, chance: np.ndarray) -> np.ndarray:
+    """Finite everywhere, a gain of MIN_GAIN at least and MIN_GAIN over what it gains by chance,
+    and a positive held-out gain in every grouping."""
+    ok = finite & (gain >= MIN_GAIN) & (gain - chance >= MIN_GAIN)
+    for h in held.values():
+        ok &= h > 0
+    return ok
+
+
+def screen(
+    residuals: list[RequestResiduals], terms: list[Term], seed: int = 0, pairs_of: int = 12, refine: bool = True
+) -> Screening:
+    """Every term's gain on the residuals, best first, with its held-out gains and whether it passed;
+    hinges and switches among the passing ones have their knot refined (REFINE knots between the
+    neighbouring quantiles); the best `pairs_of` are tried in pairs."""
+    rows = _Rows(residuals)
+    sse = _sse(rows.w, rows.y)
+    if not sse > 0 or not terms:
+        return Screening([], sse, 0, 0.0)
+    rng = np.random.default_rng(seed)
+    ys = [rows.y] + [rows.shuffled(rng) for _ in range(SHUFFLES)]
+    a_parts, b_parts, finite_parts = [], [], []
+    for i in range(0, len(terms), CHUNK):
+        a, b, finite = _moments(rows, terms[i : i + CHUNK], ys)
+        a_parts.append(a)
+        b_parts.append(b)
+        finite_parts.append(finite)
+    a, b, finite = np.concatenate(a_parts, axis=2), np.concatenate(b_parts, axis=1), np.concatenate(finite_parts)
+    fits = [_gains(a[v], b, _sse(rows.w, ys[v]), rows.groups) for v in range(len(ys))]
+    beta, gain, held = fits[0]
+    chance = _chance([g for _, g, _ in fits[1:]])  # what each term gains on residuals with no structure
+    passed = _passes(gain, held, finite, chance)
+    # the same test with the first shuffle as the residuals and the others as chance
+    false = _passes(fits[1][1], fits[1][2], finite, _chance([g for _, g, _ in fits[2:]])).mean()
+    results = [
+        Screened(
+            t,
+            float(beta[k]),
+            float(gain[k]),
+            {g: float(h[k]) for g, h in held.items()},
+            bool(passed[k]),
+            float(chance[k]),
+        )
+        for k, t in enumerate(terms)
+        if finite[k]
+    ]
+    results.sort(key=lambda s: (not s.passed, -s.gain))
+    if refine:
+        results = _refined(rows, results, sse)
+    screening = Screening(results, sse, int((~finite).sum()), float(false))
+    screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse)
+    return screening
+
+
+def _refined(rows: _Rows, results: list[Screened], sse: float) -> list[Screened]:
+    """The passing hinges and switches, each at the best of REFINE knots spread between the knots
+    next to its own (over the values the count takes): a planted knot between two quantiles is found."""
+    out = []
+    seen: set[tuple[str, str]] = set()
+    for s in results:
+        key = (s.term.body, s.term.knot_of or "")
+        if not s.passed or s.term.knot is None or key in seen:
+            out.append(s)
+            continue
+        seen.add(key)
+        siblings = sorted({r.term.knot for r in results if (r.term.body, r.term.knot_of) == key})
+        i = siblings.index(s.term.knot)
+        lo = siblings[i - 1] if i > 0 else s.term.knot / 2
+        hi = siblings[i + 1] if i + 1 < len(siblings) else s.term.knot * 2
+        candidates = [s.term.at(float(round(q))) for q in np.linspace(lo, hi, REFINE)]
+        a, b, finite = _moments(rows, candidates, [rows.y])
+        beta, gain, held = _gains(a[0], b, sse, rows.groups)
+        ok = _passes(gain, held, finite, np.full(len(candidates), s.chance))
+        k = int(np.argmax(np.where(ok, gain, -np.inf))) if ok.any() else -1
+        if k >= 0 and gain[k] > s.gain:
+            held_k = {g: float(h[k]) for g, h in held.items()}
+            out.append(Screened(candidates[k], float(beta[k]), float(gain[k]), held_k, True, s.chance))
+        else:
+            out.append(s)
+    out.sort(key=lambda s: (not s.passed, -s.gain))
+    return out
+
+
+def _pairs(rows: _Rows, best: list[Screened], sse: float) -> list[tuple[Screened, Screened, float]]:
+    """Pairs of the best passing terms fitted together (non-negative least squares) whose gain
+    beats each term alone by MIN_GAIN, best first."""
+    if len(best) < 2:
+        return []
+    terms = [s.term for s in best]
+    xs, ys = [], []
+    for e, r in enumerate(rows.residuals):
+        x = r.sums(_columns(r, terms))
+        sw = np.sqrt(rows.w[e])
+        xs.append((x * sw[:, :, None]).reshape(-1, len(terms)))
+        ys.append((rows.y[e] * sw).reshape(-1))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    x = np.where(np.isfinite(x), x, 0.0)
+    out = []
+    for i in range(len(best)):
+        for j in range(i + 1, len(best)):
+            coef, norm = nnls(x[:, [i, j]], y)
+            gain = (sse - norm**2) / sse
+            if (coef > 0).all() and gain >= max(best[i].gain, best[j].gain) + MIN_GAIN:
+                out.append((best[i], best[j], float(gain)))
+    out.sort(key=lambda p: -p[2])
+    return out

@@ -1,0 +1,151 @@
+"""What the `residual_term` operator (emitters.ResidualEmitter) proposes: a child that is its parent
+plus the term that best explains where the parent is wrong (evaluator/discovery).
+
+For a parent at its fitted constants, its per-request residuals on its own schedule are screened
+against the typed library of candidate terms (discovery/terms.py) in closed form; the child adds
+the best term that passed the screening's held-out and chance checks and that this operator has
+not proposed for this parent before (or, once single terms are spent, the best pair), its scale
+constant starting at the screening's coefficient (a weak prior around it) and its knot, if any, a
+constant bounded inside the data's range. The child then goes through the usual cascade: the
+closed loop judges it, as every child. Residuals and screenings are kept per parent for the run
+(`ResidualSource`), which the LLM emitter also reads for its prompt's residual summary.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import math
+from dataclasses import dataclass, field
+
+from stepml_evolve.evaluator.data.experiments import Experiment
+from stepml_evolve.evaluator.discovery.explain import explain, summary
+from stepml_evolve.evaluator.discovery.residuals import RequestResiduals, ResidualsError, residuals_of
+from stepml_evolve.evaluator.discovery.screening import Screened, Screening, screen
+from stepml_evolve.evaluator.discovery.terms import knot_bounds, library, step_values
+from stepml_evolve.evaluator.dsl import Program, parse_program
+from stepml_evolve.evaluator.dsl.program import Prior, inlined, render_constants
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evaluator.soundness.rules import DEFAULT_SPREAD, summed_times
+
+from .structure import structure_hash
+
+OPERATOR = "residual_term"
+KNOT_SPREAD = math.log(2.0)  # a knot's prior: a factor of 2 a spread around the quantile screening found
+CACHED = 64  # parents whose residuals and screening are kept
+
+
+@dataclass
+class ResidualSource:
+    """Residuals and screenings of the run's parents, computed once each (replays on the run's pool)."""
+
+    pool: ReplayPool
+    experiments: list[Experiment]
+    residuals: dict[object, list[RequestResiduals] | str] = field(default_factory=dict)  # by a program's key
+    screenings: dict[object, Screening] = field(default_factory=dict)
+
+    def of(self, parent_id, program: Program, constants: dict[str, float]) -> list[RequestResiduals] | str:
+        """The parent's residuals, or why there are none (one line)."""
+        if parent_id not in self.residuals:
+            if len(self.residuals) >= CACHED:
+                self.residuals.pop(next(iter(self.residuals)))
+            try:
+                self.residuals[parent_id] = residuals_of(
+                    program, constants, self.pool, self.experiments, origin=f"#{parent_id}"
+                )
+            except ResidualsError as e:
+                self.residuals[parent_id] = str(e)
+        return self.residuals[parent_id]
+
+    def screening(self, parent_id, program: Program, constants: dict[str, float]) -> Screening | str:
+        found = self.of(parent_id, program, constants)
+        if isinstance(found, str):
+            return found
+        if parent_id not in self.screenings:
+            if len(self.screenings) >= CACHED:
+                self.screenings.pop(next(iter(self.screenings)))
+            self.screenings[parent_id] = screen(found, library(step_values([r.components for r in found])))
+        return self.screenings[parent_id]
+
+    def summary(self, parent_id, program: Program, constants: dict[str, float], top: int = 4) -> str:
+        """Where the parent's error grows, a line per association (empty where there are no residuals)."""
+        found = self.of(parent_id, program, constants)
+        return "" if isinstance(found, str) else summary(explain(found), top)
+
+
+def _fresh(prefix: str, taken: set[str]) -> str:
+    i = 1
+    while f"{prefix}{i}" in taken:
+        i += 1
+    taken.add(f"{prefix}{i}")
+    return f"{prefix}{i}"
+
+
+def with_terms(
+    parent: Program,
+    constants: dict[str, float],
+    screened: list[Screened],
+    knot_values: dict[str, object],
+    doc: str,
+) -> str:
+    """The parent's text at `constants` with the screened terms added to step_time's return, each
+    with its scale constant (start: the screening's coefficient, min 0, a weak prior around it) and
+    its knot (bounded inside the data's range)."""
+    taken = set(parent.constants)
+    values, bounds, priors = dict(constants), dict(parent.bounds), dict(parent.priors)
+    added = []
+    for s in screened:
+        k = _fresh("k", taken)
+        start = s.coefficient if s.coefficient > 0 else 1.0
+        values[k], bounds[k], priors[k] = start, (0.0, math.inf), Prior(start, DEFAULT_SPREAD, True)
+        t = None
+        if s.term.knot is not None:
+            t = _fresh("t", taken)
+            lo, hi = knot_bounds(s.term, knot_values[s.term.knot_of])
+            values[t], bounds[t], priors[t] = (
+                min(max(s.term.knot, lo), hi),
+                (lo, hi),
+                Prior(s.term.knot, KNOT_SPREAD, True),
+            )
+        added.append(ast.parse(s.term.text(k, t), mode="eval").body)
+    functions = []
+    for name, fn in parent.functions.items():
+        fn = copy.deepcopy(fn)
+        if name == "step_time":
+            ret = fn.body[-1]
+            for term in added:
+                ret.value = ast.BinOp(left=ret.value, op=ast.Add(), right=term)
+        functions.append(ast.unparse(ast.fix_missing_locations(fn)))
+    return f'"""{doc}"""\n{render_constants(values, bounds, priors)}\n\n\n' + "\n\n\n".join(functions) + "\n"
+
+
+def next_child(
+    source: ResidualSource, parent_id, program: Program, constants: dict[str, float], tried: set[str]
+) -> tuple[str, str] | str:
+    """(the child's text, what it adds) for the best passing term of the parent's screening (then the
+    best pair) whose child's structure is not in `tried` (to which it is added); else "rule: why"
+    (rule residuals: none could be computed; screening: no term passed, or all were proposed)."""
+    found = source.screening(parent_id, program, constants)
+    if isinstance(found, str):
+        return f"residuals: {found}"
+    summed = summed_times(inlined(program.functions["step_time"]))
+    values = step_values([r.components for r in source.residuals[parent_id]])
+    options = [[s] for s in found.passed if not (set(s.term.times) & summed)]
+    options += [[a, b] for a, b, _ in found.pairs if not ((set(a.term.times) | set(b.term.times)) & summed)]
+    for chosen in options:
+        text = with_terms(program, constants, chosen, values, program.doc or f"{OPERATOR} child")
+        key = structure_hash(parse_program(text))
+        if key not in tried:
+            tried.add(key)
+            return text, "; ".join(said(s) for s in chosen)
+    if not found.passed:
+        return (
+            f"screening: no term passed the screening of {len(found.results)} (false passes by chance "
+            f"{found.false_passes:.1%})"
+        )
+    return f"screening: the {len(options)} screened terms were proposed for this parent before"
+
+
+def said(s: Screened) -> str:
+    held = ", ".join(f"by {g} {v:+.1%}" for g, v in s.held_out.items())
+    return f"{s.term.shown()} (screened: {s.gain:.1%} of the residual, {s.chance:.1%} by chance, held out {held})"

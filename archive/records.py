@@ -381,3 +381,19 @@ class NewProgram:
     evaluations: list[MetricRow] = field(default_factory=list)
     cv: CVScoreRecord | None = None  # the CV score its full fit made (`evolve run --cv`), stored with it
     cv_rows: list[CVEvaluationRecord] = field(default_factory=list)
+
+
+@dataclass
+class ExplanationRecord:
+    """Where a program's error grows and which terms the screening found on its residuals
+    (evaluator/discovery), as `evolve explain` shows them: one row per program and split. A run
+    stores its best program's and its deployed one's at its end, for the report."""
+
+    program_id: int = column("INTEGER NOT NULL REFERENCES programs(id)")
+    split: str = column("TEXT NOT NULL", default="train")
+    requests: int = column("INTEGER NOT NULL", default=0)  # measured requests the residuals cover
+    # [{latency, feature, strength, kind, bins: [{range, error_pct, requests}]}, ...], strongest first
+    associations: list = column("TEXT NOT NULL", json_text=True, default_factory=list)
+    # {candidates, passed, false_passes_by_chance, terms: [{term, family, coefficient, gain, chance, held_out, passed}]}
+    screening: dict = column("TEXT NOT NULL", json_text=True, default_factory=dict)
+    created: float = column("REAL NOT NULL", default=0.0)  # wall-clock time (s since the epoch)

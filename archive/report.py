@@ -17,6 +17,7 @@ from importlib.resources import files
 import jinja2
 from markupsafe import Markup, escape
 
+from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.numbers import finite, fmt
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
@@ -476,6 +477,84 @@ def run_summary(archive: Archive, run: RunRecord, programs) -> dict:
     }
 
 
+def explanation_svg(associations: list[dict], top: int = 4) -> Markup:
+    """Where a program's error grows: its strongest associations, each a row of bars (the mean
+    signed error % of the requests in each quartile of the feature, or each level), negative (the
+    program too fast) to the left of the zero line."""
+    label = "mean signed error of the requests in each quartile (level), %"
+    shown = [a for a in associations[:top] if a.get("bins")]
+    if not shown:
+        return _empty(label, "no residuals stored")
+    errors = [b["error_pct"] for a in shown for b in a["bins"] if finite(b["error_pct"])] or [0.0]
+    reach = max(1.0, max(abs(e) for e in errors))
+    names = []
+    for a in shown:
+        strength = f"rho {a['strength']:+.2f}" if a["kind"] == "rank" else f"eta2 {a['strength']:.2f}"
+        names.append(f"{a['latency']} by {a['feature']} ({strength})")
+    bar_h, gap = 16, 10
+    heights = [len(a["bins"]) * bar_h + gap + 14 for a in shown]
+    box = Box(260, 20, 700, 20 + sum(heights))
+    xs = Scale(-reach, reach, box.left, box.right)
+    body = [f'<line x1="{xs(0)}" y1="{box.top}" x2="{xs(0)}" y2="{box.bottom}" stroke="#888"/>']
+    y = box.top
+    for a, name in zip(shown, names):
+        body.append(_text(10, y + 11, name, extra='font-weight="bold"'))
+        y += 14
+        for b in a["bins"]:
+            e = b["error_pct"] if finite(b["error_pct"]) else 0.0
+            x0, x1 = sorted((xs(0), xs(e)))
+            color = PREDICTED if e < 0 else VALIDATE
+            tip = _title(f"{b['range']}: {e:+.1f} % ({b['requests']} requests)")
+            body.append(
+                f'<g>{tip}<rect x="{x0}" y="{y + 2}" width="{max(x1 - x0, 1)}" height="{bar_h - 4}" fill="{color}"/></g>'
+            )
+            body.append(_text(box.left - 8, y + bar_h - 4, b["range"], anchor="end"))
+            at = x1 + 4 if e >= 0 else xs(0) + 4  # a negative bar's figure right of the zero line, clear of the labels
+            body.append(_text(at, y + bar_h - 4, f"{e:+.1f}"))
+            y += bar_h
+        y += gap
+    body.append(_text(xs(0), box.bottom + 14, "0: too fast to the left, too slow to the right", anchor="middle"))
+    return _svg(760, int(box.bottom + 24), label, body)
+
+
+def explanations(archive: Archive, run_id: int, programs) -> list[dict]:
+    """The run's stored explanations (the best and the deployed program's, at its end), with their plots."""
+    from .deployment import DEFAULT_RULE, choose
+
+    by_id = {p.id: p for p in programs}
+    top = best(programs)
+    try:
+        deployed = choose(archive, DEFAULT_RULE).program.id
+    except UserError:  # nothing to deploy yet
+        deployed = None
+    out = []
+    for e in archive.explanations(run_id):
+        if e.program_id not in by_id:
+            continue
+        roles = [
+            r
+            for r, pid in (
+                ("the best by validation loss", top.id if top else None),
+                (f"deployed by {DEFAULT_RULE}", deployed),
+            )
+            if pid == e.program_id
+        ]
+        out.append(
+            {
+                "id": e.program_id,
+                "roles": ", ".join(roles),
+                "split": e.split,
+                "requests": e.requests,
+                "plot": explanation_svg(e.associations),
+                "terms": e.screening.get("terms", [])[:5],
+                "passed": e.screening.get("passed", 0),
+                "candidates": e.screening.get("candidates", 0),
+                "false_passes": e.screening.get("false_passes_by_chance", 0.0),
+            }
+        )
+    return out
+
+
 def build_context(archive: Archive) -> dict:
     run, programs = run_programs(archive)
     top = best(programs)
@@ -505,6 +584,7 @@ def build_context(archive: Archive) -> dict:
         },
         "rows": rows,
         "programs": sorted(programs, key=lambda p: p.id),
+        "explanations": explanations(archive, run.id, programs),
     }
 
 

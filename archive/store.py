@@ -1,5 +1,6 @@
 """SQLite store of a search: runs, programs, evaluations, rejections, LLM calls, generations,
-and the cross-validation scores of programs (`cv_scores`, `cv_evaluations`; schema 2).
+and the cross-validation scores of programs (`cv_scores`, `cv_evaluations`; schema 2) and where their
+error grows (`explanations`; schema 3).
 
 Everything a generation produces is written in one transaction together with its
 `generations` row, so a killed run (SIGKILL included) leaves the archive at the end of its
@@ -35,6 +36,7 @@ from .records import (
     CVEvaluationRecord,
     CVScoreRecord,
     EvaluationRecord,
+    ExplanationRecord,
     GenerationRecord,
     LLMCallRecord,
     NewProgram,
@@ -47,7 +49,7 @@ from .records import (
     select,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 TABLES: tuple[tuple[str, type, str], ...] = (  # table, record, table constraints
     ("runs", RunRecord, ""),
@@ -59,6 +61,8 @@ TABLES: tuple[tuple[str, type, str], ...] = (  # table, record, table constraint
     # schema 2: cross-validation scores, one per program and protocol, and their held-out experiments
     ("cv_scores", CVScoreRecord, "PRIMARY KEY (program_id, protocol)"),
     ("cv_evaluations", CVEvaluationRecord, "PRIMARY KEY (program_id, protocol, experiment)"),
+    # schema 3: where a program's error grows, and the terms screened on its residuals
+    ("explanations", ExplanationRecord, "PRIMARY KEY (program_id, split)"),
 )
 
 
@@ -82,6 +86,15 @@ def _add_cv_tables(db: sqlite3.Connection) -> None:
     )
 
 
+def _add_explanations(db: sqlite3.Connection) -> None:
+    """2 -> 3: the explanations table, as schema 3 declared it; an archive of schema 2 has none."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS explanations (program_id INTEGER NOT NULL REFERENCES programs(id), "
+        "split TEXT NOT NULL, requests INTEGER NOT NULL, associations TEXT NOT NULL, screening TEXT NOT NULL, "
+        "created REAL NOT NULL, PRIMARY KEY (program_id, split));"
+    )
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     """The file at `path` (device, inode), None when there is none."""
     try:
@@ -92,7 +105,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 # MIGRATIONS[v] upgrades an archive from schema v to v + 1 in place (inside one transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_cv_tables}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_cv_tables, 2: _add_explanations}
 SCHEMA = "\n".join(
     ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"]
     + [ddl(record, table, constraints) for table, record, constraints in TABLES]
@@ -537,6 +550,23 @@ class Archive:
                 insert(
                     db, "cv_evaluations", dataclasses.replace(r, program_id=score.program_id, protocol=score.protocol)
                 )
+
+    def write_explanation(self, explanation: ExplanationRecord) -> None:
+        """Store a program's explanation on a split, replacing an earlier one."""
+        if self.program(explanation.program_id) is None:
+            raise ArchiveError(f"{self.dir}: program {explanation.program_id} does not exist; no explanation stored")
+        with self.transaction() as db:
+            db.execute(
+                "DELETE FROM explanations WHERE program_id=? AND split=?", (explanation.program_id, explanation.split)
+            )
+            insert(db, "explanations", explanation)
+
+    def explanations(self, run_id: int | None = None) -> list[ExplanationRecord]:
+        """The stored explanations (of a run's programs), by program and split."""
+        if run_id is None:
+            return select(self.db, ExplanationRecord, "explanations", order="program_id, split")
+        where = "program_id IN (SELECT id FROM programs WHERE run_id=?)"
+        return select(self.db, ExplanationRecord, "explanations", where, (run_id,), order="program_id, split")
 
     def cv_scores(self, program_id: int | None = None, run_id: int | None = None) -> list[CVScoreRecord]:
         """CV scores of one program, of a run's programs, or all; by program, then protocol."""

@@ -23,3 +23,7 @@ PHYSICS_MODES = (
     "check",
     "off",
 )  # --physics: check (the default) applies soundness/rules.py and the floor; off: neither
+
+# a worlds benchmark's fits of each program it scores held out (the seeds', the law's, the winner's
+# alike: from its own constants, then from draws from its priors; the best train fit is scored)
+HELD_OUT_FITS = 3

@@ -326,10 +326,20 @@ class FixedEmitter:
 
 def downgrade_to_schema_1(directory) -> None:
     """Make an archive what stepml-evolve wrote before CV scores: no cv tables, schema_version 1."""
+    downgrade_to_schema_2(directory)
     db = sqlite3.connect(directory / Archive.FILE)
     db.execute("DROP TABLE cv_scores")
     db.execute("DROP TABLE cv_evaluations")
     db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+
+
+def downgrade_to_schema_2(directory) -> None:
+    """Make an archive what stepml-evolve wrote before explanations: no explanations table, schema 2."""
+    db = sqlite3.connect(directory / Archive.FILE)
+    db.execute("DROP TABLE explanations")
+    db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
     db.commit()
     db.close()
 

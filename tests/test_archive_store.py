@@ -174,8 +174,9 @@ def test_an_older_schema_is_migrated_in_place_or_refused_without_a_path(tmp_path
 
 
 def test_a_schema_1_archive_gets_the_cv_tables_of_a_new_archive(tmp_path):
-    """Schema 1 (before CV scores) is schema 2 without cv_scores and cv_evaluations: migrated when
-    opened for writing, to exactly the tables a new archive has, its records untouched."""
+    """Schema 1 (before CV scores) is schema 2 without cv_scores and cv_evaluations, schema 2 is
+    schema 3 without explanations: migrated when opened for writing, to exactly the tables a new
+    archive has, its records untouched."""
     new, old = tmp_path / "new", tmp_path / "old"
     for d in (new, old):
         a = Archive(d, create=True)
@@ -188,8 +189,8 @@ def test_a_schema_1_archive_gets_the_cv_tables_of_a_new_archive(tmp_path):
     with pytest.raises(ArchiveError, match=r"archive schema 1 is older .*`evolve archive migrate --archive "):
         Archive(old, read_only=True)
     a = Archive(old)
-    assert a.migrated_from == 1 and a.schema_version() == store.SCHEMA_VERSION == 2
-    assert a.cv_scores() == [] and [p.source for p in a.programs()] == [_program(1).source]
+    assert a.migrated_from == 1 and a.schema_version() == store.SCHEMA_VERSION == 3
+    assert a.cv_scores() == [] and a.explanations() == [] and [p.source for p in a.programs()] == [_program(1).source]
     assert len(a.metric_rows(1)) == 1
     a.close()
     assert table_schemas(old) == table_schemas(new)

@@ -214,6 +214,24 @@ def test_a_run_with_residual_term_archives_its_children_and_resumes_to_the_same_
 
     assert programs(tmp_path / "twice") == programs(tmp_path / "once")
 
+    # the run's end explained its best and its deployed program, and the report shows them
+    from stepml_evolve.archive.report import render
+    from stepml_evolve.archive.store import Archive
+
+    a = Archive(tmp_path / "once", read_only=True)
+    try:
+        from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
+
+        best_id = a.run().summary["best"]["id"]
+        stored = {e.program_id: e for e in a.explanations()}
+        assert best_id in stored and choose(a, DEFAULT_RULE).program.id in stored
+        e = stored[best_id]
+        assert e.requests > 500 and e.associations[0]["bins"] and "terms" in e.screening
+        page = render(a)
+    finally:
+        a.close()
+    assert "Where the error grows" in page and page.count("mean signed error of the requests") == len(stored)
+
 
 def test_the_llm_is_shown_where_its_parent_s_error_grows(tmp_path):
     from llm_server import ScriptedLLM, program_reply

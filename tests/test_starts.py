@@ -55,3 +55,24 @@ def test_a_search_fits_its_seeds_from_several_starts(tmp_path):
 
     (loss1, evals1), (loss3, evals3) = seed_fit(tmp_path / "one"), seed_fit(tmp_path / "three")
     assert loss3 <= loss1 + 1e-9 and evals3 > evals1
+
+
+def test_evolve_fit_keeps_the_best_of_its_starts_and_says_each(tmp_path):
+    from typer.testing import CliRunner
+
+    from stepml_evolve.evolve.cli.app import app
+
+    out = tmp_path / "rs.fitted.py"
+    res = CliRunner().invoke(
+        app,
+        ["fit", str(seed_path("regime_switch")), "--starts", "2", "--max-evals", "6", "--no-profile"]
+        + ["--out", str(out), "--json"],
+    )
+    assert res.exit_code == 0, res.output
+    import json
+
+    found = json.loads(res.output[res.output.index("{") :])
+    starts = found["starts"]
+    assert len(starts) == 2 and starts[0]["start"] != starts[1]["start"]
+    assert found["train_loss"] + sum(found["prior_penalty"].values()) == min(s["loss"] + s["penalty"] for s in starts)
+    assert out.exists()

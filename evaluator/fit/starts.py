@@ -55,6 +55,7 @@ def fit_from_starts(
     config: FitConfig,
     start: dict[str, float],
     starts: int = 1,
+    progress=None,
 ) -> tuple[FitResult, list[FitResult]]:
     """The best of `starts` fits (by loss + penalties; ties: the earlier) and every one of them, in
     order: the first from `start`, the others from prior draws (deterministic for config.seed)."""
@@ -63,7 +64,7 @@ def fit_from_starts(
     for k in range(max(1, starts)):
         begin = start if k == 0 else drawn_start(program, start, rng)
         cfg = config if k == 0 else dataclasses.replace(config, seed=config.seed + k * START_SEED_STEP)
-        results.append(fit(program, experiments, engine, cfg, start=begin))
+        results.append(fit(program, experiments, engine, cfg, start=begin, progress=progress))
     best = min(
         range(len(results)), key=lambda i: (total(results[i]) if math.isfinite(total(results[i])) else math.inf, i)
     )

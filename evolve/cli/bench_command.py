@@ -7,7 +7,7 @@ from typing import Literal
 
 import typer
 
-from stepml_evolve.evaluator.choices import METHODS
+from stepml_evolve.evaluator.choices import HELD_OUT_FITS, METHODS
 from stepml_evolve.evaluator.fit.config import FitConfigError
 from stepml_evolve.evaluator.known_truth import GRID_SIZES
 from stepml_evolve.evolve.search import CV_MODES, ENGINES, LLMSettings, SearchConfig
@@ -128,11 +128,12 @@ def bench_cmd(
         "extrapolation inside its train configurations, and the lowest such CV loss wins).",
     ),
     held_out_fits: int = typer.Option(
-        1,
+        HELD_OUT_FITS,
         "--held-out-fits",
         min=1,
-        help="With --worlds: fit each program this many times (fit seeds --seed, --seed + 1, ...) and "
-        "score one of them held out (--held-out-pick): one fit's held-out loss depends on where it ended.",
+        help="With --worlds: fit each program this many times, as a search fits its seeds (from its own "
+        "constants, then from draws from its priors; fit seeds --seed, --seed + 1, ...), and score one of "
+        "them held out (--held-out-pick): one fit's held-out loss depends on where it ended.",
     ),
     held_out_pick: str = typer.Option(
         "train",

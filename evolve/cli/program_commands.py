@@ -109,6 +109,13 @@ def fit_cmd(
         min=0,
         help="Extra runs from the best point so far (a fresh trust region or CMA-ES, each with the full budget).",
     ),
+    starts: int = typer.Option(
+        1,
+        "--starts",
+        min=1,
+        help="Fits from the program's constants and from draws from their priors (as a search fits its "
+        "seeds: evolve run --seed-starts); the best is kept, and each one's train loss printed.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     method: MethodOption = FIT.method,
     cluster: ClusterOption = None,
@@ -140,6 +147,7 @@ def fit_cmd(
         max_evals=max_evals,
         quick=quick,
         restarts=restarts,
+        starts=starts,
         method=method,
         physics=physics,
         profile=profile,
@@ -159,6 +167,9 @@ def fit_cmd(
     for group, check in fitted.floor.items():
         out.print(("" if group == "all" else f"{group}: ") + floor_text(check), markup=False, soft_wrap=True)
     penalty = sum(r.penalties.values())
+    if len(fitted.starts) > 1:
+        each = ", ".join(f"{s.loss:.3f}" for s in fitted.starts)
+        out.print(f"train loss from each of {len(fitted.starts)} starts: {each} (the best kept)")
     out.print(
         f"train loss {r.loss:.3f} (+ {penalty:.3f} from the priors) after {r.evaluations} closed-loop evaluations "
         f"({fitted.config.method}) in {r.seconds:.1f} s; fitted program: {', '.join(map(str, fitted.written))}"

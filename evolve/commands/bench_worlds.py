@@ -35,14 +35,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from stepml_evolve.archive.browse import cv_by_program, opened, run_programs
 from stepml_evolve.archive.deployment import DEFAULT_RULE, RULES, choose
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.choices import HELD_OUT_FITS
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
 from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.fit.starts import drawn_start
 from stepml_evolve.evaluator.known_truth import GRIDS, SPLITS, load_world, world_names, write_world
 from stepml_evolve.evaluator.known_truth.generate import WORLD_FILE, world_identity
 from stepml_evolve.evaluator.known_truth.splits import grid_splits, split_file
@@ -96,16 +100,26 @@ def _held_out(
     max_evals: int | None = None,
     pick: str = PICKS[0],
 ) -> HeldOut:
-    """The program fitted on the split's train configurations `fits` times (fit seeds seed,
-    seed + 1, ...) and scored held out by one fit, with every fit's held-out and train loss: the
-    fit with the lowest train loss (pick "train": the held-out data never chooses), or the median
-    held-out loss ("median"). One fit's held-out loss depends on where its optimizer ended
-    (docs/HISTORY.md): a program with a world's own structure, fitted from generic starting
-    constants, ends 1.4-2.9x above the law's held-out loss, in the order of its train losses."""
+    """The program fitted on the split's train configurations `fits` times, as a search fits its
+    seeds (evaluator/fit/starts.py: from its own constants with fit seed `seed`, then from draws
+    from its priors with seeds seed + 1, ...), and scored held out by one fit, with every fit's
+    held-out and train loss: the fit with the lowest train loss (pick "train": the held-out data
+    never chooses), or the median held-out loss ("median"). One fit's held-out loss depends on where
+    its optimizer ended (docs/HISTORY.md): a program with a world's own structure, fitted from
+    generic starting constants, ends 1.4-2.9x above the law's held-out loss, in the order of its
+    train losses."""
     scored = []
+    rng = np.random.default_rng([seed, 0x5EED])
     for k in range(fits):
+        start = dict(program.constants) if k == 0 else drawn_start(program, program.constants, rng)
         cv = cross_validate(
-            program, loaded.experiments, engine, protocol, folds, FitConfig(seed=seed + k, max_evals=max_evals)
+            program,
+            loaded.experiments,
+            engine,
+            protocol,
+            folds,
+            FitConfig(seed=seed + k, max_evals=max_evals),
+            start=start,
         )
         summary = cv.summary()
         train = sum(f.fit.loss for f in cv.folds) / len(cv.folds)
@@ -166,7 +180,7 @@ def bench_world(
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
-    fits: int = 1,
+    fits: int = HELD_OUT_FITS,
     pick: str = PICKS[0],
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
@@ -416,7 +430,7 @@ def bench_worlds(
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
-    fits: int = 1,
+    fits: int = HELD_OUT_FITS,
     pick: str = PICKS[0],
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,

@@ -9,17 +9,21 @@ library of candidate terms is screened on the same residuals (discovery/screenin
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepml_evolve.archive.records import ExplanationRecord
+from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.discovery.explain import Association, explain
-from stepml_evolve.evaluator.discovery.residuals import residuals_of
+from stepml_evolve.evaluator.discovery.residuals import ResidualsError, residuals_of
 from stepml_evolve.evaluator.discovery.screening import Screening, screen
 from stepml_evolve.evaluator.discovery.terms import library, step_values
-from stepml_evolve.evaluator.dsl import Program
+from stepml_evolve.evaluator.dsl import Program, parse_program
+from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
-from .evaluation_setup import EvaluationSetup, Say, quiet
+from .evaluation_setup import SKIPPED, EvaluationSetup, Say, quiet
 
 
 @dataclass
@@ -83,9 +87,41 @@ def explain_program(
     the term library on its residuals. ResidualsError (one line naming `label`) where a replay fails."""
     loaded = setup.load(say)
     with setup.replay_pool(loaded) as pool:
-        residuals = residuals_of(program, dict(program.constants), pool, split=split, origin=label)
+        return _explained(program, dict(program.constants), label, loaded, pool, split)
+
+
+def _explained(
+    program: Program, constants: dict[str, float], label: str, loaded: LoadedData, pool: ReplayPool, split: str
+) -> Explanation:
+    residuals = residuals_of(program, constants, pool, split=split, origin=label)
     screening = screen(residuals, library(step_values([r.components for r in residuals])))
     return Explanation(label, loaded, split, sum(r.n for r in residuals), explain(residuals), screening)
+
+
+def record_explanations(
+    archive: Archive, run_id: int, ids: list[int], loaded: LoadedData, pool: ReplayPool, say: Say = quiet
+) -> list[ExplanationRecord]:
+    """The run's programs `ids` explained on the train split and stored (those stored already are
+    kept: a resumed run finishes what a killed one started), for the report. A program whose
+    residuals cannot be computed is said and skipped."""
+    done = {e.program_id for e in archive.explanations(run_id) if e.split == "train"}
+    out = []
+    for pid in dict.fromkeys(ids):
+        if pid in done:
+            continue
+        record = archive.program(pid)
+        try:
+            found = _explained(parse_program(record.source), record.constants, f"#{pid}", loaded, pool, "train")
+        except ResidualsError as e:
+            say(f"{SKIPPED}explaining #{pid}: {e}")
+            continue
+        data = found.to_json()
+        stored = ExplanationRecord(
+            pid, "train", found.requests, data["associations"], data["screening"], created=time.time()
+        )
+        archive.write_explanation(stored)
+        out.append(stored)
+    return out
 
 
 def explained_program(spec: str, archive_dir: Path | None) -> tuple[Program, str]:

@@ -18,11 +18,11 @@ from stepml_evolve.evaluator.fit.fitting import (
     FAILED_REASON,
     FitConfig,
     FitResult,
-    fit,
     group_key,
     quick_config,
 )
 from stepml_evolve.evaluator.fit.identifiability import ConstantReport, identify
+from stepml_evolve.evaluator.fit.starts import fit_from_starts
 from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from stepml_evolve.evaluator.soundness.floor import FloorCheck, check_floor, envelope_for
@@ -50,6 +50,9 @@ class FittedPrograms:
     # group -> each constant's identifiability at the group's fitted constants (empty: not profiled)
     identifiability: dict[str, list[ConstantReport]] = dataclasses.field(default_factory=dict)
     floor: dict[str, FloorCheck] = dataclasses.field(default_factory=dict)  # group -> the fitted program's floor check
+    starts: list[FitResult] = dataclasses.field(
+        default_factory=list
+    )  # every start's fit (--starts), the kept one among them
 
     @property
     def losses(self) -> dict[str, float]:
@@ -73,6 +76,7 @@ class FittedPrograms:
             "floor": {g: c.to_json() for g, c in self.floor.items()},
             "identifiability": {g: [r.to_json() for r in rs] for g, rs in self.identifiability.items()},
             "evaluations": self.result.evaluations,
+            "starts": [{"loss": r.loss, "penalty": sum(r.penalties.values()), "start": r.start} for r in self.starts],
             "seconds": self.result.seconds,
             "splits": {s: {"loss": self.losses[s], "experiments": rows} for s, rows in self.rows.items()},
         }
@@ -88,6 +92,7 @@ def fit_program(
     max_evals: int | None = FitConfig.max_evals,
     quick: bool = False,
     restarts: int = FitConfig.restarts,
+    starts: int = 1,
     method: str = FitConfig.method,
     physics: str = PHYSICS_MODES[0],
     profile: bool = True,
@@ -98,7 +103,9 @@ def fit_program(
     when the scope makes several. Output paths are checked before the fit starts. physics "check":
     a program that breaks a rule of evaluator/soundness/rules.py (below the floor, a non-causal input,
     ...) is refused before any fit, and the fit keeps it at or above the floor; "off": neither.
-    profile: each group's constants profiled after the fit (evaluator/fit/identifiability.py)."""
+    profile: each group's constants profiled after the fit (evaluator/fit/identifiability.py).
+    starts: fits from the program's constants and from draws from their priors, the best kept
+    (evaluator/fit/starts.py)."""
     program = load_program(path)
     loaded = setup.load(say)
     goal = setup.goal(loaded)
@@ -122,7 +129,9 @@ def fit_program(
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
     with setup.replay_pool(loaded, floor=physics == "check") as engine, progress() as on_progress:
-        result = fit(program, loaded.experiments, engine, config, progress=on_progress)
+        result, every = fit_from_starts(
+            program, loaded.experiments, engine, config, dict(program.constants), starts, progress=on_progress
+        )
         if not result.loss < FAILED_LOSS:
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")
         vectors = [result.vector_for(program, e) for e in loaded.experiments]
@@ -154,4 +163,6 @@ def fit_program(
         target = paths.get(group, base)
         write_atomic(target, program.with_constants(constants, header=header.render()).source)
         written.append(target)
-    return FittedPrograms(path, loaded, config, result, written, rows, setup.prompt_reuse, physics, profiles, floors)
+    return FittedPrograms(
+        path, loaded, config, result, written, rows, setup.prompt_reuse, physics, profiles, floors, every
+    )

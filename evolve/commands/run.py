@@ -28,6 +28,7 @@ from stepml_evolve.seeds import load_seeds
 
 from .archive_cv import cross_validate_programs, run_fit_settings
 from .evaluation_setup import SKIPPED, EvaluationSetup, Say, Terminated, no_progress, quiet
+from .explain import record_explanations
 
 SearchProgress = Callable[
     [int, int], AbstractContextManager[ProgressFn]
@@ -300,6 +301,9 @@ def run_search(
             if config.front_cv != "none":
                 summary = score_front(archive, search.run_id, loaded, pool, config, summary, say)
             summary = {**summary, **_deployed(archive)}
+            if config.explain:  # where the best and the deployed programs' errors grow, for the report
+                ids = [p["id"] for p in (summary.get("best"), summary.get("deployed")) if p]
+                record_explanations(archive, search.run_id, ids, loaded, pool, say)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated): say what the archive keeps
         say(_kept(archive, archive_dir, e))
         raise

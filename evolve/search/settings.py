@@ -223,6 +223,11 @@ class SearchConfig:
         "scores (none: skip).",
         choices=FRONT_CV_MODES,
     )
+    explain: bool = setting(
+        True,
+        "When the run ends, explain its best and its deployed program (where each one's error grows, the "
+        "terms screened on its residuals: evolve explain) and store it for the report.",
+    )
     modulate: float = setting(0.0, _share_help("modulate", OPERATOR_SHAPES["modulate"]), min=0.0, max=0.99)
     switch: float = setting(0.0, _share_help("switch", OPERATOR_SHAPES["switch"]), min=0.0, max=0.99)
     residual: float = setting(
@@ -295,7 +300,7 @@ class LLMSettings:
             )
 
 
-NOT_IDENTITY = ("generations", "patience", "front_cv")  # a resumed run may change these
+NOT_IDENTITY = ("generations", "patience", "front_cv", "explain")  # a resumed run may change these
 # the settings `evolve run` sets by a flag taking one value that a resume must repeat, and how a
 # stored None is given on the command line (absent: None cannot be given, it is the flag's default)
 RUN_FLAGS = tuple(f.name for f in option_fields(SearchConfig) if f.name not in (*NOT_IDENTITY, "seed"))

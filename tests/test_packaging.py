@@ -65,3 +65,22 @@ def test_every_package_of_the_source_tree_is_installed():
         for init in (ROOT / folder).rglob("__init__.py"):
             installed = "stepml_evolve/" + init.relative_to(ROOT).as_posix()
             assert installed in files, f"{init.parent.relative_to(ROOT)} is not installed: add it to pyproject.toml"
+
+
+def test_pyproject_lists_every_package_of_the_source_tree():
+    """The same rule read from pyproject.toml itself, so it holds (and fails) on an editable install
+    too, where the installed files above are not there to read."""
+    import tomllib
+
+    from conftest import ROOT
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {folder: name for name, folder in setup["package-dir"].items()}
+    missing = []
+    for folder, name in folders.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            package = ".".join((name, *parts))
+            if package not in setup["packages"]:
+                missing.append(package)
+    assert not missing, f"add to pyproject.toml's packages: {missing}"

@@ -30,7 +30,7 @@ from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from .choices import SORT_KEYS
 from .map_elites import best as best_program
 from .map_elites import cell_label, cell_of, pareto_front
-from .records import CVScoreRecord, ProgramRecord, RunRecord, generation_pace
+from .records import CVScoreRecord, ProgramRecord, RunRecord, generation_pace, refit_of
 from .store import Archive
 
 CV_PREFERENCE = (
@@ -184,14 +184,19 @@ def cv_json(scores: dict[str, CVScoreRecord] | None) -> dict:
 
 
 def program_row(
-    p: ProgramRecord, front_ids: set[int] = frozenset(), cv: dict[str, CVScoreRecord] | None = None
+    p: ProgramRecord,
+    front_ids: set[int] = frozenset(),
+    cv: dict[str, CVScoreRecord] | None = None,
+    refits: dict[int, int] | None = None,
 ) -> dict:
-    """One program in the documented `list --json` shape (plus whether it is on the front)."""
+    """One program in the documented `list --json` shape (plus whether it is on the front).
+    refit_of: the older program of the same structure it refits (records.refit_of), or None."""
     return {
         "id": p.id,
         "generation": p.generation,
         "operator": operator_label(p),
         "operator_detail": p.operator_detail,
+        "refit_of": (refits or {}).get(p.id),
         "parents": list(p.parents),
         "train_loss": p.train_loss,
         "val_loss": p.val_loss,
@@ -272,6 +277,7 @@ def select_rows(
         raise BrowseError(f"--sort must be one of {', '.join(SORT_KEYS)}, not {sort!r}")
     cv = cv or {}
     front_ids = {p.id for p in pareto_front(programs)}
+    refits = refit_of(programs)
     rows = []
     for p in programs:
         if not include_screened and p.stage not in ("seed", "full"):
@@ -282,7 +288,7 @@ def select_rows(
             continue
         if operator and operator.lower() not in operator_label(p).lower():
             continue
-        rows.append(program_row(p, front_ids, cv.get(p.id)))
+        rows.append(program_row(p, front_ids, cv.get(p.id), refits))
     ranked = ranked_cv(cv, {p.id for p in programs})[1] if sort == "cv" else None
     return sorted(rows, key=_sort_key(sort, ranked))
 
@@ -291,7 +297,8 @@ def pareto_rows(programs: list[ProgramRecord], cv: CVScores | None = None) -> li
     """The front (validation loss vs complexity), by increasing complexity."""
     front = pareto_front(programs)
     ids = {p.id for p in front}
-    return [program_row(p, ids, (cv or {}).get(p.id)) for p in front]
+    refits = refit_of(programs)
+    return [program_row(p, ids, (cv or {}).get(p.id), refits) for p in front]
 
 
 # ---- one program (show) ----
@@ -350,7 +357,7 @@ def program_detail(archive: Archive, program: ProgramRecord) -> dict:
     scores = {s.protocol: s for s in archive.cv_scores(program.id)}
     return {
         "program": {
-            **program_row(program, front_ids, scores),
+            **program_row(program, front_ids, scores, refit_of(programs)),
             "cell_label": cell_label(cell),
             "screen_loss": program.screen_loss,
             "island": program.island,

@@ -136,6 +136,23 @@ class ProgramRecord:
         return self.stage in ("seed", "full") and self.val_loss is not None
 
 
+def refit_of(programs: list[ProgramRecord]) -> dict[int, int]:
+    """The programs that are a refit of an older one of theirs: the same structure (source_hash:
+    the functions, the constants' names, bounds and priors, not their values) -> the oldest program
+    of that structure. A `constants` child is one by design; a refit that scores better has found
+    better constants for a structure the run already held, not a mechanism it lacked."""
+    first: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for p in sorted(programs, key=lambda p: p.id or 0):
+        if not p.source_hash or p.id is None:
+            continue
+        if p.source_hash in first:
+            out[p.id] = first[p.source_hash]
+        else:
+            first[p.source_hash] = p.id
+    return out
+
+
 def _finite_or_none(x):
     return x if isinstance(x, (int, float)) and x == x and x not in (math.inf, -math.inf) else None
 

@@ -548,3 +548,47 @@ def test_history_refuses_a_zero_step(archive_dir):
     from conftest import only_error_line
 
     only_error_line(invoke("history", "--archive", archive_dir, "--every", 0, ok=False), "--every")
+
+
+def test_a_refit_is_told_from_a_new_structure(tmp_path, archive_dir, records):
+    """A program of an older one's structure (the same functions, constant names, bounds and priors,
+    other values: a `constants` child) is listed, shown and summarized as a refit of the oldest."""
+    from stepml_evolve.archive.records import refit_of
+    from stepml_evolve.evolve.cli.tables import run_summary_tables
+
+    programs, _ = records
+    refits = refit_of(programs)
+    first: dict[str, int] = {}
+    for p in sorted(programs, key=lambda p: p.id):
+        assert refits.get(p.id) == first.get(p.source_hash), p.id
+        first.setdefault(p.source_hash, p.id)
+    listed = {r["id"]: r["refit_of"] for r in as_json("list", "--all", "--archive", archive_dir)}
+    assert listed == {p.id: refits.get(p.id) for p in programs}
+
+    a = Archive(tmp_path, create=True)
+    run = a.create_run("hand-built", "0", True, 0, {})
+    source = 'CONSTANTS = {"a": 1.0}\n\ndef step_time(f, c):\n    return c.a * f.tokens\n'
+
+    def prog(loss, operator, parents):
+        record = ProgramRecord(
+            id=None, source_hash="same", source=source, constants={"a": loss}, parents=parents, operator=operator,
+            operator_detail="roofline" if operator == "seed" else "", complexity=5, n_components=1,
+            components=["tokens"], train_loss=loss, val_loss=loss, test_loss=loss,
+            stage="seed" if operator == "seed" else "full",
+        )  # fmt: skip
+        return NewProgram(record)
+
+    a.write_generation(run, 0, 0.0, [prog(2.0, "seed", [])], [], [], GenerationRecord())
+    a.write_generation(run, 1, 0.0, [prog(1.0, "constants", [1])], [], [], GenerationRecord())
+    a.close()
+    assert [(r["id"], r["refit_of"]) for r in as_json("list", "--archive", tmp_path)] == [(2, 1), (1, None)]
+    assert "constants (refit #1)" in invoke("list", "--archive", tmp_path).stdout
+    assert as_json("show", "best", "--archive", tmp_path)["program"]["refit_of"] == 1
+    best = {"id": 2, "generation": 1, "operator": "constants", "refit_of": 1, "val_loss": 1.0, "test_loss": 1.0}
+    summary = {
+        "best": {**best, "complexity": 5, "test": []},
+        "front": [],
+        "deployed": {**best, "rule": "guarded", "why": "w"},
+    }
+    headline, *_, deployed = run_summary_tables(summary)
+    assert "(generation 1, constants, a refit of #1)" in headline and "#2, a refit of #1; w" in deployed

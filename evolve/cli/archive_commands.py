@@ -71,7 +71,7 @@ def _programs_table(rows: list[dict], title: str) -> Table:
         t.add_row(
             f"{r['id']}{'*' if r['front'] else ''}",
             str(r["generation"]),
-            escape(r["operator"]),
+            escape(r["operator"] + (f" (refit #{r['refit_of']})" if r.get("refit_of") else "")),
             fmt(r["train_loss"]),
             fmt(r["val_loss"]),
             fmt(r["test_loss"]),

@@ -172,13 +172,18 @@ def experiments_table(rows: list[ExperimentSummary], title: str) -> Table:
     return t
 
 
+def _refit(program: dict) -> str:
+    """ ", a refit of #N": the program is an older one's structure with other constants."""
+    return f", a refit of #{program['refit_of']}" if program.get("refit_of") else ""
+
+
 def run_summary_tables(summary: dict) -> list:
     """What `evolve run` prints at its end: the best program, its test errors, the Pareto front."""
     best = summary.get("best")
     if not best:
         return ["no program was fully evaluated"]
     headline = (
-        f"best program by validation loss: #{best['id']} (generation {best['generation']}, {best['operator']}), "
+        f"best program by validation loss: #{best['id']} (generation {best['generation']}, {best['operator']}{_refit(best)}), "
         f"val loss {fmt(best['val_loss'], '.3f')}, test loss {fmt(best['test_loss'], '.3f')}, complexity {best['complexity']}"
     )
     t = Table(title=f"program #{best['id']}: test split, absolute % error of means")
@@ -195,7 +200,9 @@ def run_summary_tables(summary: dict) -> list:
         f.add_row(str(p["id"]), str(p["complexity"]), f"{p['val_loss']:.3f}", *cv, p["operator"])
     deployed = summary.get("deployed")
     deploy = (
-        [f"deployed by `evolve emit-go` (rule {deployed['rule']}): #{deployed['id']}; {deployed['why']}"]
+        [
+            f"deployed by `evolve emit-go` (rule {deployed['rule']}): #{deployed['id']}{_refit(deployed)}; {deployed['why']}"
+        ]
         if deployed
         else []
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 from stepml_evolve.archive.browse import RUNS_DIR, BrowseError
 from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
 from stepml_evolve.archive.map_elites import pareto_front
+from stepml_evolve.archive.records import refit_of
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.errors import UserError, printable
@@ -50,7 +51,8 @@ def _deployed(archive: Archive) -> dict:
         choice = choose(archive, DEFAULT_RULE)
     except BrowseError:
         return {}
-    return {"deployed": {"rule": DEFAULT_RULE, "id": choice.program.id, "why": choice.describe()}}
+    refit = refit_of(archive.programs(choice.program.run_id)).get(choice.program.id)
+    return {"deployed": {"rule": DEFAULT_RULE, "id": choice.program.id, "refit_of": refit, "why": choice.describe()}}
 
 
 def score_front(

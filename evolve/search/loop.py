@@ -26,7 +26,14 @@ from collections import Counter
 from collections.abc import Callable
 
 from stepml_evolve.archive.map_elites import Elites, best, pareto_front
-from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, ProgramRecord, RejectionRecord
+from stepml_evolve.archive.records import (
+    GenerationRecord,
+    LLMCallRecord,
+    NewProgram,
+    ProgramRecord,
+    RejectionRecord,
+    refit_of,
+)
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
@@ -431,6 +438,7 @@ class Search:
                 "test_loss": top.test_loss,
                 "complexity": top.complexity,
                 "operator": top.operator,
+                "refit_of": refit_of(self.programs).get(top.id),
                 "generation": top.generation,
                 "test": [{"name": r.name, "n_requests": r.n_requests, "ape": dataclasses.asdict(r.ape)} for r in rows],
             }

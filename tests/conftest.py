@@ -182,15 +182,23 @@ ONE_SEED_SCREENED = [
     "0",
     "--front-cv",
     "none",
+    "--seed-starts",
+    "1",
+    "--residual",
+    "0",
 ]
+# what a run's end explains (a replay and a screening of its best and deployed programs) is tested in
+# tests/test_discovery.py; the other tests' runs skip it
+NO_EXPLAIN = ["--no-explain"]
+ONE_SEED_SCREENED += NO_EXPLAIN
 # the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
 # one start per seed fit: these tests are not of the starts (tests/test_starts.py is), and three cost 3x generation 0
 SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
-SEARCH_BUDGETS += ["--seed-starts", "1"]
+SEARCH_BUDGETS += ["--seed-starts", "1", *NO_EXPLAIN]
 # for tests of where and how a search runs (islands, a cluster), not of what it finds: the smallest
 # fits that still promote children, a third of the time of SEARCH_BUDGETS
 TINY_BUDGETS = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "4", "--children", "5"]
-TINY_BUDGETS += ["--seed-starts", "1", "--residual", "0"]  # residual_term's own tests set it (tests/test_discovery.py)
+TINY_BUDGETS += ["--seed-starts", "1", "--residual", "0", *NO_EXPLAIN]  # residual_term's own tests set them
 
 
 def tiny_run(archive, generations: int, *extra):

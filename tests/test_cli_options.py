@@ -39,6 +39,7 @@ RUN_OPTIONS = {
     "--switch": "switch",
     "--residual": "residual",
     "--seed-starts": "seed_starts",
+    "--explain": "explain",
     "--physics": "physics",
 }
 FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
@@ -46,7 +47,7 @@ FIT_OPTIONS = {"--seed": "seed", "--scope": "scope", "--restarts": "restarts"}
 
 def _help_rows(command: str) -> dict[str, str]:
     """Each option's row of the help box, its wrapped lines joined."""
-    text = CliRunner().invoke(app, [command, "--help"], terminal_width=200).stdout
+    text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
     rows: dict[str, str] = {}
     current = None
     for line in text.splitlines():
@@ -71,8 +72,9 @@ def test_run_help_shows_the_search_config_defaults():
         assert params[flag] == value, flag
         if value is None:  # a default the method or the data decides: no "[default: None]" shown
             assert "[default:" not in rows[flag], (flag, rows[flag])
-        else:
-            assert f"[default: {value}]" in rows[flag], (flag, rows[flag])
+        else:  # a flag pair (--explain/--no-explain) shows the flag its default is
+            shown = flag.lstrip("-") if value is True else value
+            assert f"[default: {shown}]" in rows[flag], (flag, rows[flag])
     # weights: --weights takes a file, the run stores the weights read from it; cv_groups: the
     # folds of --cv groups:FILE, likewise; time_components and unexercised: their defaults depend on --engine
     assert "keep (the default)" in rows["--time-components"] and defaults.time_components == "keep"

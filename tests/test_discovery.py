@@ -195,7 +195,7 @@ def test_residuals_need_experiments(synthetic):
 def test_a_run_with_residual_term_archives_its_children_and_resumes_to_the_same_archive(tmp_path):
     import sqlite3
 
-    res = tiny_run(tmp_path / "once", 3, "--residual", "0.6")
+    res = tiny_run(tmp_path / "once", 3, "--residual", "0.6", "--explain")
     assert res.exit_code == 0, res.output
     rows = archived_children(tmp_path / "once", "residual_term")
     assert rows, "no residual_term child reached the archive"

@@ -440,9 +440,12 @@ def test_bench_worlds_with_an_unknown_world_exits_2_writing_nothing(tmp_path):
 
 
 def test_a_programs_held_out_score_is_the_fit_with_the_lowest_train_loss_or_the_median(tmp_path):
-    """--held-out-fits N: the program fitted with fit seeds seed .. seed + N - 1, every fit's held-out
-    and train loss kept; its scores those of the fit with the lowest train loss (the default), or
-    the median held-out fit's (--held-out-pick median); one fit is the fit the benchmark always made."""
+    """--held-out-fits N: the program fitted with fit seeds seed .. seed + N - 1, the first from its
+    own constants and the others from draws from its priors (as a search fits its seeds), every fit's
+    held-out and train loss kept; its scores those of the fit with the lowest train loss (the
+    default), or the median held-out fit's (--held-out-pick median); one fit is the first of them."""
+    from stepml_evolve.evaluator.fit.starts import drawn_start
+
     world = load_world("launch_bound")
     _, split_files = write_world(world, tmp_path, seed=1, size="small")
     loaded = load_data(tmp_path)
@@ -452,7 +455,11 @@ def test_a_programs_held_out_score_is_the_fit_with_the_lowest_train_loss_or_the_
     with ReplayPool(loaded.experiments) as engine:
         by_train = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4)
         median = _held_out("roofline", program, loaded, engine, protocol, folds, 5, fits=3, max_evals=4, pick="median")
-        ones = [_held_out("roofline", program, loaded, engine, protocol, folds, s, max_evals=4) for s in (5, 6, 7)]
+        rng = np.random.default_rng([5, 0x5EED])
+        starts = [program] + [program.with_constants(drawn_start(program, program.constants, rng)) for _ in (6, 7)]
+        ones = [
+            _held_out("roofline", p, loaded, engine, protocol, folds, s, max_evals=4) for p, s in zip(starts, (5, 6, 7))
+        ]
     assert [(o.losses, o.train_losses) for o in ones] == [((), ())] * 3
     assert by_train.losses == median.losses == tuple(o.loss for o in ones)  # fit seeds 5, 6, 7
     assert by_train.train_losses == median.train_losses and len(by_train.train_losses) == 3

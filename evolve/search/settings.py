@@ -227,6 +227,7 @@ class SearchConfig:
         True,
         "When the run ends, explain its best and its deployed program (where each one's error grows, the "
         "terms screened on its residuals: evolve explain) and store it for the report.",
+        flag="--explain/--no-explain",
     )
     modulate: float = setting(0.0, _share_help("modulate", OPERATOR_SHAPES["modulate"]), min=0.0, max=0.99)
     switch: float = setting(0.0, _share_help("switch", OPERATOR_SHAPES["switch"]), min=0.0, max=0.99)

@@ -42,8 +42,14 @@ class OptionField:
     flag: Flag
 
     @property
-    def opt(self) -> str:
+    def decl(self) -> str:
+        """The option as declared: `--name`, or a flag pair `--name/--no-name`."""
         return self.flag.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def opt(self) -> str:
+        """The option's name: `--name` (of a pair, the first)."""
+        return self.decl.split("/")[0]
 
 
 def option_fields(cls: type) -> list[OptionField]:

@@ -77,6 +77,7 @@ def test_list_defaults_to_fully_evaluated_programs_by_validation_loss(archive_di
             "generation",
             "operator",
             "operator_detail",
+            "refit_of",
             "parents",
             "train_loss",
             "val_loss",

@@ -99,7 +99,7 @@ def test_the_settings_page_lists_every_field_with_its_flag():
     page = settings_page()
     for cls in (SearchConfig, EvaluationSetup):
         section = page.split(f"## `{cls.__name__}`")[1].split("## ")[0]
-        flagged = {f.name: f.opt for f in option_fields(cls)}
+        flagged = {f.name: f.decl for f in option_fields(cls)}
         for f in dataclasses.fields(cls):
             row = next(line for line in section.splitlines() if line.startswith(f"| `{f.name}` |"))
             assert (f"`{flagged[f.name]}`" if f.name in flagged else "(Python only)") in row

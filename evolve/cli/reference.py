@@ -128,7 +128,7 @@ def settings_page() -> str:
         for f in dataclasses.fields(cls):
             o = flagged.get(f.name)
             default = "" if f.default is dataclasses.MISSING else f"`{f.default!r}`"
-            flag = f"`{o.opt}`" if o else "(Python only)"
+            flag = f"`{o.decl}`" if o else "(Python only)"
             lines.append(f"| `{f.name}` | {flag} | {default} | {_cell(o.flag.help) if o else ''} |")
         lines.append("")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ def _option_type(f: OptionField) -> Any:
 
 def _parameter(f: OptionField, name: str) -> inspect.Parameter:
     limits = {k: getattr(f.flag, k) for k in ("min", "max") if getattr(f.flag, k) is not None}
-    option = typer.Option(f.opt, help=f.flag.help, show_default=not f.flag.unset, **limits)
+    option = typer.Option(f.decl, help=f.flag.help, show_default=not f.flag.unset, **limits)
     default = None if f.flag.unset else f.default
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[_option_type(f), option]

@@ -22,10 +22,9 @@ from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl import Program, compile_program, parse_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, component_values
-from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients, replay
-from stepml_evolve.evaluator.scoring.metrics import split_horizon
+from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
-from stepml_evolve.evaluator.scoring.surrogate import VectorProgram, lifetimes
+from stepml_evolve.evaluator.scoring.surrogate import VectorProgram, lifetimes, recorded_replay
 
 E2E, TTFT = 0, 1  # the rows of the two latencies everywhere below
 
@@ -105,16 +104,7 @@ def record_residuals(
     not a Program: the pool may replay on a Ray cluster.)"""
     program = parse_program(source)
     compiled, vector = compile_program(program), VectorProgram.of(program)
-    res = replay(
-        exp,
-        compiled,
-        constants,
-        horizon=split_horizon(exp, (split,)),
-        record=True,
-        semantics=semantics,
-        rows=False,
-        floor=floor,
-    )
+    res = recorded_replay(exp, compiled, constants, split, semantics, floor)
     if not res.ok:
         return f"{exp.name}: {res.failure()}"
     t = res.trajectory

@@ -38,7 +38,7 @@ from stepml_evolve.evaluator.dsl.linearity import nonaffine_inputs, read_inputs
 from stepml_evolve.evaluator.dsl.numexpr_compile import VectorFunction, compile_vector, evaluate_vector
 from stepml_evolve.evaluator.dsl.vm import CompiledProgram
 from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, component_values
-from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients, replay
+from stepml_evolve.evaluator.replay.closed_loop import ReplayResult, experiment_coefficients, replay
 from stepml_evolve.evaluator.replay.state import FINISHED, MAX_US
 from stepml_evolve.evaluator.scoring.metrics import MetricRow, failed_row, split_horizon, split_metrics
 
@@ -128,6 +128,28 @@ class TrajectoryModel:
     request_weight: np.ndarray | None = None
 
 
+def recorded_replay(
+    exp: Experiment,
+    compiled: CompiledProgram,
+    constants: np.ndarray,
+    split: str,
+    semantics: str = DEFAULT_SEMANTICS,
+    floor: bool = False,
+) -> ReplayResult:
+    """`exp` replayed closed-loop up to `split`'s horizon with its steps and each request's runs of
+    steps kept (not the per-slot rows): what a re-timing (record) and the residuals read."""
+    return replay(
+        exp,
+        compiled,
+        constants,
+        horizon=split_horizon(exp, (split,)),
+        record=True,
+        semantics=semantics,
+        rows=False,
+        floor=floor,
+    )
+
+
 def record(
     exp: Experiment,
     compiled: CompiledProgram,
@@ -141,16 +163,7 @@ def record(
     """Closed-loop replay of `exp` on `split` with the trajectory kept: its metric row (what
     the closed loop judges) and the model to re-time it (None if the replay failed; pending:
     a PendingModel, built when asked for). floor: a step below its floor fails it (replay())."""
-    res = replay(
-        exp,
-        compiled,
-        constants,
-        horizon=split_horizon(exp, (split,)),
-        record=True,
-        semantics=semantics,
-        rows=False,
-        floor=floor,
-    )
+    res = recorded_replay(exp, compiled, constants, split, semantics, floor)
     if not res.ok:
         return failed_row(exp, split, res.failure()), None
     row = split_metrics(exp, res, split)

@@ -8,7 +8,7 @@ as pandas DataFrames, and a program scored, fitted or emitted as Go, in a few ca
     fitted = fit(text, seed=0, max_evals=8)      # .program, .losses, .metrics
     emit_go(text, "stepml_evolved.go")           # the Go model
 
-Each call is the library function behind its command (archive.browse for `evolve archive`,
+Each call is the library function behind its command (evolve.browse for `evolve archive`,
 evolve.commands for `eval`, `fit` and `emit-go`), so it gives what the command gives; a program
 is a file path or its text (anything holding a newline), which is validated, then handled as a
 file in a temporary directory. Bad input raises the command's one-line `UserError`.
@@ -25,16 +25,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from stepml_evolve.archive.browse import cv_by_program, latest_archive_dir, opened, run_programs, show_source
+from stepml_evolve.archive.access import latest_archive_dir, opened, run_programs
 from stepml_evolve.evaluator.data.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.errors import UserError, cut, shown
 from stepml_evolve.evaluator.fit.fitting import FitConfig
+from stepml_evolve.evolve.browse.listing import show_source
 from stepml_evolve.evolve.commands.eval import evaluate_program
 from stepml_evolve.evolve.commands.evaluation_setup import EvaluationSetup
 from stepml_evolve.evolve.commands.fit import fit_program
+from stepml_evolve.evolve.deploy.scores import cv_by_program
 from stepml_evolve.evolve.go.emission import emit_program, emitted_sources
-from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET
+from stepml_evolve.evolve.go.source import DEFAULT_NAME, DEFAULT_TARGET
 
 from .frames import cv_score_frame, evaluation_frame, generation_frame, metric_frame, program_frame
 

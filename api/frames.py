@@ -9,9 +9,11 @@ import dataclasses
 
 import pandas as pd
 
-from stepml_evolve.archive.browse import CVScores, protocol_order, select_rows
+from stepml_evolve.archive.access import protocol_order
 from stepml_evolve.archive.records import CVScoreRecord, GenerationRecord, ProgramRecord
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
+from stepml_evolve.evolve.browse.listing import select_rows
+from stepml_evolve.evolve.deploy.scores import CVScores
 
 METRIC_COLUMNS = (
     "experiment",

@@ -1,7 +1,8 @@
-"""The search archive: SQLite store (store.py) of typed records (records.py), the MAP-Elites grid
-and Pareto front with the add-status query (map_elites.py), read-only browsing (browse.py) and the HTML
-report (report.py). This package stores what `evaluator` measured; it knows nothing of how
-programs are made.
+"""The search archive, storage only: SQLite store (store.py) of typed records (records.py), the
+MAP-Elites grid and Pareto front with the add-status query (map_elites.py), and read-only access
+(access.py: locating, opening, resolving a program). This package stores what `evaluator`
+measured; it knows nothing of how programs are made, browsed (evolve/browse/) or chosen for
+deployment (evolve/deploy/).
 
 What callers use (imported on first use: importing one module of this package, such as
 choices.py, never loads the others)."""
@@ -24,6 +25,6 @@ __getattr__, __dir__, __all__ = attach(
             "RunRecord",
         ),
         ".store": ("SCHEMA_VERSION", "Archive", "ArchiveError"),
-        ".browse": ("BrowseError",),
+        ".access": ("BrowseError",),
     },
 )

@@ -21,7 +21,7 @@ __getattr__, __dir__, __all__ = attach(
         ".scoring.pool": ("ReplayPool",),
         ".scoring.metrics": ("MetricRow",),
         ".scoring.objectives": ("Objective", "load_objective"),
-        ".fit.fitting": ("fit", "FitConfig", "FitResult"),
+        ".fit.fitting": ("fit_constants", "FitConfig", "FitResult"),
         ".fit.crossval": ("cross_validate", "make_folds", "CrossValidation"),
         ".errors": ("UserError",),
     },

@@ -1,5 +1,7 @@
-"""Seed programs, one file each, in the program DSL (never imported: read as text), and the
-user's own seeds (`evolve run --seeds`): found, read and validated here."""
+"""Seed programs, one file each, in the program DSL (never imported: read as text), the baselines
+(baselines/: programs scored beside the seeds, never searched from: BLIS's blackbox regression,
+which reads no FLOP or byte time and so no physics holds) and the user's own seeds
+(`evolve run --seed-programs`): found, read and validated here."""
 
 import math
 from importlib import resources
@@ -7,24 +9,52 @@ from pathlib import Path
 
 from stepml_evolve.evaluator.errors import UserError
 
-__all__ = ["SeedError", "seed_paths", "seed_path", "load_seeds", "seed_priors", "priors_markdown"]
+__all__ = [
+    "SeedError",
+    "seed_paths",
+    "seed_path",
+    "baseline_paths",
+    "baseline_path",
+    "load_seeds",
+    "seed_priors",
+    "priors_markdown",
+]
+
+BASELINES = "baselines"  # the folder of the baselines, beside the seeds
 
 
 class SeedError(UserError):
     """A seed path or program that cannot start a search: one line naming the file."""
 
 
-def seed_paths() -> list[Path]:
-    """Paths of the shipped seed programs (works from a wheel install too)."""
-    root = resources.files(__name__)
+def _programs(root) -> list[Path]:
     return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".py") and not p.name.startswith("_"))
 
 
-def seed_path(name: str) -> Path:
-    for p in seed_paths():
+def seed_paths() -> list[Path]:
+    """Paths of the shipped seed programs (works from a wheel install too)."""
+    return _programs(resources.files(__name__))
+
+
+def baseline_paths() -> list[Path]:
+    """Paths of the shipped baselines: scored beside the seeds (a run's summary, the worlds'
+    table), fitted without the floor, never a parent."""
+    return _programs(resources.files(__name__) / BASELINES)
+
+
+def _named(name: str, paths: list[Path], what: str) -> Path:
+    for p in paths:
         if p.stem == name or p.name == name:
             return p
-    raise KeyError(f"no seed named {name!r} (have: {', '.join(p.stem for p in seed_paths())})")
+    raise KeyError(f"no {what} named {name!r} (have: {', '.join(p.stem for p in paths)})")
+
+
+def seed_path(name: str) -> Path:
+    return _named(name, seed_paths(), "seed")
+
+
+def baseline_path(name: str) -> Path:
+    return _named(name, baseline_paths(), "baseline")
 
 
 def load_seeds(paths: list[Path]) -> list[tuple[str, str]]:

@@ -130,7 +130,7 @@ BLIS_SNAPSHOT = Path(os.environ.get("STEPML_BLIS", ROOT.parent / "shared" / "bli
 
 
 def _go() -> str | None:
-    from stepml_evolve.evolve.go.emit import find_go_tool
+    from stepml_evolve.evolve.go.source import find_go_tool
 
     return find_go_tool("go")
 
@@ -172,9 +172,9 @@ def blis_checkout(blis_build, tmp_path) -> Path:
 
 # a run of one seed (roofline) with screening fits only: its generations are seconds (the bad-input tests)
 ONE_SEED_SCREENED = [
-    "--seeds",
+    "--seed-programs",
     str(seed_path("roofline")),
-    "--seed-fit-evals",
+    "--seed-program-fit-evals",
     "8",
     "--quick-evals",
     "4",
@@ -182,23 +182,23 @@ ONE_SEED_SCREENED = [
     "0",
     "--front-cv",
     "none",
-    "--seed-starts",
+    "--seed-program-starts",
     "1",
     "--residual",
     "0",
 ]
 # what a run's end explains (a replay and a screening of its best and deployed programs) is tested in
-# tests/test_discovery.py; the other tests' runs skip it
-NO_EXPLAIN = ["--no-explain"]
+# tests/evaluator/test_discovery.py, its baselines' fits in tests/evolve/test_baselines.py; the other tests' runs skip both
+NO_EXPLAIN = ["--no-explain", "--no-baselines"]
 ONE_SEED_SCREENED += NO_EXPLAIN
 # the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
-# one start per seed fit: these tests are not of the starts (tests/test_starts.py is), and three cost 3x generation 0
-SEARCH_BUDGETS = ["--seed-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
-SEARCH_BUDGETS += ["--seed-starts", "1", *NO_EXPLAIN]
+# one start per seed fit: these tests are not of the starts (tests/evaluator/test_starts.py is), and three cost 3x generation 0
+SEARCH_BUDGETS = ["--seed-program-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
+SEARCH_BUDGETS += ["--seed-program-starts", "1", *NO_EXPLAIN]
 # for tests of where and how a search runs (islands, a cluster), not of what it finds: the smallest
 # fits that still promote children, a third of the time of SEARCH_BUDGETS
-TINY_BUDGETS = ["--seed-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "4", "--children", "5"]
-TINY_BUDGETS += ["--seed-starts", "1", "--residual", "0", *NO_EXPLAIN]  # residual_term's own tests set them
+TINY_BUDGETS = ["--seed-program-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "4", "--children", "5"]
+TINY_BUDGETS += ["--seed-program-starts", "1", "--residual", "0", *NO_EXPLAIN]  # residual_term's own tests set them
 
 
 def tiny_run(archive, generations: int, *extra):

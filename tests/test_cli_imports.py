@@ -26,7 +26,9 @@ HEAVY = (
     "openevolve",
     "stepml_evolve.evaluator.replay",
     "stepml_evolve.evaluator.fit.fitting",
-    "stepml_evolve.archive.browse",
+    "stepml_evolve.archive.access",
+    "stepml_evolve.evolve.browse.listing",
+    "stepml_evolve.evolve.deploy.rules",
     "stepml_evolve.archive.store",
     "stepml_evolve.evolve.search.loop",
 )

@@ -7,13 +7,15 @@ from importlib import metadata
 
 import pytest
 
-from stepml_evolve.seeds import seed_paths
+from stepml_evolve.seeds import baseline_paths, seed_paths
 
 
-def test_seed_files_are_found_through_the_package():
+def test_seed_and_baseline_files_are_found_through_the_package():
     names = {p.stem for p in seed_paths()}
-    assert {"blackbox", "roofline", "phase_decomposed", "regime_switch", "trained_physics"} <= names
-    assert all(p.is_file() for p in seed_paths())
+    assert {"roofline", "phase_decomposed", "regime_switch", "trained_physics"} <= names
+    assert "blackbox" not in names  # a baseline, never a seed
+    assert [p.stem for p in baseline_paths()] == ["blackbox"]
+    assert all(p.is_file() for p in seed_paths() + baseline_paths())
 
 
 def _installed_files() -> list[str]:
@@ -29,7 +31,7 @@ def test_installed_distribution_ships_seeds_prompts_and_templates():
     assert any(f.startswith("stepml_evolve/prompts/") and f.endswith(".j2") for f in files)
     assert sum(f.startswith("stepml_evolve/worlds/") and f.endswith(".py") for f in files) >= 9  # the worlds' laws
     assert any(f.startswith("stepml_evolve/evolve/go/templates/") for f in files)
-    assert "stepml_evolve/evaluator/physics/catalog.yaml" in files
+    assert "stepml_evolve/evaluator/hardware/catalog.yaml" in files
 
 
 def test_the_wheel_installs_one_top_level_name():

@@ -25,7 +25,7 @@ from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl.program import parse_program
 from stepml_evolve.evaluator.fit.crossval import cross_validate
-from stepml_evolve.evaluator.fit.fitting import fit
+from stepml_evolve.evaluator.fit.fitting import fit_constants
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search.cascade import Cascade
 from stepml_evolve.evolve.search.settings import SearchConfig
@@ -54,20 +54,20 @@ def main() -> None:
         archive.close()
     data = load_data(args.data)
     rows = []
-    with ReplayPool(data.experiments) as engine:
-        cascade = Cascade(data, engine, SearchConfig(seed=7, cv=args.cv))
+    with ReplayPool(data.experiments) as pool:
+        cascade = Cascade(data, pool, SearchConfig(seed=7, cv=args.cv))
         for p in programs:
             program = parse_program(p.source)
             start = dict(p.constants)
             config = cascade.full_fit_config(p.id, SearchConfig.full_fit_evals, SearchConfig.full_fit_sigma)
-            full = fit(program, cascade.exps, engine, config, start=start)
+            full = fit_constants(program, cascade.exps, pool, config, start=start)
             row = {"id": p.id, "val_loss": p.val_loss, "train_loss": full.loss, "cv": {}}
             for k in budgets:
                 c0 = time.process_time()
                 cv = cross_validate(
                     program,
                     cascade.exps,
-                    engine,
+                    pool,
                     args.cv,
                     cascade.folds,
                     config,

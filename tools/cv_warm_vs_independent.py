@@ -2,7 +2,7 @@
 child gets (`--full-fit-evals`, sigma 0.2, from the seed's constants) with `--cv lomo|lowo` folds
 fitted both ways, timed, with their closed-loop evaluations, CV loss and held-out APE.
 
-    python tools/cv_warm_vs_independent.py ../shared/data/replay [--protocol lomo] [--seeds a,b] > out.json
+    python tools/cv_warm_vs_independent.py ../shared/data/replay [--protocol lomo] [--seed-programs a,b] > out.json
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
     ap.add_argument("--protocol", default="lomo")
-    ap.add_argument("--seeds", default=",".join(p.stem for p in seed_paths()))
+    ap.add_argument("--seed-programs", default=",".join(p.stem for p in seed_paths()))
     ap.add_argument("--fold-evals", type=int, default=3)
     ap.add_argument("--full-fit-evals", type=int, default=SearchConfig.full_fit_evals)
     args = ap.parse_args()
     data = load_data(args.data)
     out = []
-    with ReplayPool(data.experiments) as engine:
+    with ReplayPool(data.experiments) as pool:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
             row = {"seed": name}
@@ -38,7 +38,7 @@ def main() -> None:
                 ("warm", args.protocol, args.fold_evals),
                 ("independent", args.protocol, 0),
             ):
-                cascade = Cascade(data, engine, SearchConfig(seed=7, cv=cv, cv_fit_evals=n))
+                cascade = Cascade(data, pool, SearchConfig(seed=7, cv=cv, cv_fit_evals=n))
                 t0, c0 = time.perf_counter(), time.process_time()
                 full = cascade._full_fit(
                     program, program.constants, 7, args.full_fit_evals, SearchConfig.full_fit_sigma

@@ -10,7 +10,7 @@ iteration, surrogate evaluations per iteration (default 200 + 40 n), restarts of
 region from the best point (default 0), and a trailing "s" for the surrogate step sampled by
 CMA-ES over every constant (no least-squares solve of the linear ones, FitConfig.linear_solve).
 
-    python tools/full_fit_budgets.py ../shared/data/replay [--seeds a,b] [--budgets 12x3,6x1@150] > out.jsonl
+    python tools/full_fit_budgets.py ../shared/data/replay [--seed-programs a,b] [--budgets 12x3,6x1@150] > out.jsonl
     python tools/full_fit_budgets.py ../shared/data/replay --from seed --budgets stdx3,16x1@150 > out.jsonl
 """
 
@@ -24,7 +24,7 @@ import time
 from stepml_evolve.evaluator.data.experiments import SPLITS
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import load_program
-from stepml_evolve.evaluator.fit.fitting import FitConfig, fit, quick_config
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit_constants, quick_config
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search.settings import SearchConfig
 from stepml_evolve.seeds import seed_path, seed_paths
@@ -33,7 +33,7 @@ from stepml_evolve.seeds import seed_path, seed_paths
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
-    ap.add_argument("--seeds", default=",".join(p.stem for p in seed_paths()))
+    ap.add_argument("--seed-programs", default=",".join(p.stem for p in seed_paths()))
     ap.add_argument("--budgets", default="12x3,12x1,6x1,4x1")
     ap.add_argument("--surrogate-evals", type=int, default=None, help="default for budgets without @SURROGATE")
     ap.add_argument("--from", dest="start", choices=("screen", "seed"), default="screen")
@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     data = load_data(args.data)
     exps = data.experiments
-    with ReplayPool(exps) as engine:
+    with ReplayPool(exps) as pool:
         for name in args.seeds.split(","):
             program = load_program(seed_path(name))
             row: dict = {"seed": name, "from": args.start}
@@ -49,7 +49,7 @@ def main() -> None:
             if args.start == "screen":
                 t0, c0 = time.perf_counter(), time.process_time()
                 quick_cfg = dataclasses.replace(quick_config(7, exps), linear_solve=args.quick_linear == "on")
-                quick = fit(program, exps, engine, quick_cfg, start=program.constants)
+                quick = fit_constants(program, exps, pool, quick_cfg, start=program.constants)
                 row["quick"] = {
                     "seconds": round(time.perf_counter() - t0, 1),
                     "cpu_seconds": round(time.process_time() - c0, 1),
@@ -71,10 +71,10 @@ def main() -> None:
                     linear_solve=not sampled,
                 )
                 t0, c0 = time.perf_counter(), time.process_time()
-                res = fit(program, exps, engine, config, start=start)
+                res = fit_constants(program, exps, pool, config, start=start)
                 seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
                 vec = [res.constants["all"][k] for k in program.constants]
-                rows = engine.score(program, [vec] * len(exps), SPLITS)
+                rows = pool.score(program, [vec] * len(exps), SPLITS)
                 row[budget] = {
                     "seconds": round(seconds, 1),
                     "cpu_seconds": round(cpu, 1),

@@ -54,7 +54,7 @@ def record(out: Path, evolve_args: list[str], own_start: bool = False, surrogate
 
     inside = threading.local()
     lock = threading.Lock()
-    fit, full_fit = cascade.fit, cascade.Cascade._full_fit
+    fit, full_fit = cascade.fit_constants, cascade.Cascade._full_fit
 
     def traced_fit(program, *args, **kwargs):
         cpu = time.thread_time()
@@ -62,10 +62,10 @@ def record(out: Path, evolve_args: list[str], own_start: bool = False, surrogate
         cpu = time.thread_time() - cpu
         if getattr(inside, "full", False):
             line = {"hash": cascade.structure_hash(program), "history": res.history, "loss": res.loss, "cpu": cpu}
-            exps, engine, config = args[:3]
+            exps, pool, config = args[:3]
             for n in surrogates:  # the same fit with another surrogate budget, for comparison only
                 cpu = time.thread_time()
-                other = fit(program, exps, engine, dataclasses.replace(config, surrogate_evals=n), **kwargs)
+                other = fit(program, exps, pool, dataclasses.replace(config, surrogate_evals=n), **kwargs)
                 line[f"surrogate_{n}"] = {"loss": other.loss, "cpu": time.thread_time() - cpu}
             if own_start:  # the same fit from the child's own constants, for comparison only
                 other = fit(program, *args, **{**kwargs, "start": program.constants})
@@ -81,7 +81,7 @@ def record(out: Path, evolve_args: list[str], own_start: bool = False, surrogate
         finally:
             inside.full = False
 
-    cascade.fit, cascade.Cascade._full_fit = traced_fit, traced_full_fit
+    cascade.fit_constants, cascade.Cascade._full_fit = traced_fit, traced_full_fit
     sys.argv = ["evolve", *evolve_args]
     main()
 

@@ -19,7 +19,7 @@ from numba import njit
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program
 from stepml_evolve.evaluator.dsl.vm import LOCALS_SIZE, STACK_SIZE, run_code
-from stepml_evolve.evaluator.physics.components import N_COMPONENTS
+from stepml_evolve.evaluator.hardware.components import N_COMPONENTS
 from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients, replay
 from stepml_evolve.evaluator.replay.state import _component_values
 from stepml_evolve.evaluator.scoring.metrics import split_horizon

@@ -1,7 +1,7 @@
 """Deployment rules held out, on a finished worlds benchmark (`evolve bench --worlds --out DIR`).
 
 For every result of the benchmark (a world, a split, a search seed) this picks the program each
-deployment rule of archive/deployment.py would emit from that search's archive today (and
+deployment rule of evolve/deploy/rules.py would emit from that search's archive today (and
 `tethered` at several factors, `guarded` at several margins, and, as the reference without a search, the seed with the lowest
 validation loss), scores every pick the result has not scored yet held out, exactly as the
 benchmark scores its winner (`evolve cv --protocol groups:split-NAME.yaml`: fitted on the train
@@ -22,8 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from stepml_evolve.archive.browse import opened, run_programs
-from stepml_evolve.archive.deployment import RULES, best_seed, choose, own_seed
+from stepml_evolve.archive.access import opened, run_programs
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, make_folds
@@ -31,6 +30,7 @@ from stepml_evolve.evaluator.known_truth.splits import SPLITS, split_file
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.commands.bench_worlds import SplitScorer
 from stepml_evolve.evolve.commands.bench_worlds_results import archive_of, stored_results
+from stepml_evolve.evolve.deploy.rules import RULES, best_seed, choose, own_seed
 
 CACHE = "selection-sweep.json"
 SEED_BY_VALIDATION = "seed by validation"  # the reference without a search

@@ -37,9 +37,9 @@ from stepml_evolve.evaluator.data.prompt_reuse import (
     expected_cached_share,
     prefix_groups,
 )
-from stepml_evolve.evaluator.errors import shown as quoted
-from stepml_evolve.evaluator.physics.hardware import DEFAULT_HARDWARE, get_hardware
-from stepml_evolve.evaluator.physics.model_arch import ModelArch
+from stepml_evolve.evaluator.errors import shown
+from stepml_evolve.evaluator.hardware.hardware import DEFAULT_HARDWARE, get_hardware
+from stepml_evolve.evaluator.hardware.model_arch import ModelArch
 from stepml_evolve.evaluator.readers import CONFIG_BYTES, DATA_BYTES, FileProblem, file_text, parse_json
 
 
@@ -50,11 +50,6 @@ def _read_json(exp: str, path: Path, limit: int):
         return parse_json(file_text(path, limit))
     except FileProblem as e:
         raise ExperimentError(exp, f"{path.name}: {e}") from None
-
-
-def shown(value) -> str:
-    """A field's value in a message: its repr, bounded in length and depth (errors.shown)."""
-    return quoted(value)
 
 
 def _int_field(exp: str, where: str, value, lo: int, hi: int) -> int:
@@ -130,6 +125,101 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
     exp = path.name
     if not path.is_dir():
         raise ExperimentError(exp, "not a directory")
+    meta, truth, profile = _read_files(exp, path, options)
+    cfg = meta["config"]
+    arch, tp, server, hardware = _deployment(exp, meta, options)
+    reqs = meta["requests"]
+    n = len(reqs)
+    order, arrival, inputs, reported_out, failed, e2e, ttft = _requests_and_truth(exp, reqs, truth)
+    ok = ~failed
+
+    notes = []
+    if (inputs[ok] <= 0).any():
+        raise ExperimentError(exp, "requests.json: a successful request has input_tokens 0")
+    shared = _shared_prefix(exp, profile)
+    profile_out_len = _optional_int(
+        exp, "profile.json: data.shared_prefix.output_len", shared.get("output_len"), 1, MAX_TOKENS
+    )
+    out_len_used = None
+    if options.output_len == "profile" and profile_out_len is not None:
+        out_len_used = profile_out_len
+        output = np.full(n, out_len_used, dtype=np.int64)
+    else:
+        output = np.maximum(reported_out, 1)
+        if options.output_len == "profile":
+            notes.append("profile.json has no output_len: reported output_tokens used")
+
+    sys_len = _first_count(
+        exp,
+        MAX_TOKENS,
+        ("profile.json: data.shared_prefix.system_prompt_len", shared.get("system_prompt_len")),
+        ("requests.json: config.system_prompt_len", cfg.get("system_prompt_len")),
+    )
+    n_system = _first_count(
+        exp,
+        MAX_REQUESTS,
+        ("profile.json: data.shared_prefix.num_unique_system_prompts", shared.get("num_unique_system_prompts")),
+        ("requests.json: config.numprefix_groups", cfg.get("numprefix_groups")),
+    )
+    recorded = _recorded_groups(exp, reqs, order, sys_len)
+    inputs, sharing, reuse, imputed = _prompt_sharing(
+        exp,
+        options.prompt_reuse,
+        recorded,
+        inputs,
+        failed & (inputs <= 0),
+        sys_len,
+        n_system,
+        server.block_size,
+        reqs,
+        order,
+        notes,
+    )
+    _check_block_slots(exp, inputs, output, server.block_size)
+
+    measurement = meta.get("measurement", "client")
+    if measurement not in MEASUREMENTS:
+        raise ExperimentError(
+            exp, f"requests.json: measurement must be one of {', '.join(MEASUREMENTS)}, not {measurement!r}"[:200]
+        )
+    timeout_s = _client_timeout(exp, cfg, options, failed, e2e)
+    abort_after = np.where(failed, np.round(e2e * 1e6), timeout_s * 1e6).astype(np.int64)
+
+    return Experiment(
+        name=exp,
+        model=str(meta.get("model_id") or meta.get("model_short") or "unknown"),
+        workload=str(meta.get("profile") or ""),
+        tp=tp,
+        hardware=hardware,
+        arch=arch,
+        server=server,
+        arrival_us=np.round(arrival).astype(np.int64),
+        input_tokens=inputs,
+        output_tokens=output,
+        reported_output_tokens=reported_out,
+        failed=failed,
+        abort_after_us=abort_after,
+        e2e_s=e2e,
+        ttft_s=ttft,
+        split=_temporal_split(n, options.split),
+        source_split=str(meta.get("split") or ""),
+        output_len_used=out_len_used,
+        n_imputed_inputs=imputed,
+        summary=_summary_means(path / "summary_lifecycle_metrics.json"),
+        synthetic=bool(meta.get("synthetic", False)),
+        notes=notes,
+        prefix_group=sharing.group,
+        group_tokens=sharing.group_tokens,
+        prompt=sharing.prompt,
+        recorded_groups=recorded is not None,
+        measurement=measurement,
+        prompt_reuse=reuse,
+    )
+
+
+def _read_files(exp: str, path: Path, options: LoadOptions) -> tuple[dict, list, dict]:
+    """requests.json, ground_truth.json and profile.json (empty where it may be absent), each of
+    the shape the rest reads."""
     meta = _read_json(exp, path / "requests.json", DATA_BYTES)
     truth = _read_json(exp, path / "ground_truth.json", DATA_BYTES)
     if (path / "profile.json").exists():
@@ -148,9 +238,14 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         raise ExperimentError(exp, "requests.json: expected an object with a 'requests' list")
     if not isinstance(truth, list):
         raise ExperimentError(exp, "ground_truth.json: expected a list of per-request records")
-    cfg = meta.get("config")
-    if not isinstance(cfg, dict):
+    if not isinstance(meta.get("config"), dict):
         raise ExperimentError(exp, "requests.json: missing 'config' object")
+    return meta, truth, profile
+
+
+def _deployment(exp: str, meta: dict, options: LoadOptions):
+    """The model's architecture, the TP degree, the server's limits and the hardware, checked."""
+    cfg = meta["config"]
     try:
         arch = ModelArch.from_model_config(meta.get("model_config") or {})
     except ValueError as e:
@@ -168,8 +263,12 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         hardware = get_hardware(str(hw_name))
     except KeyError as e:
         raise ExperimentError(exp, e.args[0]) from None
+    return arch, tp, server, hardware
 
-    reqs = meta["requests"]
+
+def _requests_and_truth(exp: str, reqs: list, truth: list):
+    """The requests' arrays and their measured latencies (matched by index, checked), in arrival
+    order, with that order: (order, arrival, inputs, reported outputs, failed, e2e, ttft)."""
     n = len(reqs)
     if n == 0:
         raise ExperimentError(exp, "requests.json: no requests")
@@ -224,104 +323,22 @@ def load_experiment(path: str | Path, options: LoadOptions = LoadOptions()) -> E
         raise ExperimentError(exp, "no successful request to compare against")
 
     order = np.argsort(arrival, kind="stable")  # arrival order; the data is sorted already
-    arrival, inputs, reported_out, failed, e2e, ttft = (
-        a[order] for a in (arrival, inputs, reported_out, failed, e2e, ttft)
-    )
-    ok = ~failed
+    return (order, *(a[order] for a in (arrival, inputs, reported_out, failed, e2e, ttft)))
 
-    notes = []
-    if (inputs[ok] <= 0).any():
-        raise ExperimentError(exp, "requests.json: a successful request has input_tokens 0")
-    shared = _shared_prefix(exp, profile)
-    profile_out_len = _optional_int(
-        exp, "profile.json: data.shared_prefix.output_len", shared.get("output_len"), 1, MAX_TOKENS
-    )
-    out_len_used = None
-    if options.output_len == "profile" and profile_out_len is not None:
-        out_len_used = profile_out_len
-        output = np.full(n, out_len_used, dtype=np.int64)
-    else:
-        output = np.maximum(reported_out, 1)
-        if options.output_len == "profile":
-            notes.append("profile.json has no output_len: reported output_tokens used")
 
-    sys_len = _first_count(
-        exp,
-        MAX_TOKENS,
-        ("profile.json: data.shared_prefix.system_prompt_len", shared.get("system_prompt_len")),
-        ("requests.json: config.system_prompt_len", cfg.get("system_prompt_len")),
-    )
-    n_system = _first_count(
-        exp,
-        MAX_REQUESTS,
-        ("profile.json: data.shared_prefix.num_unique_system_prompts", shared.get("num_unique_system_prompts")),
-        ("requests.json: config.numprefix_groups", cfg.get("numprefix_groups")),
-    )
-    recorded = _recorded_groups(exp, reqs, order, sys_len)
-    inputs, sharing, reuse, imputed = _prompt_sharing(
-        exp,
-        options.prompt_reuse,
-        recorded,
-        inputs,
-        failed & (inputs <= 0),
-        sys_len,
-        n_system,
-        server.block_size,
-        reqs,
-        order,
-        notes,
-    )
-    _check_block_slots(exp, inputs, output, server.block_size)
-
-    measurement = meta.get("measurement", "client")
-    if measurement not in MEASUREMENTS:
-        raise ExperimentError(
-            exp, f"requests.json: measurement must be one of {', '.join(MEASUREMENTS)}, not {measurement!r}"[:200]
-        )
+def _client_timeout(exp: str, cfg: dict, options: LoadOptions, failed: np.ndarray, e2e: np.ndarray) -> float:
+    """The client's timeout in seconds: --client-timeout, else the experiment's config, else the
+    fastest failed request's E2E, else the default."""
     cfg_timeout = cfg.get("client_timeout_s")
     if cfg_timeout is not None:
         _seconds_field(exp, "requests.json: config.client_timeout_s", cfg_timeout, positive=True)
-
     if options.client_timeout_s is not None:
-        timeout_s = options.client_timeout_s
-    elif cfg_timeout is not None:
-        timeout_s = float(cfg_timeout)
-    elif failed.any():
-        timeout_s = float(np.floor(e2e[failed].min()))
-    else:
-        timeout_s = DEFAULT_CLIENT_TIMEOUT_S
-    abort_after = np.where(failed, np.round(e2e * 1e6), timeout_s * 1e6).astype(np.int64)
-
-    return Experiment(
-        name=exp,
-        model=str(meta.get("model_id") or meta.get("model_short") or "unknown"),
-        workload=str(meta.get("profile") or ""),
-        tp=tp,
-        hardware=hardware,
-        arch=arch,
-        server=server,
-        arrival_us=np.round(arrival).astype(np.int64),
-        input_tokens=inputs,
-        output_tokens=output,
-        reported_output_tokens=reported_out,
-        failed=failed,
-        abort_after_us=abort_after,
-        e2e_s=e2e,
-        ttft_s=ttft,
-        split=_temporal_split(n, options.split),
-        source_split=str(meta.get("split") or ""),
-        output_len_used=out_len_used,
-        n_imputed_inputs=imputed,
-        summary=_summary_means(path / "summary_lifecycle_metrics.json"),
-        synthetic=bool(meta.get("synthetic", False)),
-        notes=notes,
-        prefix_group=sharing.group,
-        group_tokens=sharing.group_tokens,
-        prompt=sharing.prompt,
-        recorded_groups=recorded is not None,
-        measurement=measurement,
-        prompt_reuse=reuse,
-    )
+        return options.client_timeout_s
+    if cfg_timeout is not None:
+        return float(cfg_timeout)
+    if failed.any():
+        return float(np.floor(e2e[failed].min()))
+    return DEFAULT_CLIENT_TIMEOUT_S
 
 
 def _prompt_sharing(

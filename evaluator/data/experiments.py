@@ -37,8 +37,8 @@ from stepml_evolve.evaluator.data.prompt_reuse import (
     trace_sharing,
 )
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.physics.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
-from stepml_evolve.evaluator.physics.model_arch import ModelArch
+from stepml_evolve.evaluator.hardware.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
+from stepml_evolve.evaluator.hardware.model_arch import ModelArch
 
 SPLITS = ("train", "validate", "test")
 ALL = "all"  # every request of an experiment (held-out experiments in cross-validation are scored on it)

@@ -126,6 +126,6 @@ def explain(residuals: list[RequestResiduals]) -> list[Association]:
     return out
 
 
-def summary(associations: list[Association], top: int = 4) -> str:
+def residual_summary(associations: list[Association], top: int = 4) -> str:
     """The strongest associations, one line each (the LLM prompt's residual summary)."""
     return "\n".join(a.line() for a in associations[:top])

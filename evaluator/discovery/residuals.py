@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl import Program, compile_program, parse_program
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, component_values
+from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX, component_values
 from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.scoring.surrogate import VectorProgram, lifetimes, recorded_replay

@@ -27,7 +27,7 @@ import numexpr as ne
 import numpy as np
 from scipy.optimize import nnls
 
-from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX
+from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX
 
 from .residuals import E2E, TTFT, RequestResiduals
 from .terms import Term

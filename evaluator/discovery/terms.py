@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, TIME_COMPONENTS
+from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX, TIME_COMPONENTS
 
 COUNTS = ("n_req", "n_pf", "n_dc", "tok_pf", "tokens", "ctx_sum", "ctx_max")  # a step's counts that vary
 PER = ("1", "layers", "n_req", "n_pf", "n_dc", "tok_pf", "tokens", "ctx_sum", "ctx_max", "experts")

@@ -128,7 +128,7 @@ def evaluate_vector(vf: VectorFunction, inputs: dict[str, np.ndarray | float]) -
 def step_times(program: Program, components: np.ndarray, constants: np.ndarray) -> np.ndarray:
     """step_time over component columns (N_COMPONENTS, n_steps) for one constant vector
     (shape (K,)) -> (n_steps,), or for a population (shape (P, K)) -> (P, n_steps)."""
-    from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
+    from stepml_evolve.evaluator.hardware.components import COMPONENT_NAMES
 
     vf = compile_vector(program, "step_time")
     constants = np.asarray(constants, dtype=np.float64)

@@ -8,7 +8,7 @@ are visited, how a variadic call or a comparison chain folds); the facts are her
   validator        program.py       which operators exist where, call arities, the exponent rule
   VM               vm.py            opcodes (numba's `run_code` has one branch per opcode)
   numexpr          numexpr_compile  forms and hoisted temporaries
-  Go               evolve/emit_go   forms, precedences and the model's helper functions
+  Go               evolve/go_source   forms, precedences and the model's helper functions
   GP (DEAP)        evolve/symbolic  primitive names, and their order in the primitive set
   units            units.py         each operator's unit rule (`units`: a name in UNIT_RULES)
 
@@ -23,7 +23,7 @@ Adding an operator of an existing kind, e.g. a function tanh(x), takes:
 An operator that compiles to existing instructions (no new opcode) needs only the row. A new
 opcode takes the next unused number, and no opcode is ever renumbered: numba's on-disk cache of
 `run_code` freezes the numbers and only notices edits to vm.py. A Go form may name only helpers
-the template defines (emit_go.HELPERS). A new kind of node (another AST construct) needs code in
+the template defines (go_source.HELPERS). A new kind of node (another AST construct) needs code in
 each back end.
 """
 

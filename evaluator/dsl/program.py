@@ -40,7 +40,7 @@ import numpy as np
 
 from stepml_evolve.evaluator.dsl.operators import Kind, float_or_inf, literal_number, operands, operator_of, symbols
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES
+from stepml_evolve.evaluator.hardware.components import COMPONENT_NAMES
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "step_time": ("f", "c"),

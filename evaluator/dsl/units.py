@@ -2,7 +2,7 @@
 and every DSL function returns a time.
 
 A unit is us^k: k = 1 a time, k = 0 a count (dimensionless), k = 2 us^2, k = 1/2 sqrt(us).
-Components carry theirs (`COMPONENTS` in evaluator/physics/components.py: "us" or "count"); request
+Components carry theirs (`COMPONENTS` in evaluator/hardware/components.py: "us" or "count"); request
 fields r.input_tokens and r.output_tokens are counts, r.last_step_us a time. Each operator's rule is the `units` column of
 its row in operators.py (UNIT_RULES there says what each means): a + b, a - b, max, min, the two
 sides of a comparison and the two branches of an if-else need one unit; a * b adds exponents,
@@ -29,7 +29,7 @@ from fractions import Fraction
 
 from stepml_evolve.evaluator.dsl.operators import Operator, literal_number, operands, operator_of
 from stepml_evolve.evaluator.dsl.program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
-from stepml_evolve.evaluator.physics.components import COMPONENTS
+from stepml_evolve.evaluator.hardware.components import COMPONENTS
 
 RULE = "units"
 COUNT, TIME = 0, 1  # exponents of microseconds

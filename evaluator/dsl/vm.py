@@ -28,7 +28,7 @@ from stepml_evolve.evaluator.dsl.operators import (
     operator_of,
 )
 from stepml_evolve.evaluator.dsl.program import FUNCTIONS, REQUEST_FIELDS, Program, ProgramError
-from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX
+from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX
 
 # run_code compares against the members of this IntEnum: numba freezes them as constants
 Opcode = enum.unique(

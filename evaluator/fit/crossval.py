@@ -8,7 +8,7 @@ Protocols (the research protocol's, plus any grouping a user writes down):
 Each fold fits one global constant set on the train split of the other experiments (the same fit
 `evolve fit` makes) and scores its held-out experiments on all their requests (split "all"). The
 CV loss is the fit's objective over the held-out rows of every fold, so it reads like a fitting
-loss. Folds are independent fits, run concurrently on the engine's pool; every fit is a pure
+loss. Folds are independent fits, run concurrently on the pool; every fit is a pure
 function of its seed, so the numbers do not depend on the worker count or on which fold ends first.
 """
 
@@ -26,7 +26,7 @@ from stepml_evolve.evaluator.choices import GROUPS, GROUPS_PREFIX, PROTOCOLS
 from stepml_evolve.evaluator.data.experiments import ALL, Experiment
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.errors import UserError, shown
-from stepml_evolve.evaluator.fit.fitting import FitConfig, FitResult, ProgressFn, fit
+from stepml_evolve.evaluator.fit.fitting import FitConfig, FitResult, ProgressFn, fit_constants
 from stepml_evolve.evaluator.readers import read_yaml
 from stepml_evolve.evaluator.scoring.metrics import APE_KEYS, MetricRow
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
@@ -157,7 +157,7 @@ def _ape(row: MetricRow, metric: str) -> float:
 def cross_validate(
     program: Program,
     experiments: list[Experiment],
-    engine: ReplayPool,
+    pool: ReplayPool,
     protocol: str,
     folds: list[Fold],
     config: FitConfig = FitConfig(),
@@ -181,10 +181,10 @@ def cross_validate(
     inside_fold = Fold(IN_DISTRIBUTION, everything, everything)
 
     def one(fold: Fold, cfg: FitConfig = config, begin=start, known=None) -> FoldResult:
-        res = fit(
+        res = fit_constants(
             program,
             [by_name[n] for n in fold.train],
-            engine,
+            pool,
             cfg,
             start=begin,
             progress=(lambda g, *a: progress(fold.name, *a)) if progress else None,
@@ -192,7 +192,7 @@ def cross_validate(
         )
         held = [by_name[n] for n in fold.held_out]
         vector = np.array([res.constants["all"][k] for k in program.constants], dtype=float)
-        rows = engine.score(program, [vector] * len(held), (ALL,), held, percentiles)[ALL]
+        rows = pool.score(program, [vector] * len(held), (ALL,), held, percentiles)[ALL]
         return FoldResult(fold, res, rows)
 
     jobs = [(f,) for f in folds]
@@ -201,8 +201,8 @@ def cross_validate(
         cfg = dataclasses.replace(cfg, scope="global", experiments=None)
         jobs = [(f, cfg, start_fit.constants["all"], start_fit.recorded) for f in folds]
     jobs += [(inside_fold,)] if in_distribution else []
-    with ThreadPoolExecutor(min(len(jobs), engine.workers)) as pool:
-        results = list(pool.map(lambda job: one(*job), jobs))
+    with ThreadPoolExecutor(min(len(jobs), pool.workers)) as threads:
+        results = list(threads.map(lambda job: one(*job), jobs))
     results, inside = (results[:-1], results[-1]) if in_distribution else (results, None)
     loss = config.objective.of_rows([r for f in results for r in f.rows])
     return CrossValidation(protocol, results, loss, inside, warm is not None)

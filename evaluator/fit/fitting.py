@@ -12,7 +12,7 @@ from its own seed and every replay is a pure function of (experiment, program, c
       costs about a tenth of the replays plain CMA-ES spends (91 against 1123 for trained_physics
       on the real data; docs/HISTORY.md).
   cmaes  plain CMA-ES on the closed-loop loss (pycma ask/tell), each generation's candidates
-      replayed together on the engine's pool. Used where no surrogate can be recorded (the
+      replayed together on the pool. Used where no surrogate can be recorded (the
       starting constants fail to replay).
 
 Positive constants are searched in log space (a step is a ratio), others linearly with their
@@ -64,6 +64,8 @@ from stepml_evolve.evaluator.dsl.linearity import linear_constants
 from stepml_evolve.evaluator.dsl.program import prior_penalty
 from stepml_evolve.evaluator.fit.config import QUICK_EVALS, QUICK_WINDOW, FitConfig, ProgressFn
 from stepml_evolve.evaluator.fit.linear_solve import LinearSolve, solvable
+from stepml_evolve.evaluator.physics.floor import Envelope, below_floor, check_floor, envelope_for
+from stepml_evolve.evaluator.physics.rules import held_bounds
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from stepml_evolve.evaluator.scoring.pool import ReplayPool, windowed
 from stepml_evolve.evaluator.scoring.surrogate import (
@@ -75,8 +77,6 @@ from stepml_evolve.evaluator.scoring.surrogate import (
     shift_us,
 )
 from stepml_evolve.evaluator.seeding import cma_seed
-from stepml_evolve.evaluator.soundness.floor import Envelope, below_floor, check_floor, envelope_for
-from stepml_evolve.evaluator.soundness.rules import held_bounds
 
 Recording = tuple[MetricRow, "TrajectoryModel | PendingModel | None"]  # one experiment's closed loop at some constants
 
@@ -191,10 +191,10 @@ def fit_experiments(experiments: list[Experiment], config: FitConfig) -> list[Ex
     return exps
 
 
-def fit(
+def fit_constants(
     program: Program,
     experiments: list[Experiment],
-    engine: ReplayPool,
+    pool: ReplayPool,
     config: FitConfig = FitConfig(),
     start: dict[str, float] | None = None,
     progress: ProgressFn | None = None,
@@ -225,7 +225,7 @@ def fit(
         0.0,
     )
     if not names:  # nothing to fit
-        losses = engine.population_losses(compiled, [v0], exps, config.split, config.objective)
+        losses = pool.population_losses(compiled, [v0], exps, config.split, config.objective)
         result.constants = {g: {} for g in groups}
         result.loss, result.evaluations, result.seconds = losses[0], 1, time.perf_counter() - t0
         return result
@@ -233,7 +233,7 @@ def fit(
     env = envelope_for(experiments) if config.floor else None
     if env is not None and not check_floor(program, v0, env).ok:
         env = None  # a start below the floor is no physics (BLIS's blackbox): fitted as it is, as with floor off
-    group_fit = _GroupFit(program, compiled, engine, config, Coordinates(v0, lo, hi), result, t0, progress, env)
+    group_fit = _GroupFit(program, compiled, pool, config, Coordinates(v0, lo, hi), result, t0, progress, env)
     all_rows_loss = []
     for gi, (group, gexps) in enumerate(groups.items()):
         known = [recorded_start.get(e.name) for e in gexps] if recorded_start else []
@@ -246,7 +246,7 @@ def fit(
     if len(groups) == 1:
         result.loss = all_rows_loss[0][1]
     else:  # the loss over all experiments, each replayed with its group's constants
-        rows = engine.score(compiled, [result.vector_for(program, e) for e in exps], (config.split,), exps)
+        rows = pool.score(compiled, [result.vector_for(program, e) for e in exps], (config.split,), exps)
         result.loss = config.objective.of_rows(rows[config.split])
     result.seconds = time.perf_counter() - t0
     return result
@@ -305,7 +305,7 @@ class _GroupFit:
         self,
         program,
         compiled,
-        engine,
+        pool,
         config: FitConfig,
         tf: Coordinates,
         result: FitResult,
@@ -313,7 +313,7 @@ class _GroupFit:
         progress: ProgressFn | None,
         env: Envelope | None = None,
     ):
-        self.program, self.compiled, self.engine, self.cfg, self.tf = program, compiled, engine, config, tf
+        self.program, self.compiled, self.pool, self.cfg, self.tf = program, compiled, pool, config, tf
         self.env = env
         self.lo, self.hi = tf.cma_bounds()  # the constants' bounds in CMA coordinates
         self.result, self.t0, self.progress = result, t0, progress
@@ -338,7 +338,7 @@ class _GroupFit:
 
     def losses(self, X, gexps) -> list[float]:
         pop = [self.tf.from_cma(x) for x in X]
-        data = self.engine.population_losses(self.compiled, pop, gexps, self.cfg.split, self.cfg.objective)
+        data = self.pool.population_losses(self.compiled, pop, gexps, self.cfg.split, self.cfg.objective)
         return [finite_loss(v) + p for v, p in zip(data, self.penalty(X))]
 
     def note(self, group: str, it: int, evals: int, best_loss: float) -> None:
@@ -401,9 +401,7 @@ class _GroupFit:
 
     def judge(self, x, gexps):
         """Closed-loop loss (plus penalties) at x and the trajectory models recorded there (None if any failed)."""
-        return self.judged(
-            x, self.engine.record(self.compiled, self.vector, self.tf.from_cma(x), gexps, self.cfg.split)
-        )
+        return self.judged(x, self.pool.record(self.compiled, self.vector, self.tf.from_cma(x), gexps, self.cfg.split))
 
     def judged(self, x, recorded: list[Recording]):
         """judge's answer (loss plus penalties, models or None, rows) from the closed loop's recordings at x."""

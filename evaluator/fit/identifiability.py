@@ -72,7 +72,7 @@ def identify(
     program: Program,
     constants: dict[str, float],
     experiments: list[Experiment],
-    engine: ReplayPool,
+    pool: ReplayPool,
     config: FitConfig = FitConfig(),
 ) -> list[ConstantReport]:
     """The identifiability of each of `program`'s constants at `constants` (a fit's result) on the
@@ -101,7 +101,7 @@ def identify(
         points += [np.clip(p, clo, chi) for p in pts]
     vectors = [tf.from_cma(p) for p in points]
     compiled = compile_program(program)
-    losses = [finite_loss(x) for x in engine.population_losses(compiled, vectors, exps, config.split, config.objective)]
+    losses = [finite_loss(x) for x in pool.population_losses(compiled, vectors, exps, config.split, config.objective)]
     reports = []
     for name, bound, kind, at in plans:
         i = names.index(name)

@@ -21,7 +21,7 @@ from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.dsl.program import clip_to
 from stepml_evolve.evaluator.fit.config import FitConfig
-from stepml_evolve.evaluator.fit.fitting import FitResult, fit
+from stepml_evolve.evaluator.fit.fitting import FitResult, fit_constants
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
 NO_PRIOR_SPREAD = 0.3  # a constant without a prior is drawn within about 30 % of its start
@@ -51,7 +51,7 @@ def total(result: FitResult) -> float:
 def fit_from_starts(
     program: Program,
     experiments: list[Experiment],
-    engine: ReplayPool,
+    pool: ReplayPool,
     config: FitConfig,
     start: dict[str, float],
     starts: int = 1,
@@ -64,7 +64,7 @@ def fit_from_starts(
     for k in range(max(1, starts)):
         begin = start if k == 0 else drawn_start(program, start, rng)
         cfg = config if k == 0 else dataclasses.replace(config, seed=config.seed + k * START_SEED_STEP)
-        results.append(fit(program, experiments, engine, cfg, start=begin, progress=progress))
+        results.append(fit_constants(program, experiments, pool, cfg, start=begin, progress=progress))
     best = min(
         range(len(results)), key=lambda i: (total(results[i]) if math.isfinite(total(results[i])) else math.inf, i)
     )

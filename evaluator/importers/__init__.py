@@ -12,7 +12,7 @@ from stepml_evolve.evaluator.importers.common import (
     Measured,
     check_out_dir,
     resolve_deployment,
-    write_experiment,
+    write_measured,
 )
 from stepml_evolve.evaluator.importers.inference_perf import read_inference_perf
 from stepml_evolve.evaluator.importers.otel import read_otel
@@ -43,7 +43,7 @@ def import_experiment(
     deployment, model_config = resolve_deployment(
         src, {k: v for k, v in flags.items() if v is not None}, measured.recorded
     )
-    return write_experiment(measured, out, deployment, model_config), measured
+    return write_measured(measured, out, deployment, model_config), measured
 
 
 __all__ = ["FORMATS", "DataImportError", "Measured", "import_experiment"]

@@ -1,5 +1,6 @@
-"""What every importer shares: the measured requests, the deployment they ran on, and the one
-writer of the replay layout (requests.json, ground_truth.json, profile.json, exp-config.yaml).
+"""What every importer shares: the measured requests, the deployment they ran on, and their files in
+the replay layout (requests.json, ground_truth.json, profile.json, exp-config.yaml), which the one
+writer of an experiment (data/experiment_writer.py) writes.
 
 Deployment: what a source does not record comes from flags, else from a YAML file beside the
 source (`<SRC stem>.deployment.yaml`, else `deployment.yaml` in SRC's directory), else from what
@@ -24,6 +25,7 @@ import numpy as np
 import yaml
 
 from stepml_evolve.evaluator.data.experiment_reader import load_experiment
+from stepml_evolve.evaluator.data.experiment_writer import write_experiment
 from stepml_evolve.evaluator.data.experiments import (
     MAX_BLOCK_SIZE,
     MAX_KV_BLOCKS,
@@ -34,10 +36,10 @@ from stepml_evolve.evaluator.data.experiments import (
     LoadOptions,
 )
 from stepml_evolve.evaluator.errors import UserError, shown
-from stepml_evolve.evaluator.outputs import OutputError, check_output_dir, directory_written_whole
-from stepml_evolve.evaluator.physics.catalog import catalog
-from stepml_evolve.evaluator.physics.hardware import get_hardware
-from stepml_evolve.evaluator.physics.model_arch import ModelArch
+from stepml_evolve.evaluator.hardware.catalog import catalog
+from stepml_evolve.evaluator.hardware.hardware import get_hardware
+from stepml_evolve.evaluator.hardware.model_arch import ModelArch
+from stepml_evolve.evaluator.outputs import OutputError, check_output_dir
 from stepml_evolve.evaluator.readers import CONFIG_BYTES, read_json, read_yaml
 
 
@@ -245,7 +247,7 @@ def _uniform_output_len(m: Measured) -> int | None:
     return ok[0] if ok and ok[0] > 0 and all(o == ok[0] for o in ok) else None
 
 
-def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dict) -> Path:
+def write_measured(m: Measured, out: Path, deployment: dict, model_config: dict) -> Path:
     """Write the measured requests as one experiment at `out` (atomic: temp dir, checked, renamed)."""
     out = Path(out)
     check_out_dir(out)
@@ -323,16 +325,22 @@ def write_experiment(m: Measured, out: Path, deployment: dict, model_config: dic
     if deployment.get("max_model_len"):
         exp_config["max_model_len"] = deployment["max_model_len"]
 
+    files = {
+        "requests.json": json.dumps(meta, indent=1) + "\n",
+        "ground_truth.json": json.dumps(truth, indent=1) + "\n",
+        "profile.json": json.dumps(profile, indent=2) + "\n",
+        "exp-config.yaml": yaml.safe_dump(exp_config, sort_keys=False),
+    }
+
+    def loads(tmp: Path) -> None:
+        try:
+            load_experiment(tmp, LoadOptions())
+        except ExperimentError as e:
+            raise DataImportError(f"{m.path}: the imported experiment does not load: {e.problem}") from None
+
     try:
-        with directory_written_whole(out) as tmp:
-            (tmp / "requests.json").write_text(json.dumps(meta, indent=1) + "\n")
-            (tmp / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
-            (tmp / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
-            (tmp / "exp-config.yaml").write_text(yaml.safe_dump(exp_config, sort_keys=False))
-            try:
-                load_experiment(tmp, LoadOptions())
-            except ExperimentError as e:
-                raise DataImportError(f"{m.path}: the imported experiment does not load: {e.problem}") from None
+        return write_experiment(out, files, check=loads)
     except OutputError as e:
         raise DataImportError(f"--out {e}") from None
-    return out
+    except OSError as e:
+        raise DataImportError(f"--out {e.filename or out}: cannot write ({e.strerror or e}); nothing written") from None

@@ -11,17 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stepml_evolve.evaluator.known_truth.workloads import STANDARD_WORKLOADS
-from stepml_evolve.evaluator.physics.catalog import catalog
-from stepml_evolve.evaluator.physics.components import (
+from stepml_evolve.evaluator.hardware.catalog import catalog
+from stepml_evolve.evaluator.hardware.components import (
     K_DENSE_WEIGHT_US,
     K_EXPERT_WEIGHT_US,
     K_KV_US_PER_TOKEN,
     K_NUM_EXPERTS,
     coefficients,
 )
-from stepml_evolve.evaluator.physics.hardware import get_hardware
-from stepml_evolve.evaluator.physics.model_arch import ModelArch
+from stepml_evolve.evaluator.hardware.hardware import get_hardware
+from stepml_evolve.evaluator.hardware.model_arch import ModelArch
+from stepml_evolve.evaluator.known_truth.workloads import STANDARD_WORKLOADS
 
 GPUS = ("H100", "A100-80GB", "L40S")
 TP_DEGREES = (1, 2, 4, 8)

@@ -21,14 +21,14 @@ from stepml_evolve.evaluator.data.experiments import MAX_TIME_S, MAX_TIME_US, Ex
 from stepml_evolve.evaluator.dsl import compile_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector, step_times
 from stepml_evolve.evaluator.dsl.vm import ScalarProgram
+from stepml_evolve.evaluator.hardware.catalog import catalog
+from stepml_evolve.evaluator.hardware.components import component_values
 from stepml_evolve.evaluator.known_truth.configurations import GRID_SIZES, GRIDS, Configuration, configurations
 from stepml_evolve.evaluator.known_truth.laws import World, WorldError
-from stepml_evolve.evaluator.known_truth.replay_files import GeneratedExperiment, write_experiment
+from stepml_evolve.evaluator.known_truth.replay_files import GeneratedExperiment, write_generated
 from stepml_evolve.evaluator.known_truth.splits import make_inner_splits, make_splits, split_file
 from stepml_evolve.evaluator.known_truth.workloads import WORKLOADS
 from stepml_evolve.evaluator.outputs import check_output_dir, directory_written_whole
-from stepml_evolve.evaluator.physics.catalog import catalog
-from stepml_evolve.evaluator.physics.components import component_values
 from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients, replay
 from stepml_evolve.evaluator.replay.state import FINISHED
 
@@ -219,7 +219,7 @@ def write_world(
     splits, inner = make_splits(configs, grid), make_inner_splits(configs, grid)
     experiments = generate_world(world, seed, size, grid)
     with directory_written_whole(out_dir) as tmp:  # a full disk half-way leaves nothing, and a rerun is not refused
-        dirs = [out_dir / write_experiment(tmp, g).name for g in experiments]
+        dirs = [out_dir / write_generated(tmp, g).name for g in experiments]
         for d in dirs:  # read back as `evolve data check` reads it: a world is written only if it passes
             try:
                 load_experiment(tmp / d.name)

@@ -1,5 +1,5 @@
-"""Generated experiments written in the replay format (../shared/data/README.md): the one writer
-behind the built-in synthetic sample and the known-truth worlds.
+"""Generated experiments written in the replay format (../shared/data/README.md) by the one writer
+of an experiment (data/experiment_writer.py): the built-in synthetic sample and the known-truth worlds.
 
 A generator replays its hidden law, adds measurement noise, and hands the outcome here as a
 `GeneratedExperiment`; the files it becomes are what a real run leaves: requests.json (with the
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from stepml_evolve.evaluator.data.experiment_writer import write_experiment
 
 
 @dataclass(frozen=True)
@@ -105,18 +107,19 @@ def _files(g: GeneratedExperiment) -> tuple[dict, list, dict, dict]:
     return requests, truth, profile, summary
 
 
-def write_experiment(out_dir: Path, g: GeneratedExperiment) -> Path:
-    """Write one experiment's files into out_dir/<name>; returns that directory."""
+def write_generated(out_dir: Path, g: GeneratedExperiment) -> Path:
+    """Write one experiment's files as out_dir/<name>, whole or not at all; returns that directory."""
     requests, truth, profile, summary = _files(g)
-    d = Path(out_dir) / g.name
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "requests.json").write_text(json.dumps(requests))
-    (d / "ground_truth.json").write_text(json.dumps(truth))
-    (d / "profile.json").write_text(json.dumps(profile, indent=1))
-    (d / "summary_lifecycle_metrics.json").write_text(json.dumps(summary, indent=1))
-    (d / "exp-config.yaml").write_text(
-        f"model: {g.model}\ntensor_parallelism: {g.tp}\nmax_model_len: 4096\n"
-        f"max_num_batched_tokens: {g.max_num_batched_tokens}\nmax_num_seqs: {g.max_num_seqs}\n"
-        "app: stepml-evolve synthetic\n"
-    )
-    return d
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    files = {
+        "requests.json": json.dumps(requests),
+        "ground_truth.json": json.dumps(truth),
+        "profile.json": json.dumps(profile, indent=1),
+        "summary_lifecycle_metrics.json": json.dumps(summary, indent=1),
+        "exp-config.yaml": (
+            f"model: {g.model}\ntensor_parallelism: {g.tp}\nmax_model_len: 4096\n"
+            f"max_num_batched_tokens: {g.max_num_batched_tokens}\nmax_num_seqs: {g.max_num_seqs}\n"
+            "app: stepml-evolve synthetic\n"
+        ),
+    }
+    return write_experiment(Path(out_dir) / g.name, files)

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from stepml_evolve.evaluator.data.experiments import Experiment
-from stepml_evolve.evaluator.known_truth.replay_files import GeneratedExperiment, write_experiment
-from stepml_evolve.evaluator.physics.catalog import catalog
-from stepml_evolve.evaluator.physics.model_arch import ModelArch
+from stepml_evolve.evaluator.hardware.catalog import catalog
+from stepml_evolve.evaluator.hardware.model_arch import ModelArch
+from stepml_evolve.evaluator.known_truth.replay_files import GeneratedExperiment, write_generated
 
 GENERATOR_VERSION = 3  # 2: prefix caching by blocks (the replay's KV cache), BLIS step semantics; 3: cycled
 # prompts, and the engine's pipeline lag in queueing_time (r.last_step_us), as the real data show
@@ -220,4 +220,4 @@ def generate(seed: int = 0, size: str = "full") -> list[GeneratedExperiment]:
 
 def write_sample(out_dir: str | Path, seed: int = 0, size: str = "full") -> list[Path]:
     """Write the synthetic sample in the replay format; returns the experiment directories."""
-    return [write_experiment(Path(out_dir), g) for g in generate(seed, size)]
+    return [write_generated(Path(out_dir), g) for g in generate(seed, size)]

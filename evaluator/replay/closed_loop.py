@@ -12,8 +12,8 @@ import pandas as pd
 from stepml_evolve.evaluator.choices import DEFAULT_SEMANTICS, SEMANTICS
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.dsl.vm import CompiledProgram
-from stepml_evolve.evaluator.physics.components import coefficients
-from stepml_evolve.evaluator.replay.scheduler import _simulate
+from stepml_evolve.evaluator.hardware.components import coefficients
+from stepml_evolve.evaluator.replay.scheduler import Simulation, _simulate
 from stepml_evolve.evaluator.replay.state import (
     BAD_QUEUE_TIME,
     BAD_STEP_TIME,
@@ -167,63 +167,64 @@ def replay(
     if consts.shape != (len(program.constant_names),):
         raise ValueError(f"expected {len(program.constant_names)} constants, got shape {consts.shape}")
     s = exp.server
-    layout = key_layout(exp)
+    gblocks, goff, pkey, key_space = key_layout(exp)
     # trajectory buffers sized for every output token plus a prefill chunk per request, runs for
     # a few (re)admissions per request (grown on overflow)
     cap = int(exp.output_tokens.sum()) + 4 * n + 1024 if record else 1
     run_cap = 4 * n + 1024 if record else 1
     while True:
-        traj = np.zeros((cap if rows else 1, 5), np.int64)
-        runs = np.zeros((run_cap, 3), np.int64)
-        steps_rec = np.zeros((cap, 4), np.int64)
-        totals_rec = np.zeros((cap, 7))
-        diag = np.zeros(DIAG_SIZE)
-        status, steps, clock, n_rec, ttft, e2e, state, pre = _simulate(
-            exp.arrival_us,
-            exp.input_tokens,
-            exp.output_tokens,
-            exp.prefix_group,
-            *layout,
-            exp.abort_after_us,
-            s.max_num_seqs,
-            s.max_num_batched_tokens,
-            s.kv_blocks,
-            s.block_size,
-            semantics == "blis",
-            experiment_coefficients(exp),
-            program.code,
-            program.literals,
-            program.entries,
-            consts,
-            floor,
-            horizon,
-            max_steps,
-            record,
-            rows,
-            traj,
-            runs,
-            steps_rec,
-            totals_rec,
-            diag,
+        sim = Simulation(
+            arrival=exp.arrival_us,
+            inputs=exp.input_tokens,
+            outputs=exp.output_tokens,
+            abort_after=exp.abort_after_us,
+            keys=(exp.prefix_group, gblocks, goff, pkey),
+            key_space=key_space,
+            max_seqs=s.max_num_seqs,
+            budget_tokens=s.max_num_batched_tokens,
+            kv_blocks=s.kv_blocks,
+            block=s.block_size,
+            blis=semantics == "blis",
+            k=experiment_coefficients(exp),
+            code=program.code,
+            lits=program.literals,
+            entries=program.entries,
+            consts=consts,
+            floor_check=floor,
+            horizon=horizon,
+            max_steps=max_steps,
+            record=record,
+            rows=rows,
+            ttft=np.full(n, -1, np.int64),
+            e2e=np.full(n, -1, np.int64),
+            state=np.zeros(n, np.int8),
+            preempts=np.zeros(n, np.int32),
+            traj=np.zeros((cap if rows else 1, 5), np.int64),
+            runs=np.zeros((run_cap, 3), np.int64),
+            steps_rec=np.zeros((cap, 4), np.int64),
+            totals_rec=np.zeros((cap, 7)),
+            diag=np.zeros(DIAG_SIZE),
         )
+        status, steps, clock, n_rec = _simulate(*sim)
         if status != TRAJECTORY_FULL:
             break
         cap, run_cap = max(cap * 4, 1 << 20), run_cap * 4
     trajectory = None
+    diag = sim.diag
     if record and status == OK:
-        t = traj[:n_rec] if rows else None
+        t = sim.traj[:n_rec] if rows else None
         trajectory = Trajectory(
             step=t[:, 0] if rows else None,
             new_tokens=t[:, 1] if rows else None,
             context=t[:, 2] if rows else None,
             is_prefill=t[:, 3].astype(bool) if rows else None,
             request=t[:, 4] if rows else None,
-            runs=runs[: int(diag[DIAG_RUNS])],
-            step_start_us=steps_rec[:steps, 0],
-            step_us=steps_rec[:steps, 1],
-            kv_blocks_used=steps_rec[:steps, 2],
-            running=steps_rec[:steps, 3],
-            totals=totals_rec[:steps],
+            runs=sim.runs[: int(diag[DIAG_RUNS])],
+            step_start_us=sim.steps_rec[:steps, 0],
+            step_us=sim.steps_rec[:steps, 1],
+            kv_blocks_used=sim.steps_rec[:steps, 2],
+            running=sim.steps_rec[:steps, 3],
+            totals=sim.totals_rec[:steps],
         )
     which = {1: "queueing_time", 2: "output_token_time", 3: "post_decode_time"}.get(
         int(diag[DIAG_FUNCTION]), "step_time"
@@ -232,10 +233,10 @@ def replay(
         int(status),
         int(steps),
         int(clock),
-        ttft,
-        e2e,
-        state,
-        pre,
+        sim.ttft,
+        sim.e2e,
+        sim.state,
+        sim.preempts,
         trajectory,
         float(diag[DIAG_VALUE]),
         which,

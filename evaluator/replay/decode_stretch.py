@@ -27,47 +27,74 @@ from stepml_evolve.evaluator.replay.state import (
 
 @njit(cache=True, nogil=True)
 def _decode_stretch(
-    running,
+    # the counters, brought up to date in the result
+    clock,
+    steps,
     n_running,
-    progress,
-    generated,
+    pending,
+    nxt_arrival,
+    n_heap,
+    qhead,
+    qtail,
+    min_deadline,
+    n_runs,
+    # the rest is scheduler.Work: _simulate's settings and arrays
+    arrival,
+    inputs,
     outputs,
-    acc,
+    keys,
+    max_seqs,
+    budget_tokens,
+    kv_blocks,
+    blis,
+    k,
+    code,
+    lits,
+    entries,
+    consts,
+    floor_check,
+    horizon,
+    max_steps,
+    record,
     ttft,
     e2e,
     state,
-    out_tok,
-    post_decode,
-    horizon,
-    pending,
-    max_seqs,
-    budget_tokens,
-    stop_at,
-    arrivals,
-    waiting,
-    blis,
-    inputs,
-    kv,
-    keys,
-    scratch,
-    record,
     runs,
-    n_runs,
-    open_run,
     steps_rec,
     totals_rec,
     diag,
-    kv_blocks,
-    k,
-    program,
-    clock,
-    steps,
-    max_steps,
+    # and its working arrays
+    out_tok,
+    post_decode,
+    deadline,
+    running,
+    progress,
+    generated,
+    acc,
+    open_run,
+    order,
+    ready,
+    heap,
+    queue,
+    qcap,
+    members,
+    starts,
+    remaining,
+    join,
+    join_dt,
+    gone_keys,
+    kv,
+    req,
+    comps,
+    none,
+    stack,
+    local,
 ):
     """Steps in which every running request decodes one token, taken without visiting the batch
     each step, and in which a request from the waiting queue may be admitted as the ordinary step
-    admits it: (steps taken, clock, step count, last duration, running requests, pending, and
-    the arrival, heap, queue and run counters and earliest running deadline, brought up to date).
+    admits it: (steps taken, last duration, and the counters brought up to date: clock, step count,
+    running requests, pending, the arrival, heap and queue counters, the earliest running deadline,
+    the count of runs).
 
     The caller knows that the last step scheduled every running request and preempted none. At a
     step's start the stretch takes arrivals and ready requests as the main loop does; it ends
@@ -84,10 +111,9 @@ def _decode_stretch(
     up to date when it finishes or the stretch ends (from `join`, the step it began decoding in,
     and `join_dt`, the stretch's time then; 0 for the requests running at its start)."""
     block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail, no_prompt = kv
-    arrival, order, nxt_arrival, ready, heap, n_heap, deadline = arrivals
-    queue, qhead, qtail, qcap, min_deadline = waiting
-    members, starts, remaining, join, join_dt, gone_keys, req = scratch
-    code, lits, entries, consts, comps, none, stack, local, floor_check = program
+    stop_at = min_deadline
+    if qhead < qtail and deadline[queue[qhead % qcap]] < stop_at:
+        stop_at = deadline[queue[qhead % qcap]]
     n_arr = n_running  # entries of `running` (finished ones stay until the stretch ends)
     n_live = n_running
     ctx_sum = 0.0  # a running request's context at step `done` is its base (progress - join) + done
@@ -101,7 +127,7 @@ def _decode_stretch(
         join_dt[i] = 0
         spare = nb[r] * block - rtok[r]
         if progress[r] < inputs[r] or generated[r] < 1 or remaining[i] < 1 or spare < 0 or spare >= block:
-            return 0, clock, steps, 0, n_running, pending, nxt_arrival, n_heap, qhead, qtail, min_deadline, n_runs
+            return 0, 0, clock, steps, n_running, pending, nxt_arrival, n_heap, qhead, qtail, min_deadline, n_runs
         c = float(progress[r])
         ctx_sum += c
         if c > ctx_max:
@@ -329,4 +355,4 @@ def _decode_stretch(
         acc[r] += total_dt - join_dt[i] + s * out_tok
         running[m] = r
         m += 1
-    return done, clock, steps, dt, m, pending, nxt_arrival, n_heap, qhead, qtail, min_deadline, n_runs
+    return done, dt, clock, steps, m, pending, nxt_arrival, n_heap, qhead, qtail, min_deadline, n_runs

@@ -27,11 +27,14 @@ a lone arrival) are taken without visiting the batch (`_decode_stretch`; docs/co
 
 from __future__ import annotations
 
+import inspect
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
 from stepml_evolve.evaluator.dsl.vm import LOCALS_SIZE, STACK_SIZE, run_code
-from stepml_evolve.evaluator.physics.components import N_COMPONENTS
+from stepml_evolve.evaluator.hardware.components import N_COMPONENTS
 from stepml_evolve.evaluator.replay.decode_stretch import _decode_stretch
 from stepml_evolve.evaluator.replay.kv_cache import _allocate, _cached_prefix, _claim_cached, _finish, _release
 from stepml_evolve.evaluator.replay.state import (
@@ -70,39 +73,51 @@ from stepml_evolve.evaluator.replay.state import (
     _valid_duration,
 )
 
+_STRETCH = list(inspect.signature(_decode_stretch.py_func).parameters)
+# What _decode_stretch takes besides its counters, as one bundle: its parameters after n_runs
+Work = namedtuple("Work", _STRETCH[_STRETCH.index("n_runs") + 1 :])
+
 
 @njit(cache=True, nogil=True)
 def _simulate(
+    # the requests, and their prompts' content keys (pgroup, gblocks, goff, pkey: closed_loop.key_layout)
     arrival,
     inputs,
     outputs,
-    pgroup,
-    gblocks,
-    goff,
-    pkey,
-    key_space,
     abort_after,
+    keys,
+    key_space,
+    # the server, and the semantics (blis or vllm, state.py)
     max_seqs,
     budget_tokens,
     kv_blocks,
     block,
     blis,
+    # the program: the components' coefficients, its code and constants, the floor check
     k,
     code,
     lits,
     entries,
     consts,
     floor_check,
+    # how far to go and what to record
     horizon,
     max_steps,
     record,
     rows,
+    # written: each request's outcome (given as -1, -1, 0, 0), the recording and diag (DIAG_*)
+    ttft,
+    e2e,
+    state,
+    preempts,
     traj,
     runs,
     steps_rec,
     totals_rec,
     diag,
 ):
+    """Replay the requests: (status, steps, clock, request-slot rows recorded); the rest is
+    written into the arrays given."""
     n = arrival.shape[0]
     stack = np.zeros(STACK_SIZE)
     local = np.zeros(LOCALS_SIZE)
@@ -110,41 +125,17 @@ def _simulate(
     req = np.zeros(3)  # the request fields queueing_time reads (dsl/program.py REQUEST_FIELDS)
     none = np.zeros(1)
 
-    # per-program scalars
-    out_tok = 0
-    if entries[2] >= 0:
-        x = run_code(code, lits, entries[2], none, consts, none, stack, local)
-        if not _valid_duration(x) or x < 0.0:
-            diag[DIAG_VALUE] = x
-            diag[DIAG_FUNCTION] = 2.0
-            return (
-                BAD_QUEUE_TIME,
-                0,
-                0,
-                -1,
-                np.full(n, -1, np.int64),
-                np.full(n, -1, np.int64),
-                np.zeros(n, np.int8),
-                np.zeros(n, np.int32),
-            )
-        out_tok = max(0, int(np.round(min(x, MAX_US))))
-    post_decode = 0
-    if entries[3] >= 0:
-        x = run_code(code, lits, entries[3], none, consts, none, stack, local)
-        if not _valid_duration(x) or x < 0.0:
-            diag[DIAG_VALUE] = x
-            diag[DIAG_FUNCTION] = 3.0
-            return (
-                BAD_QUEUE_TIME,
-                0,
-                0,
-                -1,
-                np.full(n, -1, np.int64),
-                np.full(n, -1, np.int64),
-                np.zeros(n, np.int8),
-                np.zeros(n, np.int32),
-            )
-        post_decode = max(0, int(np.round(min(x, MAX_US))))
+    # per-program scalars: output_token_time and post_decode_time
+    scalars = np.zeros(2, np.int64)
+    for j in range(2):
+        if entries[2 + j] >= 0:
+            x = run_code(code, lits, entries[2 + j], none, consts, none, stack, local)
+            if not _valid_duration(x) or x < 0.0:
+                diag[DIAG_VALUE] = x
+                diag[DIAG_FUNCTION] = 2.0 + j
+                return BAD_QUEUE_TIME, 0, 0, -1
+            scalars[j] = max(0, int(np.round(min(x, MAX_US))))
+    out_tok, post_decode = scalars[0], scalars[1]
     ready = arrival.copy()
     order = np.argsort(arrival, kind="mergesort")  # arrival order
     heap = np.zeros(n, np.int64)  # arrived, waiting out their queueing time
@@ -152,13 +143,9 @@ def _simulate(
     last_dt = np.int64(0)  # duration of the last step started (r.last_step_us)
     deadline = arrival + abort_after
 
-    state = np.zeros(n, np.int8)
     progress = np.zeros(n, np.int64)  # tokens computed (BLIS's ProgressIndex after the step)
     generated = np.zeros(n, np.int64)
-    ttft = np.full(n, -1, np.int64)
-    e2e = np.full(n, -1, np.int64)
     acc = np.zeros(n, np.int64)  # E2E accumulated so far
-    preempts = np.zeros(n, np.int32)
 
     # KV cache (see above): per-request block lists at roff[r], the free list, content keys
     roff = np.zeros(n + 1, np.int64)
@@ -176,7 +163,6 @@ def _simulate(
     prv = np.arange(-1, kv_blocks - 1, dtype=np.int64)
     head_tail = np.array([0, kv_blocks - 1, kv_blocks], np.int64)  # free list head, tail, length
     kv = (block, nb, rtok, rblk, roff, ref, key, keymap, nxt, prv, head_tail, no_prompt)
-    keys = (pgroup, gblocks, goff, pkey)
 
     qcap = 2 * n + 2  # waiting deque as a ring buffer
     queue = np.zeros(qcap, np.int64)
@@ -195,12 +181,58 @@ def _simulate(
     open_run = np.full(n if record else 0, -1, np.int64)  # each request's open run of steps (index into runs; -1: none)
     unopened = 0  # running requests without an open run (see _open_run)
     all_decode = False  # the last step scheduled every running request and preempted none
-    members = np.zeros(max_seqs, np.int64)  # _decode_stretch's buckets
-    remaining = np.zeros(max_seqs, np.int64)  # and each running request's steps to its last token
-    starts = np.zeros(block + 1, np.int64)
-    join = np.zeros(max_seqs, np.int64)  # the stretch step each running request began decoding in
-    join_dt = np.zeros(max_seqs, np.int64)  # and the stretch's time then
     gone_keys = np.zeros(key_space, np.bool_)  # content keys a step's decodes evict (see _decode_stretch)
+    w = Work(
+        arrival=arrival,
+        inputs=inputs,
+        outputs=outputs,
+        keys=keys,
+        max_seqs=max_seqs,
+        budget_tokens=budget_tokens,
+        kv_blocks=kv_blocks,
+        blis=blis,
+        k=k,
+        code=code,
+        lits=lits,
+        entries=entries,
+        consts=consts,
+        floor_check=floor_check,
+        horizon=horizon,
+        max_steps=max_steps,
+        record=record,
+        ttft=ttft,
+        e2e=e2e,
+        state=state,
+        runs=runs,
+        steps_rec=steps_rec,
+        totals_rec=totals_rec,
+        diag=diag,
+        out_tok=out_tok,
+        post_decode=post_decode,
+        deadline=deadline,
+        running=running,
+        progress=progress,
+        generated=generated,
+        acc=acc,
+        open_run=open_run,
+        order=order,
+        ready=ready,
+        heap=heap,
+        queue=queue,
+        qcap=qcap,
+        members=np.zeros(max_seqs, np.int64),  # _decode_stretch's buckets
+        starts=np.zeros(block + 1, np.int64),
+        remaining=np.zeros(max_seqs, np.int64),  # and each running request's steps to its last token
+        join=np.zeros(max_seqs, np.int64),  # the stretch step each running request began decoding in
+        join_dt=np.zeros(max_seqs, np.int64),  # and the stretch's time then
+        gone_keys=gone_keys,
+        kv=kv,
+        req=req,
+        comps=comps,
+        none=none,
+        stack=stack,
+        local=local,
+    )
 
     while pending > 0:
         while nxt_arrival < n and arrival[order[nxt_arrival]] <= clock:
@@ -214,7 +246,7 @@ def _simulate(
                 if not _valid_duration(x) or x < 0.0:
                     diag[DIAG_VALUE] = x
                     diag[DIAG_FUNCTION] = 1.0
-                    return BAD_QUEUE_TIME, steps, clock, r, ttft, e2e, state, preempts
+                    return BAD_QUEUE_TIME, steps, clock, -1
                 ready[r] = arrival[r] + max(0, int(np.round(min(x, MAX_US))))
             n_heap = _heap_push(heap, n_heap, r, ready)
         while n_heap > 0 and ready[heap[0]] <= clock:
@@ -262,53 +294,23 @@ def _simulate(
             and 0 < n_running <= budget_tokens
             and (qtail - qhead <= 1 or n_running >= max_seqs)
         ):
-            stop_at = min_deadline
-            if qhead < qtail and deadline[queue[qhead % qcap]] < stop_at:
-                stop_at = deadline[queue[qhead % qcap]]
-            (done, clock, steps, dt, n_running, pending, nxt_arrival, n_heap, qhead, qtail, min_deadline, n_runs) = (
-                _decode_stretch(
-                    running,
-                    n_running,
-                    progress,
-                    generated,
-                    outputs,
-                    acc,
-                    ttft,
-                    e2e,
-                    state,
-                    out_tok,
-                    post_decode,
-                    horizon,
-                    pending,
-                    max_seqs,
-                    budget_tokens,
-                    stop_at,
-                    (arrival, order, nxt_arrival, ready, heap, n_heap, deadline),
-                    (queue, qhead, qtail, qcap, min_deadline),
-                    blis,
-                    inputs,
-                    kv,
-                    keys,
-                    (members, starts, remaining, join, join_dt, gone_keys, req),
-                    record,
-                    runs,
-                    n_runs,
-                    open_run,
-                    steps_rec,
-                    totals_rec,
-                    diag,
-                    kv_blocks,
-                    k,
-                    (code, lits, entries, consts, comps, none, stack, local, floor_check),
-                    clock,
-                    steps,
-                    max_steps,
-                )
+            counters = (clock, steps, n_running, pending, nxt_arrival, n_heap, qhead, qtail, min_deadline, n_runs)
+            done, dt, clock, steps, n_running, pending, nxt_arrival, n_heap, qhead, qtail, min_deadline, n_runs = (
+                _decode_stretch(*(counters + w[:]))  # w[:]: the bundle as a plain tuple, which numba can join
             )
             if done > 0:
                 last_dt = dt
                 diag[DIAG_STRETCH] += done
                 continue
+
+        # a step records at most one row and opens at most one run per seat, and one row of steps:
+        # with less room than that left, closed_loop replays again with larger buffers
+        if record and (
+            steps >= steps_rec.shape[0]
+            or n_runs + max_seqs > runs.shape[0]
+            or (rows and n_rec + max_seqs > traj.shape[0])
+        ):
+            return TRAJECTORY_FULL, steps, clock, -1
 
         # 2. running requests in batch order (batch totals for the components accumulate as
         # requests get their tokens; c is the context already in the KV cache)
@@ -371,11 +373,7 @@ def _simulate(
             if record and unopened > 0 and open_run[r] < 0:
                 n_runs = _open_run(runs, n_runs, open_run, r, steps)
                 unopened -= 1
-                if n_runs < 0:
-                    return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
             if rows:
-                if n_rec >= traj.shape[0]:
-                    return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
                 _record_slot(traj, n_rec, steps, tok, progress[r], progress[r] < inputs[r], r)
                 n_rec += 1
             i += 1
@@ -432,11 +430,9 @@ def _simulate(
                     ctx_max = c
                 if record:
                     n_runs = _open_run(runs, n_runs, open_run, r, steps)
-                    if n_runs < 0 or (rows and n_rec >= traj.shape[0]):
-                        return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
-                    if rows:
-                        _record_slot(traj, n_rec, steps, tok, int(c), True, r)
-                        n_rec += 1
+                if rows:
+                    _record_slot(traj, n_rec, steps, tok, int(c), True, r)
+                    n_rec += 1
 
         if budget == budget_tokens and not admitted_empty:
             # nothing could be scheduled (a head that never fits): wait for the next event
@@ -451,7 +447,7 @@ def _simulate(
         x = run_code(code, lits, entries[0], comps, consts, none, stack, local)
         if not _valid_duration(x) or x <= 0.0:
             diag[DIAG_VALUE] = x
-            return BAD_STEP_TIME, steps, clock, -1, ttft, e2e, state, preempts
+            return BAD_STEP_TIME, steps, clock, -1
         floor = _below_floor(x, v) if floor_check else 0.0
         if floor > 0.0:
             diag[DIAG_VALUE] = x
@@ -460,12 +456,10 @@ def _simulate(
             diag[DIAG_N_PF] = n_pf
             diag[DIAG_N_DC] = n_dc
             diag[DIAG_CTX_MAX] = ctx_max
-            return BELOW_FLOOR, steps, clock, -1, ttft, e2e, state, preempts
+            return BELOW_FLOOR, steps, clock, -1
         dt = max(np.int64(1), np.int64(np.round(min(x, MAX_US))))
         last_dt = dt
         if record:
-            if steps >= steps_rec.shape[0]:
-                return TRAJECTORY_FULL, steps, clock, -1, ttft, e2e, state, preempts
             steps_rec[steps, 0] = clock
             steps_rec[steps, 1] = dt
             steps_rec[steps, 2] = kv_blocks - head_tail[2]
@@ -480,7 +474,7 @@ def _simulate(
         clock += dt
         steps += 1
         if steps > max_steps:
-            return STEP_LIMIT, steps, clock, -1, ttft, e2e, state, preempts
+            return STEP_LIMIT, steps, clock, -1
 
         # 5. advance progress, emit tokens, finish; a client that gave up during the step takes
         # its request away (BLIS runs a step at its start, so a request the step finishes is done)
@@ -527,4 +521,9 @@ def _simulate(
     for r in range(open_run.shape[0]):  # runs still open were scheduled up to the last step
         _close_run(runs, open_run, r, steps - 1)
     diag[DIAG_RUNS] = n_runs  # runs of consecutive steps recorded
-    return OK, steps, clock, n_rec, ttft, e2e, state, preempts
+    return OK, steps, clock, n_rec
+
+
+# One replay's arrays and settings, as one bundle: _simulate's parameters (closed_loop.replay makes
+# one by name and passes it as _simulate(*sim))
+Simulation = namedtuple("Simulation", inspect.signature(_simulate.py_func).parameters)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from stepml_evolve.evaluator.physics.components import COMPONENT_INDEX, component_values
-from stepml_evolve.evaluator.soundness.floor import ADDED_TIMES, BYTE_TIMES, FLOP_TIMES
-from stepml_evolve.evaluator.soundness.floor import TOLERANCE as FLOOR_TOLERANCE
+from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX, component_values
+from stepml_evolve.evaluator.physics.floor import ADDED_TIMES, BYTE_TIMES, FLOP_TIMES
+from stepml_evolve.evaluator.physics.floor import TOLERANCE as FLOOR_TOLERANCE
 
 # request states
 WAITING_TO_ARRIVE, QUEUED, RUNNING, FINISHED, TIMED_OUT = 0, 1, 2, 3, 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -84,6 +85,17 @@ class ReplayPool:
             raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
         self.experiments, self.semantics, self.floor = experiments, semantics, floor
         self.executor = open_executor(experiments, workers or default_workers(), cluster)
+
+    @contextmanager
+    def floor_off(self):
+        """Replays that do not fail below the floor while inside: a baseline such as BLIS's
+        regression, which no floor holds, scored beside programs that keep it (the floor is sent
+        with every batch, so a batch in flight keeps the setting it was sent with)."""
+        kept, self.floor = self.floor, False
+        try:
+            yield self
+        finally:
+            self.floor = kept
 
     @property
     def workers(self) -> int:

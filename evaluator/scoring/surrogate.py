@@ -37,7 +37,7 @@ from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.dsl.linearity import nonaffine_inputs, read_inputs
 from stepml_evolve.evaluator.dsl.numexpr_compile import VectorFunction, compile_vector, evaluate_vector
 from stepml_evolve.evaluator.dsl.vm import CompiledProgram
-from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, component_values
+from stepml_evolve.evaluator.hardware.components import COMPONENT_NAMES, component_values
 from stepml_evolve.evaluator.replay.closed_loop import ReplayResult, experiment_coefficients, replay
 from stepml_evolve.evaluator.replay.state import FINISHED, MAX_US
 from stepml_evolve.evaluator.scoring.metrics import MetricRow, failed_row, split_horizon, split_metrics

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS, Target, find_go_tool, target
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
+from stepml_evolve.evolve.go.source import DEFAULT_NAME, DEFAULT_TARGET, TARGETS, Target, find_go_tool, target
 
 MODULE = "github.com/inference-sim/inference-sim"
 DEFAULT_BACKEND = "stepml-evolved"

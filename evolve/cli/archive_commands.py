@@ -1,7 +1,7 @@
 """`evolve archive ...`: browse a search archive (list, show, pareto, diff, history), write the HTML report,
 cross-validate programs and store their scores (cv), and upgrade an older archive (migrate).
 
-Thin wiring: each command calls one query of archive.browse (or a backend of evolve.commands)
+Thin wiring: each command calls one query of evolve.browse (or a backend of evolve.commands)
 and prints the result, rich tables for people and JSON with --json.
 """
 
@@ -15,10 +15,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from stepml_evolve.archive.choices import SORT_KEYS
 from stepml_evolve.evaluator.choices import DEFAULT_PROTOCOL, DEFAULT_SEMANTICS, PROTOCOLS
 from stepml_evolve.evaluator.fit.config import FitConfig
 from stepml_evolve.evaluator.numbers import fmt
+from stepml_evolve.evolve.browse.choices import SORT_KEYS
 
 from .console import CommandGroup, out, say
 from .options import WorkersOption
@@ -46,7 +46,7 @@ def _cv_loss(r: dict, protocol: str) -> str:
 
 def _programs_table(rows: list[dict], title: str) -> Table:
     """Program rows; one CV column per protocol some row has a score of (one blank `cv` column if none has)."""
-    from stepml_evolve.archive.browse import protocol_order
+    from stepml_evolve.archive.access import protocol_order
 
     protocols = protocol_order(proto for r in rows for proto in r["cv"])
     t = Table(title=title)
@@ -112,7 +112,7 @@ def list_cmd(
     as_json: bool = JsonOpt,
 ):
     """Programs of the archive: operator, losses, complexity, components (* marks the Pareto front)."""
-    from stepml_evolve.archive.browse import list_programs
+    from stepml_evolve.evolve.browse.listing import list_programs
 
     listing = list_programs(
         archive_dir, sort=sort, front_only=front, cell=cell, operator=operator, include_screened=include_screened
@@ -128,13 +128,13 @@ def show_cmd(
     source_only: bool = typer.Option(
         False,
         "--source",
-        help="Print only the fitted program, as a file for evolve fit / eval / emit-go or run --seeds.",
+        help="Print only the fitted program, as a file for evolve fit / eval / emit-go or run --seed-programs.",
     ),
 ):
     """A program: source, fitted constants, descriptors, lineage to a seed, per-experiment errors by split."""
     from rich.syntax import Syntax
 
-    from stepml_evolve.archive.browse import show_program, show_source
+    from stepml_evolve.evolve.browse.listing import show_program, show_source
 
     from .tables import dumps, metrics_table
 
@@ -180,7 +180,7 @@ def _print_cv(p: dict, held_out: dict[str, list[dict]]) -> None:
         out.print(f"no CV score (evolve archive cv {p['id']} cross-validates it)", highlight=False)
     for protocol, score in p["cv"].items():
         out.print(
-            f"CV loss ({protocol}): {fmt(score['loss'], '.3f', keep_inf=True)}  ({score['folds']} folds, seed "
+            f"CV loss ({protocol}): {fmt(score['loss'], '.3f', keep_inf=True)}  ({score['folds']} folds, fit seed "
             f"{score['seed']}, max-evals {score['max_evals'] or 'default'}, {score['method']}, {score['objective']})",
             highlight=False,
         )
@@ -245,7 +245,7 @@ def _lineage_table(steps: list[dict]) -> Table:
 @archive_app.command("pareto")
 def pareto_cmd(archive_dir: Path | None = ArchiveOpt, as_json: bool = JsonOpt):
     """The Pareto front: validation loss vs complexity, by increasing complexity."""
-    from stepml_evolve.archive.browse import front_programs
+    from stepml_evolve.evolve.browse.listing import front_programs
 
     listing = front_programs(archive_dir)
     _print_rows(listing.rows, f"Pareto front of {listing.archive_dir} (validation loss vs complexity)", as_json)
@@ -260,7 +260,7 @@ def history_cmd(
     as_json: bool = JsonOpt,
 ):
     """The run by generation: its pace, and the best losses with the programs that set them."""
-    from stepml_evolve.archive.browse import run_history
+    from stepml_evolve.evolve.browse.listing import run_history
 
     from .tables import dumps
 
@@ -308,7 +308,7 @@ def diff_cmd(
     as_json: bool = JsonOpt,
 ):
     """Unified diff of two programs' sources and how their losses and per-experiment errors change (B - A)."""
-    from stepml_evolve.archive.browse import compare_programs
+    from stepml_evolve.evolve.browse.listing import compare_programs
 
     from .tables import dumps
 
@@ -356,7 +356,7 @@ def report_cmd(
 
 
 @archive_app.command("cv")
-def cv_cmd(
+def archive_cv_cmd(
     program_ids: list[str] | None = typer.Argument(
         None, metavar="ID", help="Programs to cross-validate (ids or 'best'); default: the Pareto front."
     ),

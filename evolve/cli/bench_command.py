@@ -51,7 +51,7 @@ def bench_cmd(
     ),
     seed_fit_evals: int | None = typer.Option(
         None,
-        "--seed-fit-evals",
+        "--seed-program-fit-evals",
         min=1,
         help="Seed-fit budget of the timed searches (default: the search's, about 10 minutes of "
         "generation 0 on the real data).",
@@ -86,7 +86,9 @@ def bench_cmd(
         None, "--split", help="With --worlds: only this split (repeatable; default all, or by-gpu with --quick)."
     ),
     quick: bool = typer.Option(
-        False, "--quick", help="With --worlds: two worlds, small grids, one split, a few generations (minutes)."
+        False,
+        "--quick",
+        help="With --worlds: two worlds, small grids, one split, a few generations, one held-out fit (minutes).",
     ),
     generations: int | None = typer.Option(
         None, "--generations", min=0, help="With --worlds: each search's generations (default: evolve run's)."
@@ -127,13 +129,14 @@ def bench_cmd(
         "run) or inner (the search runs --cv groups:split-NAME.inner.yaml, the split's kind of "
         "extrapolation inside its train configurations, and the lowest such CV loss wins).",
     ),
-    held_out_fits: int = typer.Option(
-        HELD_OUT_FITS,
+    held_out_fits: int | None = typer.Option(
+        None,
         "--held-out-fits",
         min=1,
         help="With --worlds: fit each program this many times, as a search fits its seeds (from its own "
         "constants, then from draws from its priors; fit seeds --seed, --seed + 1, ...), and score one of "
-        "them held out (--held-out-pick): one fit's held-out loss depends on where it ended.",
+        "them held out (--held-out-pick): one fit's held-out loss depends on where it ended. Default "
+        f"{HELD_OUT_FITS} (--quick: 1).",
     ),
     held_out_pick: str = typer.Option(
         "train",
@@ -176,7 +179,7 @@ def bench_cmd(
     from stepml_evolve.evolve.commands.bench import run_bench
     from stepml_evolve.evolve.commands.bench_cluster import cluster_bench
     from stepml_evolve.evolve.commands.bench_worlds import bench_worlds
-    from stepml_evolve.evolve.commands.bench_worlds_results import summary as worlds_summary
+    from stepml_evolve.evolve.commands.bench_worlds_results import worlds_summary
 
     from .tables import cluster_bench_table, dumps, worlds_bench_table, worlds_rules_table
 

@@ -7,15 +7,15 @@ from typing import Literal
 
 import typer
 
-from stepml_evolve.archive.choices import DEFAULT_RULE
 from stepml_evolve.evaluator.choices import PHYSICS_MODES, SCOPES
 from stepml_evolve.evaluator.data.experiments import SCORED_SPLITS
 from stepml_evolve.evaluator.dsl.program import load_program
 from stepml_evolve.evaluator.fit.config import FitConfig
 from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
 from stepml_evolve.evolve.commands import EvaluationSetup
-from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
+from stepml_evolve.evolve.deploy.choices import DEFAULT_RULE
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
+from stepml_evolve.evolve.go.source import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.option_fields import from_options
 
 from .console import err, error, out, say
@@ -114,7 +114,7 @@ def fit_cmd(
         "--starts",
         min=1,
         help="Fits from the program's constants and from draws from their priors (as a search fits its "
-        "seeds: evolve run --seed-starts); the best is kept, and each one's train loss printed.",
+        "seeds: evolve run --seed-program-starts); the best is kept, and each one's train loss printed.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     method: MethodOption = FIT.method,
@@ -299,7 +299,7 @@ def emit_go_cmd(
         DEFAULT_RULE,
         help="A deployment rule, a program id from the archive, or a program file (.py). The rules rank "
         "by CV loss (lomo, else lowo) when the archive has CV scores, else by validation loss: guarded "
-        "(the default: the lowest loss among the seeds and the programs that beat their own seed's loss by "
+        "(the default: the lowest loss among the seed programs and the programs that beat their own seed's loss by "
         "more than --within % (default 20) and whose step times stay within 1.5x of their seed's on 95 % of "
         "the floor's envelope), tethered (the lowest loss among programs whose step times stay within "
         "--within % over 1x (default 50: 1.5x) of their seed's on 95 % of the floor's envelope, else the "

@@ -58,7 +58,7 @@ def run_cmd(
     ),
     seeds: list[Path] | None = typer.Option(
         None,
-        "--seeds",
+        "--seed-programs",
         help="Seed program files, or directories of them, instead of the "
         "shipped seeds/ (repeatable); e.g. a winner saved with `evolve archive show ID --source`.",
     ),

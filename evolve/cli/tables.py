@@ -10,7 +10,7 @@ import math
 from rich.table import Table
 
 from stepml_evolve.evaluator.datasets import ExperimentSummary
-from stepml_evolve.evaluator.numbers import fmt
+from stepml_evolve.evaluator.numbers import finite, fmt
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 
 from .console import plain
@@ -206,7 +206,18 @@ def run_summary_tables(summary: dict) -> list:
         if deployed
         else []
     )
-    return [headline, t, f, *deploy]
+    return [headline, *_baseline_lines(summary), t, f, *deploy]
+
+
+def _baseline_lines(summary: dict) -> list[str]:
+    """Each baseline's losses beside the best program's (mean E2E error over the test experiments)."""
+    tests = [e for r in summary["best"]["test"] if finite(e := r["ape"]["e2e"])]
+    mine = fmt(sum(tests) / len(tests), ".1f") if tests else "n/a"
+    return [
+        f"baseline {b['name']} (never searched from): val loss {fmt(b['val_loss'], '.3f')}, test loss "
+        f"{fmt(b['test_loss'], '.3f')}, test mean E2E error {fmt(b['test_e2e_ape'], '.1f')} % (the best program: {mine} %)"
+        for b in summary.get("baselines") or []
+    ]
 
 
 def blis_comparison_table(rows) -> Table:
@@ -284,7 +295,8 @@ def worlds_table(worlds) -> Table:
 
 
 def worlds_bench_table(results, summary: dict) -> Table:
-    """`evolve bench --worlds`: held-out loss (E2E / TTFT APE %) of the best seed, the search's winner and the law."""
+    """`evolve bench --worlds`: held-out loss (E2E / TTFT APE %) of the best seed, the search's winner, the
+    law and the baselines."""
     t = Table(
         title="known-truth worlds: held-out loss (mean E2E / TTFT APE %)",
         caption="with several fits a program (--held-out-fits): the picked fit (--held-out-pick), \\[the range of "
@@ -314,6 +326,9 @@ def worlds_bench_table(results, summary: dict) -> Table:
     diagnosed = any(r.archive_best is not None for r in results)
     if diagnosed:  # --archive-top
         t.add_column("best in archive", justify="right")
+    baselines = sorted({b.program for r in results for b in r.baselines})  # BLIS's blackbox, beside the seeds
+    for name in baselines:
+        t.add_column(f"baseline {plain(name)}", justify="right")
 
     def cell(s) -> str:  # with several fits: the picked fit's, and the range of their held-out losses
         spread = f" [{fmt(min(s.losses), '.2f')}-{fmt(max(s.losses), '.2f')}]" if s.losses else ""
@@ -336,6 +351,7 @@ def worlds_bench_table(results, summary: dict) -> Table:
             f"{fmt(r.train_ratio, '.2f')}x" if math.isfinite(r.train_ratio) else "",
             r.diagnosis or "",
             *([archive_cell(r)] if diagnosed else []),
+            *(cell(by[n]) if n in (by := {b.program: b for b in r.baselines}) else "" for n in baselines),
         )
     return t
 

@@ -1,38 +1,28 @@
 """`evolve archive cv`: archived programs cross-validated with their run's data and fitting
-settings, the scores stored in the archive (`cv_scores`, `cv_evaluations`); also what a search
-calls at the end of a run to score its Pareto front (`cross_validate_programs`), and
-`evolve archive migrate` (an archive of an older schema upgraded in place).
-
-Each program is cross-validated exactly as `evolve cv` would cross-validate its file
-(`evolve archive show ID --source`): the folds of the protocol over the run's experiments, each
-fold's constants fitted (the run's fit method, objective, weights and replay semantics; the
-program's fitted constants as the start) on the train split of the other experiments, the held-out
-experiments scored on all their requests. A program already scored under the protocol with the
-same settings (seed, max-evals, method, objective, semantics) is skipped unless `again`.
-"""
+settings (evolve/deploy/front_cv.py fits them as a run's end does), the scores stored in the
+archive (`cv_scores`, `cv_evaluations`), and `evolve archive migrate` (an archive of an older
+schema upgraded in place)."""
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepml_evolve.archive.browse import latest_archive_dir, resolve, run_programs
+from stepml_evolve.archive.access import latest_archive_dir, resolve, run_programs
 from stepml_evolve.archive.map_elites import pareto_front
-from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord, RunRecord
+from stepml_evolve.archive.records import ProgramRecord, RunRecord
 from stepml_evolve.archive.store import SCHEMA_VERSION, Archive
-from stepml_evolve.evaluator.choices import DEFAULT_PROTOCOL, DEFAULT_SEMANTICS
+from stepml_evolve.evaluator.choices import DEFAULT_PROTOCOL
 from stepml_evolve.evaluator.datasets import LoadedData
-from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.errors import UserError
-from stepml_evolve.evaluator.fit.crossval import cross_validate, make_folds
-from stepml_evolve.evaluator.fit.fitting import FitConfig, ProgressFn
-from stepml_evolve.evaluator.scoring.objectives import Objective
+from stepml_evolve.evaluator.fit.crossval import make_folds
+from stepml_evolve.evaluator.fit.fitting import FitConfig
+from stepml_evolve.evaluator.say import Say, quiet
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evolve.deploy.front_cv import ProgramCV, RunFitSettings, cross_validate_programs, run_fit_settings
 from stepml_evolve.evolve.search import RunSettings
 
-from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
+from .evaluation_setup import EvaluationSetup, FitProgress, no_progress
 
 
 class ArchiveCVError(UserError):
@@ -40,48 +30,6 @@ class ArchiveCVError(UserError):
 
 
 # ---- the run's settings and data ----
-
-
-@dataclass(frozen=True)
-class RunFitSettings:
-    """How the run fitted its programs, for the fold fits: method and objective (in `config`, with
-    the seed and budget of the cross-validation) and the replay's semantics."""
-
-    config: FitConfig
-    semantics: str
-
-    def settings(self, protocol: str) -> dict:
-        """As a stored score records them (`CVScoreRecord.settings`): what makes a score redoable or not."""
-        return _blank_score(protocol, self).settings()
-
-
-def run_fit_settings(
-    run: RunRecord, seed: int = FitConfig.seed, max_evals: int | None = FitConfig.max_evals
-) -> RunFitSettings:
-    """The run's fit method, objective (with its weights) and semantics, as stored with its settings
-    (a run stored before a setting existed ran with its legacy value, as `--resume` assumes)."""
-    search = RunSettings.stored(run.config).search
-    weights = tuple((str(p), float(w)) for p, w in (search.get("weights") or ()))
-    goal = Objective(search.get("objective") or "rms", weights)
-    floor = search.get("physics") == "check"  # a run's fits kept its programs at or above the floor, or not
-    config = dataclasses.replace(
-        FitConfig(seed=seed, max_evals=max_evals, method=search["fit_method"], floor=floor), objective=goal
-    )
-    return RunFitSettings(config, search.get("semantics") or DEFAULT_SEMANTICS)
-
-
-def _blank_score(protocol: str, fit: RunFitSettings) -> CVScoreRecord:
-    c = fit.config
-    return CVScoreRecord(
-        program_id=0,
-        protocol=protocol,
-        seed=c.seed,
-        max_evals=c.max_evals,
-        method=c.method,
-        objective=c.objective.name,
-        weights=[list(w) for w in c.objective.weights],
-        semantics=fit.semantics,
-    )
 
 
 def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: Say = quiet) -> LoadedData:
@@ -106,69 +54,6 @@ def run_data(run: RunRecord, archive_dir: Path, data: Path | None = None, say: S
 
 
 # ---- scoring programs (the library function a search calls at the end of a run) ----
-
-
-@dataclass
-class ProgramCV:
-    program: ProgramRecord
-    score: CVScoreRecord
-    skipped: bool  # already scored with the same settings; `score` is the stored one
-
-    def to_json(self) -> dict:
-        p = self.program
-        return {
-            "id": p.id,
-            "complexity": p.complexity,
-            "val_loss": p.val_loss,
-            "skipped": self.skipped,
-            "cv": self.score.to_json(),
-        }
-
-
-def cross_validate_programs(
-    archive: Archive,
-    programs: list[ProgramRecord],
-    loaded: LoadedData,
-    engine: ReplayPool,
-    protocol: str,
-    fit: RunFitSettings,
-    *,
-    again: bool = False,
-    progress: ProgressFn | None = None,
-    say: Say = quiet,
-) -> list[ProgramCV]:
-    """Cross-validate each program (in order) and store its score as soon as it is done (a killed
-    job keeps the finished ones). The folds are made first, so a protocol the data cannot serve
-    fails before any fit. `engine` replays `loaded.experiments` with `fit.semantics`."""
-    folds = make_folds(protocol, loaded.experiments)
-    if engine.semantics != fit.semantics:
-        raise ValueError(f"the engine replays with {engine.semantics} semantics, the run with {fit.semantics}")
-    wanted = fit.settings(protocol)
-    stored = {
-        s.program_id: s for pid in {p.id for p in programs} for s in archive.cv_scores(pid) if s.protocol == protocol
-    }
-    out: list[ProgramCV] = []
-    for i, p in enumerate(programs):
-        old = stored.get(p.id)
-        if old is not None and not again and old.settings() == wanted:
-            say(f"#{p.id}: already scored under {protocol} with these settings; skipped (--again redoes it)")
-            out.append(ProgramCV(p, old, True))
-            continue
-        say(f"#{p.id} ({i + 1} of {len(programs)}): {protocol}, {len(folds)} folds")
-        t0 = time.perf_counter()
-        cv = cross_validate(
-            parse_program(p.source),
-            loaded.experiments,
-            engine,
-            protocol,
-            folds,
-            fit.config,
-            start=dict(p.constants) or None,
-            progress=progress,
-            percentiles=True,
-        )
-        out.append(ProgramCV(p, archive.write_cv(p.id, cv, fit.config, fit.semantics, time.perf_counter() - t0), False))
-    return out
 
 
 # ---- `evolve archive cv` and `evolve archive migrate` ----
@@ -250,13 +135,13 @@ def cross_validate_archive(
         chosen = _chosen(archive, run, programs, list(refs or ()), front)
         fit = run_fit_settings(run, seed, max_evals)
         loaded = run_data(run, archive.dir, data, say)
-        make_folds(protocol, loaded.experiments)  # a protocol the data cannot serve fails before the engine starts
+        make_folds(protocol, loaded.experiments)  # a protocol the data cannot serve fails before the pool starts
         with (
-            ReplayPool(loaded.experiments, workers, semantics=fit.semantics, floor=fit.config.floor) as engine,
+            ReplayPool(loaded.experiments, workers, semantics=fit.semantics, floor=fit.config.floor) as pool,
             progress() as on_progress,
         ):
             done = cross_validate_programs(
-                archive, chosen, loaded, engine, protocol, fit, again=again, progress=on_progress, say=say
+                archive, chosen, loaded, pool, protocol, fit, again=again, progress=on_progress, say=say
             )
         return ArchiveCV(archive.dir, loaded, protocol, fit, done, archive.migrated_from)
     finally:

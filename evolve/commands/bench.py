@@ -13,13 +13,12 @@ import numpy as np
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program
 from stepml_evolve.evaluator.errors import UserError, cut, shown
-from stepml_evolve.evaluator.fit.fitting import METHODS, FitConfig, fit, quick_config
+from stepml_evolve.evaluator.fit.fitting import METHODS, FitConfig, fit_constants, quick_config
 from stepml_evolve.evaluator.readers import CONFIG_BYTES, read_json
 from stepml_evolve.evaluator.replay.closed_loop import replay
+from stepml_evolve.evaluator.say import Say
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.seeds import seed_path, seed_paths
-
-from .evaluation_setup import Say
 
 BENCH_PROGRAM = "roofline"
 
@@ -96,7 +95,7 @@ def _median_time(fn, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def timed_search(loaded, engine: ReplayPool, generations: int, say: Say, **settings) -> dict:
+def timed_search(loaded, pool: ReplayPool, generations: int, say: Say, **settings) -> dict:
     """A search with the default settings but `settings`, seed 0, timed: generation 0 (the seed
     fits) and the mean of generations 1..N (the front's CV at the end is not run)."""
     import tempfile
@@ -113,7 +112,7 @@ def timed_search(loaded, engine: ReplayPool, generations: int, say: Say, **setti
             search = Search(
                 archive,
                 loaded,
-                engine,
+                pool,
                 config,
                 progress=lambda info: (
                     say(f"  bench search ({label}): generation {info['generation']} done")
@@ -137,7 +136,7 @@ def timed_search(loaded, engine: ReplayPool, generations: int, say: Say, **setti
 
 
 def search_figures(
-    loaded, engine: ReplayPool, generations: int, say: Say, cv: str | None, baseline: bool, seed_fit_evals: int | None
+    loaded, pool: ReplayPool, generations: int, say: Say, cv: str | None, baseline: bool, seed_fit_evals: int | None
 ) -> dict:
     """The search's speed with the default settings (but `seed_fit_evals`, if given); with `cv`,
     also under --cv `cv` and the ratio of its generations' time to the plain run's; with
@@ -147,13 +146,13 @@ def search_figures(
 
     common = {} if seed_fit_evals is None else {"seed_fit_evals": seed_fit_evals}
     say(f"offline search, {generations} generations with default settings...")
-    figures = timed_search(loaded, engine, generations, say, **common)
+    figures = timed_search(loaded, pool, generations, say, **common)
     say(
         f"search: generation 0 {figures['generation_0_s']} s, then {figures['generation_s_mean']} s per "
         f"generation ({figures['generations_per_hour']} generations/hour)"
     )
     if cv:
-        under = timed_search(loaded, engine, generations, say, cv=cv, **common)
+        under = timed_search(loaded, pool, generations, say, cv=cv, **common)
         figures.update(
             {
                 "cv": cv,
@@ -167,7 +166,7 @@ def search_figures(
             f"{figures['cv_generation_ratio']}x the plain run's"
         )
     if baseline:
-        before = timed_search(loaded, engine, generations, say, **PREVIOUS_FIT_BUDGETS, **common)
+        before = timed_search(loaded, pool, generations, say, **PREVIOUS_FIT_BUDGETS, **common)
         figures.update(
             {
                 "baseline_generation_0_s": before["generation_0_s"],
@@ -202,7 +201,7 @@ def blis_vs_tool(blis: Path, data: Path, say: Say) -> dict:
 
     from stepml_evolve.evolve.blis.compare import compare_with_blis
     from stepml_evolve.evolve.blis.install import install_into_blis
-    from stepml_evolve.evolve.go.emit import find_go_tool
+    from stepml_evolve.evolve.go.source import find_go_tool
 
     program = seed_path("trained_physics")
     with tempfile.TemporaryDirectory(prefix="stepml-bench-blis-") as tmp:
@@ -235,7 +234,7 @@ def blis_vs_tool(blis: Path, data: Path, say: Say) -> dict:
     return {"blis_vs_tool": rows}
 
 
-def seed_fits(exps, engine: ReplayPool, seeds: list[str], methods: list[str], say: Say) -> list[dict]:
+def seed_fits(exps, pool: ReplayPool, seeds: list[str], methods: list[str], say: Say) -> list[dict]:
     """A full global fit (seed 0, default budget) of each seed program with each method: seconds,
     closed-loop replays of all training windows, and the training loss reached."""
     known = [p.stem for p in seed_paths()]
@@ -247,7 +246,7 @@ def seed_fits(exps, engine: ReplayPool, seeds: list[str], methods: list[str], sa
         prog = load_program(seed_path(name))
         for method in methods:
             say(f"full global fit of {name} ({method})...")
-            r = fit(prog, exps, engine, FitConfig(seed=0, method=method))
+            r = fit_constants(prog, exps, pool, FitConfig(seed=0, method=method))
             rows.append(
                 {
                     "seed": name,
@@ -305,13 +304,13 @@ def run_bench(
         f"{figures['replay_s_slowest_any']} s"
     )
 
-    with ReplayPool(exps, workers) as engine:
+    with ReplayPool(exps, workers) as pool:
         vectors = [consts] * len(exps)
-        figures["full_eval_s"] = round(_median_time(lambda: engine.score(compiled, vectors, ("test",))), 4)
-        figures["workers"] = engine.workers
-        say(f"full evaluation of {len(exps)} experiments on {engine.workers} threads: {figures['full_eval_s']} s")
+        figures["full_eval_s"] = round(_median_time(lambda: pool.score(compiled, vectors, ("test",))), 4)
+        figures["workers"] = pool.workers
+        say(f"full evaluation of {len(exps)} experiments on {pool.workers} threads: {figures['full_eval_s']} s")
         t0 = time.perf_counter()
-        q = fit(prog, exps, engine, quick_config(0, exps))
+        q = fit_constants(prog, exps, pool, quick_config(0, exps))
         figures["quick_fit_s"] = round(time.perf_counter() - t0, 2)
         figures["quick_fit_evals"] = q.evaluations
         say(
@@ -319,7 +318,7 @@ def run_bench(
         )
         if not skip_fit:
             figures["fits"] = seed_fits(
-                exps, engine, fit_seeds or [p.stem for p in seed_paths()], fit_methods or list(METHODS), say
+                exps, pool, fit_seeds or [p.stem for p in seed_paths()], fit_methods or list(METHODS), say
             )
             first = figures["fits"][0]
             figures["fit_s"], figures["fit_evals"], figures["fit_train_loss"] = (
@@ -328,7 +327,7 @@ def run_bench(
                 first["train_loss"],
             )
         if search_generations > 0:
-            figures.update(search_figures(loaded, engine, search_generations, say, search_cv, baseline, seed_fit_evals))
+            figures.update(search_figures(loaded, pool, search_generations, say, search_cv, baseline, seed_fit_evals))
     if blis is not None:
         if loaded.synthetic:
             say("blis vs tool: needs the real data (--data ../shared/data/replay); skipped")

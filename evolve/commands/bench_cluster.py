@@ -11,11 +11,11 @@ import numpy as np
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import compile_program, load_program
 from stepml_evolve.evaluator.replay.executor import Cluster
+from stepml_evolve.evaluator.say import Say
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.seeds import seed_path
 
 from .bench import BENCH_PROGRAM, default_bench_data, timed_search
-from .evaluation_setup import Say
 
 POPULATION = 8  # constant vectors per timed batch: one CMA-ES generation of a 4-constant program
 
@@ -25,12 +25,12 @@ def _population(constants: np.ndarray) -> list[np.ndarray]:
     return [constants * np.exp(rng.normal(0, 0.2, constants.size)) for _ in range(POPULATION)]
 
 
-def _throughput(engine: ReplayPool, compiled, population, experiments, repeat: int) -> tuple[float, list[float]]:
+def _throughput(pool: ReplayPool, compiled, population, experiments, repeat: int) -> tuple[float, list[float]]:
     """Replays per second over `repeat` batches of population x experiments, and the batch's losses."""
-    engine.population_losses(compiled, population, experiments)  # warm: numba and the workers' caches
+    pool.population_losses(compiled, population, experiments)  # warm: numba and the workers' caches
     t0 = time.perf_counter()
     for _ in range(repeat):
-        losses = engine.population_losses(compiled, population, experiments)
+        losses = pool.population_losses(compiled, population, experiments)
     return repeat * len(population) * len(experiments) / (time.perf_counter() - t0), losses
 
 
@@ -53,13 +53,13 @@ def cluster_bench(
     population = _population(np.array(list(prog.constants.values()), dtype=float))
     rows = []
 
-    def measure(engine: ReplayPool, where: str, workers: int) -> tuple[dict, list[float]]:
-        rate, losses = _throughput(engine, compiled, population, exps, repeat)
+    def measure(pool: ReplayPool, where: str, workers: int) -> tuple[dict, list[float]]:
+        rate, losses = _throughput(pool, compiled, population, exps, repeat)
         row = {"where": where, "workers": workers, "replays_per_s": round(rate, 1)}
         say(f"{where}, {workers} workers: {row['replays_per_s']} replays/s")
         if generations > 0:
             # generation 0 (the seed fits) with a small budget: only generations 1.. are compared
-            timed = timed_search(loaded, engine, generations, say, seed_fit_evals=10)
+            timed = timed_search(loaded, pool, generations, say, seed_fit_evals=10)
             row.update({k: timed[k] for k in ("generations_per_hour", "generation_s_mean", "generations_timed")})
             say(f"{where}, {workers} workers: {row['generations_per_hour']} generations/hour")
         return row, losses

@@ -37,26 +37,28 @@ from pathlib import Path
 
 import numpy as np
 
-from stepml_evolve.archive.browse import cv_by_program, opened, run_programs
-from stepml_evolve.archive.deployment import DEFAULT_RULE, RULES, choose
+from stepml_evolve.archive.access import opened, run_programs
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.choices import HELD_OUT_FITS
 from stepml_evolve.evaluator.datasets import LoadedData, load_data
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, Fold, cross_validate, make_folds
-from stepml_evolve.evaluator.fit.fitting import FitConfig, fit
+from stepml_evolve.evaluator.fit.fitting import FitConfig, fit_constants
 from stepml_evolve.evaluator.fit.starts import drawn_start
 from stepml_evolve.evaluator.known_truth import GRIDS, SPLITS, load_world, world_names, write_world
 from stepml_evolve.evaluator.known_truth.generate import WORLD_FILE, world_identity
 from stepml_evolve.evaluator.known_truth.splits import grid_splits, split_file
 from stepml_evolve.evaluator.outputs import check_output_dir, write_atomic
+from stepml_evolve.evaluator.say import Say, quiet
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
+from stepml_evolve.evolve.deploy.rules import DEFAULT_RULE, RULES, choose
+from stepml_evolve.evolve.deploy.scores import cv_by_program
 from stepml_evolve.evolve.search import SearchConfig
-from stepml_evolve.seeds import seed_paths
+from stepml_evolve.seeds import baseline_paths, seed_paths
 
 from .bench_worlds_results import RESULT_SUFFIX, HeldOut, SplitResult, _held_out_of, archive_of
-from .evaluation_setup import EvaluationSetup, Say, quiet
+from .evaluation_setup import EvaluationSetup
 from .run import ENGINES, LLMSettings, check_engine, engine_rule, run_search
 
 # how the baselines are scored: "as-searched" (the seeds as the search fitted them, the law after a seed's
@@ -92,7 +94,7 @@ def _held_out(
     name: str,
     program: Program,
     loaded: LoadedData,
-    engine: ReplayPool,
+    pool: ReplayPool,
     protocol: str,
     folds: list[Fold],
     seed: int,
@@ -115,7 +117,7 @@ def _held_out(
         cv = cross_validate(
             program,
             loaded.experiments,
-            engine,
+            pool,
             protocol,
             folds,
             FitConfig(seed=seed + k, max_evals=max_evals),
@@ -245,13 +247,17 @@ def bench_world(
                             time_components=time_components,
                             unexercised=unexercised,
                             physics=physics,
+                            # the benchmark scores the seeds, the baselines and the law held out itself,
+                            # and reads no explanation
+                            explain=False,
+                            baselines=False,
                         )
                         train_dir = workdir / world.name / f"{split.name}-train"
                         train = train_dir if train_dir.is_dir() else _train_view(data_dir, held, train_dir, loaded)
                         winner, origin, rules = _search(
                             world.name, split.name, train, archive_dir, config, score, engine, llm, say
                         )
-                        seeds, law = _baselines(
+                        seeds, baselines_held_out, law = _seeds_and_law(
                             world, split.name, workdir, score, say, baselines, archive_dir, at, base + k
                         )
                         done = SplitResult(
@@ -266,6 +272,7 @@ def bench_world(
                             selection,
                             search_seed=base + k,
                             rules=rules,
+                            baselines=tuple(baselines_held_out),
                         )
                     if archive_top:
                         say(
@@ -363,7 +370,7 @@ def _world_data(world, data_dir: Path, seed: int, size: str, say: Say, grid: str
     return write_world(world, data_dir, seed=seed, size=size, grid=grid)[1]
 
 
-def _baselines(
+def _seeds_and_law(
     world,
     split: str,
     workdir: Path,
@@ -373,12 +380,12 @@ def _baselines(
     archive_dir: Path | None = None,
     at: str | None = None,
     search_seed: int = 0,
-) -> tuple[list, HeldOut]:
-    """Every seed's and the law's held-out scores on the split. "as-searched": each seed as the search
-    fitted it in its generation 0 (a seed the search refused, such as blackbox below the floor, from
-    its file) and the law as such a fit takes it from its truth, kept in <at>-baselines.json per
-    search; "from-files": every seed from its file and the law from its truth, once per split
-    (<split>-baselines.json)."""
+) -> tuple[list[HeldOut], list[HeldOut], HeldOut]:
+    """Every seed's, every shipped baseline's (BLIS's blackbox) and the law's held-out scores on the
+    split. "as-searched": each seed as the search fitted it in its generation 0 (a seed the search
+    refused, from its file), each baseline from its file, and the law as such a fit takes it from
+    its truth, kept in <at>-baselines.json per search; "from-files": every seed and baseline from
+    its file and the law from its truth, once per split (<split>-baselines.json)."""
     searched = baselines == BASELINES[0] and archive_dir is not None
     keep = workdir / world.name / f"{at if searched and at else split}-baselines.json"
     if keep.exists():
@@ -386,12 +393,15 @@ def _baselines(
     else:
         fitted = _generation_zero(archive_dir) if searched else {}
         programs = [(p.stem, fitted.get(p.stem) or parse_program(p.read_text())) for p in seed_paths()]
+        programs += [(p.stem, parse_program(p.read_text())) for p in baseline_paths()]
         law = _as_a_seed(world.program, score, search_seed) if searched else world.program
         scored = score.all(programs + [("law", law)])
         _write_json(keep, [asdict(s) for s in scored])
     for s in scored:
         say(f"  {world.name} {split}: {s.program} held-out loss {s.loss:.2f}")
-    return scored[:-1], scored[-1]
+    baselines = {p.stem for p in baseline_paths()}  # kept files of older benchmarks hold blackbox among the seeds
+    seeds = [s for s in scored[:-1] if s.program not in baselines]
+    return seeds, [s for s in scored[:-1] if s.program in baselines], scored[-1]
 
 
 def _as_a_seed(program: Program, score: SplitScorer, seed: int) -> Program:
@@ -399,7 +409,7 @@ def _as_a_seed(program: Program, score: SplitScorer, seed: int) -> Program:
     generation 0 (the standard fit from its own constants)."""
     held = {n for f in score.folds for n in f.held_out}
     train = [e for e in score.loaded.experiments if e.name not in held]
-    result = fit(program, train, score.pool, FitConfig(seed=seed))
+    result = fit_constants(program, train, score.pool, FitConfig(seed=seed))
     return program.with_constants(result.constants["all"])
 
 
@@ -430,7 +440,7 @@ def bench_worlds(
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
-    fits: int = HELD_OUT_FITS,
+    fits: int | None = None,
     pick: str = PICKS[0],
     modulate: float = SearchConfig.modulate,
     switch: float = SearchConfig.switch,
@@ -443,12 +453,14 @@ def bench_worlds(
     say: Say = quiet,
 ) -> list[SplitResult]:
     """Every world (quick: QUICK_WORLDS on the small grid, the by-gpu split, QUICK_GENERATIONS, one
-    search seed and no CV of the search's front, so the winner is its best validation loss) into
+    search seed, one held-out fit of each program and no CV of the search's front, so the winner is
+    its best validation loss) into
     out_dir: per world its data, split files, and per split and search seed (search_seeds of them,
     default DEFAULT_SEARCH_SEEDS) one search archive and one result. resume: continue the
     benchmark in out_dir, which must have been started with the same settings but --generations
     and --search-seeds."""
     search_seeds = search_seeds or (1 if quick else DEFAULT_SEARCH_SEEDS)
+    fits = fits or (1 if quick else HELD_OUT_FITS)
     if search_seeds < 1:
         raise UserError(f"--search-seeds must be 1 or more, not {search_seeds}")
     names = list(worlds or (QUICK_WORLDS if quick else world_names()))

@@ -62,6 +62,7 @@ class SplitResult:
     archive_scored: int = 0
     search_seed: int | None = None  # the search's seed (None: stored before several search seeds)
     rules: tuple[tuple[str, HeldOut], ...] = ()  # each deployment rule's pick, scored held out
+    baselines: tuple[HeldOut, ...] = ()  # the shipped baselines (BLIS's blackbox), never the best seed
 
     @property
     def best_seed(self) -> HeldOut:
@@ -103,8 +104,9 @@ class SplitResult:
 
     def to_json(self) -> dict:
         return {
-            **{k: v for k, v in asdict(self).items() if k not in ("seeds", "rules")},
+            **{k: v for k, v in asdict(self).items() if k not in ("seeds", "rules", "baselines")},
             "seeds": [asdict(s) for s in self.seeds],
+            "baselines": [asdict(s) for s in self.baselines],
             "rules": {rule: asdict(h) for rule, h in self.rules},
             "best_seed": asdict(self.best_seed),
             "beats_seed": self.beats_seed,
@@ -126,6 +128,7 @@ class SplitResult:
             archive_scored=d.get("archive_scored", 0),
             search_seed=d.get("search_seed"),
             rules=tuple((rule, _held_out_of(h)) for rule, h in (d.get("rules") or {}).items()),
+            baselines=tuple(_held_out_of(s) for s in d.get("baselines") or ()),
         )
 
 
@@ -164,7 +167,7 @@ def archive_of(result_file: Path) -> Path:
     return result_file.with_name(result_file.name.removesuffix(RESULT_SUFFIX) + ARCHIVE_SUFFIX)
 
 
-def summary(results: list[SplitResult]) -> dict:
+def worlds_summary(results: list[SplitResult]) -> dict:
     """Per world (over its splits and search seeds): beats the best seed on the mean held-out loss,
     recovered on every split and seed; over every result (a cell: a world, a split, a search seed):
     how often the winner is worse than the best seed held out, and the same for each deployment rule."""

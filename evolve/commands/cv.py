@@ -14,10 +14,11 @@ from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fit.crossval import CrossValidation, cross_validate, make_folds, summarize
 from stepml_evolve.evaluator.fit.fitting import FitConfig
-from stepml_evolve.evaluator.soundness.floor import envelope_for
-from stepml_evolve.evaluator.soundness.rules import physics_problems
+from stepml_evolve.evaluator.physics.floor import envelope_for
+from stepml_evolve.evaluator.physics.rules import physics_problems
+from stepml_evolve.evaluator.say import Say, quiet
 
-from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
+from .evaluation_setup import EvaluationSetup, FitProgress, no_progress
 
 
 @dataclass
@@ -80,7 +81,7 @@ def cross_validate_program(
     progress: FitProgress = no_progress,
 ) -> CrossValidatedProgram:
     """Folds are made (and a bad protocol or groups file refused) before any fit starts; with
-    physics "check" a program that breaks a rule of evaluator/soundness/rules.py is refused too, and the
+    physics "check" a program that breaks a rule of evaluator/physics/rules.py is refused too, and the
     fold fits keep it at or above the floor."""
     program = load_program(path)
     loaded = setup.load(say)
@@ -91,11 +92,11 @@ def cross_validate_program(
     config = dataclasses.replace(
         FitConfig(seed=seed, max_evals=max_evals, method=method, floor=physics == "check"), objective=setup.goal(loaded)
     )
-    with setup.replay_pool(loaded, floor=physics == "check") as engine, progress() as on_progress:
+    with setup.replay_pool(loaded, floor=physics == "check") as pool, progress() as on_progress:
         cv = cross_validate(
             program,
             loaded.experiments,
-            engine,
+            pool,
             protocol,
             folds,
             config,

@@ -11,12 +11,13 @@ from stepml_evolve.evaluator.data.prompt_reuse import DEFAULT_POLICY
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.errors import UserError
+from stepml_evolve.evaluator.physics.floor import FloorCheck, check_floor, envelope_for
+from stepml_evolve.evaluator.physics.rules import physics_problems
+from stepml_evolve.evaluator.say import Say, quiet
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from stepml_evolve.evaluator.scoring.objectives import DEFAULT, Objective
-from stepml_evolve.evaluator.soundness.floor import FloorCheck, check_floor, envelope_for
-from stepml_evolve.evaluator.soundness.rules import physics_problems
 
-from .evaluation_setup import EvaluationSetup, Say, quiet
+from .evaluation_setup import EvaluationSetup
 
 
 class EvaluationError(UserError):
@@ -81,8 +82,8 @@ def evaluate_program(
     loaded = setup.load(say, keep_bad=True)
     goal = setup.goal(loaded)
     vectors = [np.array(list(program.constants.values()), dtype=float) for _ in loaded.experiments]
-    with setup.replay_pool(loaded) as engine:
-        rows = engine.score(program, vectors, (split,), percentiles=True)[split]
+    with setup.replay_pool(loaded) as pool:
+        rows = pool.score(program, vectors, (split,), percentiles=True)[split]
     env = envelope_for(loaded.experiments)
     return Evaluation(
         path,

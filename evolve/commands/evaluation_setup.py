@@ -17,6 +17,7 @@ from stepml_evolve.evaluator.data.prompt_reuse import POLICIES as PROMPT_REUSE_P
 from stepml_evolve.evaluator.datasets import OUTPUT_LEN_POLICIES, LoadedData, load_data
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.fit.config import ProgressFn
+from stepml_evolve.evaluator.say import SKIPPED, Say, quiet
 from stepml_evolve.evaluator.scoring.objectives import DEFAULT, OBJECTIVES, Objective, load_objective
 from stepml_evolve.evolve.option_fields import setting
 from stepml_evolve.evolve.search.settings import OBJECTIVE_HELP, PROMPT_REUSE_HELP, SEMANTICS_HELP
@@ -27,9 +28,7 @@ if TYPE_CHECKING:
     from stepml_evolve.evaluator.replay.executor import Cluster
     from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
-Say = Callable[[str], None]  # one line to the user
 FitProgress = Callable[[], AbstractContextManager[ProgressFn]]  # opens a fit's display; yields what the fit reports to
-SKIPPED = "skipped: "  # how a line about an input left out begins (the command line shows the word in yellow)
 
 
 class Terminated(KeyboardInterrupt):
@@ -51,10 +50,6 @@ class BadExperiments(UserError):
             f"{loaded.label}: {n_bad} of {n_all} experiments do not load (above); fix them, or pass "
             "--skip-bad to leave them out"
         )
-
-
-def quiet(message: str) -> None:
-    """A `say` that tells no one."""
 
 
 def no_progress(*_) -> AbstractContextManager[Callable[..., None]]:
@@ -116,7 +111,7 @@ class EvaluationSetup:
         return load_objective(self.objective, self.weights, [e.name for e in loaded.experiments])
 
     def replay_pool(self, loaded: LoadedData, floor: bool = False) -> ReplayPool:
-        """An engine replaying `loaded`'s experiments with these semantics, on threads or the cluster;
+        """A pool replaying `loaded`'s experiments with these semantics, on threads or the cluster;
         floor: a replay fails at a step below its physical floor (--physics check)."""
         from stepml_evolve.evaluator.scoring.pool import ReplayPool
 

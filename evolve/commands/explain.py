@@ -21,9 +21,10 @@ from stepml_evolve.evaluator.discovery.residuals import ResidualsError, residual
 from stepml_evolve.evaluator.discovery.screening import Screening, screen
 from stepml_evolve.evaluator.discovery.terms import library, step_values
 from stepml_evolve.evaluator.dsl import Program, parse_program
+from stepml_evolve.evaluator.say import SKIPPED, Say, quiet
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
-from .evaluation_setup import SKIPPED, EvaluationSetup, Say, quiet
+from .evaluation_setup import EvaluationSetup
 
 
 @dataclass

@@ -24,11 +24,12 @@ from stepml_evolve.evaluator.fit.fitting import (
 from stepml_evolve.evaluator.fit.identifiability import ConstantReport, identify
 from stepml_evolve.evaluator.fit.starts import fit_from_starts
 from stepml_evolve.evaluator.outputs import check_outputs, per_group_paths, write_atomic
+from stepml_evolve.evaluator.physics.floor import FloorCheck, check_floor, envelope_for
+from stepml_evolve.evaluator.physics.rules import physics_problems
+from stepml_evolve.evaluator.say import Say, quiet
 from stepml_evolve.evaluator.scoring.metrics import MetricRow
-from stepml_evolve.evaluator.soundness.floor import FloorCheck, check_floor, envelope_for
-from stepml_evolve.evaluator.soundness.rules import physics_problems
 
-from .evaluation_setup import EvaluationSetup, FitProgress, Say, no_progress, quiet
+from .evaluation_setup import EvaluationSetup, FitProgress, no_progress
 
 SCORED_SPLITS = ("validate", "test")
 
@@ -101,7 +102,7 @@ def fit_program(
 ) -> FittedPrograms:
     """Fit, score and write; `out` (default <program>.fitted.py here) gets a .<group> infix per group
     when the scope makes several. Output paths are checked before the fit starts. physics "check":
-    a program that breaks a rule of evaluator/soundness/rules.py (below the floor, a non-causal input,
+    a program that breaks a rule of evaluator/physics/rules.py (below the floor, a non-causal input,
     ...) is refused before any fit, and the fit keeps it at or above the floor; "off": neither.
     profile: each group's constants profiled after the fit (evaluator/fit/identifiability.py).
     starts: fits from the program's constants and from draws from their priors, the best kept
@@ -128,21 +129,21 @@ def fit_program(
     base = out or Path(f"{path.stem}.fitted.py")
     paths = per_group_paths(base, sorted({group_key(e, scope) for e in loaded.experiments}))
     check_outputs(list(paths.values()), inputs=[path])
-    with setup.replay_pool(loaded, floor=physics == "check") as engine, progress() as on_progress:
+    with setup.replay_pool(loaded, floor=physics == "check") as pool, progress() as on_progress:
         result, every = fit_from_starts(
-            program, loaded.experiments, engine, config, dict(program.constants), starts, progress=on_progress
+            program, loaded.experiments, pool, config, dict(program.constants), starts, progress=on_progress
         )
         if not result.loss < FAILED_LOSS:
             raise FitError(f"{path}: {FAILED_REASON}; nothing written")
         vectors = [result.vector_for(program, e) for e in loaded.experiments]
-        rows = engine.score(program, vectors, SCORED_SPLITS, percentiles=True)
+        rows = pool.score(program, vectors, SCORED_SPLITS, percentiles=True)
         profiles, floors = {}, {}
         for group, names in result.groups.items():
             consts = result.constants[group]
             floors[group] = check_floor(program, consts, env)
             if profile:
                 gexps = [e for e in loaded.experiments if e.name in names]
-                profiles[group] = identify(program, consts, gexps, engine, config)
+                profiles[group] = identify(program, consts, gexps, pool, config)
     written = []
     for group, constants in result.constants.items():
         header = FittedHeader(

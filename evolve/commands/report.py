@@ -1,12 +1,12 @@
-"""`evolve archive report`: an archive's self-contained HTML report (archive.report) written to a file."""
+"""`evolve archive report`: an archive's self-contained HTML report (evolve.browse.html_report) written to a file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stepml_evolve.archive.browse import opened
-from stepml_evolve.archive.report import render
+from stepml_evolve.archive.access import opened
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
+from stepml_evolve.evolve.browse.html_report import render
 
 
 def write_report(archive_dir: Path | None, out: Path) -> Path:

@@ -9,26 +9,25 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepml_evolve.archive.browse import RUNS_DIR, BrowseError
-from stepml_evolve.archive.deployment import DEFAULT_RULE, choose
-from stepml_evolve.archive.map_elites import pareto_front
-from stepml_evolve.archive.records import refit_of
+from stepml_evolve.archive.access import RUNS_DIR
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
+from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.errors import UserError, printable
-from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, FoldError, make_folds, read_groups
+from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, make_folds, read_groups
 from stepml_evolve.evaluator.fit.fitting import ProgressFn
+from stepml_evolve.evaluator.numbers import finite
 from stepml_evolve.evaluator.outputs import OutputError, slug
-from stepml_evolve.evaluator.scoring.pool import ReplayPool
-from stepml_evolve.evaluator.soundness.floor import envelope_for
+from stepml_evolve.evaluator.physics.floor import envelope_for
+from stepml_evolve.evaluator.say import Say, quiet
+from stepml_evolve.evolve.deploy.front_cv import deployed_summary, score_front
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
 from stepml_evolve.evolve.search.residual_terms import ResidualSource
 from stepml_evolve.evolve.search.settings import ENGINES, OPTS, PARENT_RULES, LLMSettings
-from stepml_evolve.seeds import load_seeds
+from stepml_evolve.seeds import baseline_paths, load_seeds
 
-from .archive_cv import cross_validate_programs, run_fit_settings
-from .evaluation_setup import SKIPPED, EvaluationSetup, Say, Terminated, no_progress, quiet
+from .evaluation_setup import EvaluationSetup, Terminated, no_progress
 from .explain import record_explanations
 
 SearchProgress = Callable[
@@ -43,57 +42,6 @@ class RunOutcome:
 
     def to_json(self) -> dict:
         return {"archive": str(self.archive_dir), **self.summary}
-
-
-def _deployed(archive: Archive) -> dict:
-    """What `evolve emit-go` would deploy from this run by default (DEFAULT_RULE), and why."""
-    try:
-        choice = choose(archive, DEFAULT_RULE)
-    except BrowseError:
-        return {}
-    refit = refit_of(archive.programs(choice.program.run_id)).get(choice.program.id)
-    return {"deployed": {"rule": DEFAULT_RULE, "id": choice.program.id, "refit_of": refit, "why": choice.describe()}}
-
-
-def score_front(
-    archive: Archive,
-    run_id: int,
-    loaded: LoadedData,
-    engine: ReplayPool,
-    config: SearchConfig,
-    summary: dict,
-    say: Say = quiet,
-) -> dict:
-    """Cross-validate the front members and the fully evaluated seeds that have no score of `config.front_cv` yet (a resumed run
-    finishes what a killed one started), store the scores, and add them to the run's summary.
-    Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
-    protocol = config.front_cv
-    try:
-        make_folds(protocol, loaded.experiments)
-    except FoldError as e:
-        say(f"{SKIPPED}cross-validating the front: {e}")
-        return summary
-
-    def losses() -> dict[int, float | None]:  # program id -> its stored loss under the protocol
-        return {s.program_id: s.loss for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol}
-
-    programs = archive.programs(run_id)
-    front = pareto_front(programs)
-    # every fully evaluated seed too: the guarded rule compares a program with the seed it descends
-    # from, and falls back to the seeds, under the same CV
-    seeds = [p for p in programs if p.operator == "seed" and p.full]
-    scored = losses()
-    missing = list({p.id: p for p in [*front, *seeds] if p.id not in scored}.values())
-    if missing:
-        say(
-            f"cross-validating {len(missing)} program(s), the front and the seeds, {protocol} (--front-cv none skips this)"
-        )
-        fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
-        cross_validate_programs(archive, missing, loaded, engine, protocol, fit, say=say)
-        scored = losses()
-    summary = {**summary, "front": [{**f, "cv": {protocol: scored.get(f["id"])}} for f in summary.get("front", [])]}
-    archive.set_summary(run_id, summary)
-    return summary
 
 
 def default_archive_dir(loaded: LoadedData, seed: int) -> Path:
@@ -302,7 +250,10 @@ def run_search(
                 raise SearchError(f"{archive_dir}: {e}") from None
             if config.front_cv != "none":
                 summary = score_front(archive, search.run_id, loaded, pool, config, summary, say)
-            summary = {**summary, **_deployed(archive)}
+            summary = {**summary, **deployed_summary(archive)}
+            if config.baselines:  # BLIS's regression beside the best and the deployed program
+                summary = {**summary, "baselines": _baselines(search, say)}
+                archive.set_summary(search.run_id, summary)
             if config.explain:  # where the best and the deployed programs' errors grow, for the report
                 ids = [p["id"] for p in (summary.get("best"), summary.get("deployed")) if p]
                 record_explanations(archive, search.run_id, ids, loaded, pool, say)
@@ -312,6 +263,26 @@ def run_search(
     finally:
         archive.close()
     return RunOutcome(archive_dir, summary)
+
+
+def _baselines(search: Search, say: Say) -> list[dict]:
+    """The shipped baselines fitted as the run fits a seed (one start, without the floor) and
+    scored on its splits: what its programs are compared with, never one of them."""
+    named = [(p.stem, parse_program(p.read_text())) for p in baseline_paths()]
+    say(f"fitting the baselines ({', '.join(n for n, _ in named)}) for comparison (--no-baselines skips this)")
+    out = []
+    for (name, _), full in zip(named, search.cascade.baseline_fits([prog for _, prog in named])):
+        test = [r.ape.e2e for r in full.rows if r.split == "test" and finite(r.ape.e2e)]
+        out.append(
+            {
+                "name": name,
+                "train_loss": full.train_loss,
+                "val_loss": full.val_loss,
+                "test_loss": full.test_loss,
+                "test_e2e_ape": sum(test) / len(test) if test else None,
+            }
+        )
+    return out
 
 
 def _kept(archive: Archive, archive_dir: Path, stop: KeyboardInterrupt) -> str:

@@ -3,7 +3,7 @@ deployment rule of archive/deployment.py, RULES) with its header, written as gof
 optionally, its Go parity test (`--blis`, which installs both into a BLIS checkout, is
 evolve/blis/install.py).
 
-The rules (archive.deployment.choose) rank by the lowest CV loss when any program of the run has one
+The rules (evolve.deploy.rules.choose) rank by the lowest CV loss when any program of the run has one
 (protocol lomo, else lowo), else by validation loss; DEFAULT_RULE (guarded) is the default. The
 Go file's header names the rule, the losses and the program's CV scores."""
 
@@ -13,18 +13,18 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stepml_evolve.archive.browse import cv_header, fitted_header, opened, resolve
-from stepml_evolve.archive.deployment import MARGIN_RULES, RULES, Choice, choose
+from stepml_evolve.archive.access import cv_header, fitted_header, opened, resolve
 from stepml_evolve.evaluator.choices import PHYSICS_MODES
 from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
 from stepml_evolve.evaluator.errors import cut
 from stepml_evolve.evaluator.fit.fitted_header import header_lines
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
-from stepml_evolve.evaluator.soundness.rules import physics_problems
-from stepml_evolve.evolve.go.emit import DEFAULT_NAME, DEFAULT_TARGET, EmitError, emit_go, emit_go_test, gofmt
-from stepml_evolve.evolve.go.emit import target as target_of
+from stepml_evolve.evaluator.physics.rules import physics_problems
+from stepml_evolve.evolve.deploy.rules import MARGIN_RULES, RULES, Choice, choose
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.go.parity import samples as parity_samples
+from stepml_evolve.evolve.go.source import DEFAULT_NAME, DEFAULT_TARGET, EmitError, go_source, go_test_source, gofmt
+from stepml_evolve.evolve.go.source import target as target_of
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Emission:
 
 def _held_to_physics(emission: Emission, spec: str, physics: str) -> Emission:
     """The emission under `physics`: "check" refuses a program that breaks a rule of
-    evaluator/soundness (one line: which rule, where) and has the Go panic at a step below its floor;
+    evaluator/physics (one line: which rule, where) and has the Go panic at a step below its floor;
     "off" emits it as it is, with only a step above 0 required."""
     if physics not in PHYSICS_MODES:
         raise EmitError(f"--physics must be one of {', '.join(PHYSICS_MODES)}, not {physics!r}")
@@ -123,10 +123,10 @@ def emitted_sources(
 
 def _sources(emission: Emission, target: str, name: str, samples: int | None) -> tuple[str, str | None]:
     source = gofmt(
-        emit_go(emission.program, name=name, target_name=target, header=emission.header, floor=emission.floor)
+        go_source(emission.program, name=name, target_name=target, header=emission.header, floor=emission.floor)
     )
     test_source = (
-        gofmt(emit_go_test(name, parity_samples(emission.program, samples, floor=emission.floor), target))
+        gofmt(go_test_source(name, parity_samples(emission.program, samples, floor=emission.floor), target))
         if samples is not None
         else None
     )

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stepml_evolve.evaluator.physics.catalog import catalog
-from stepml_evolve.evaluator.physics.components import coefficients, from_trajectory
-from stepml_evolve.evaluator.physics.hardware import get_hardware
+from stepml_evolve.evaluator.hardware.catalog import catalog
+from stepml_evolve.evaluator.hardware.components import coefficients, from_trajectory
+from stepml_evolve.evaluator.hardware.hardware import get_hardware
 
 PANICS = -1  # the expected value of a sample the Go model must refuse (panic on)
 
@@ -62,7 +62,7 @@ def _batch(rng: random.Random, budget: int = 2048) -> list[tuple[int, int, int, 
 def python_step_us(program: ScalarProgram, consts: np.ndarray, k: np.ndarray, reqs, floor: bool = False) -> int:
     """The step as one trajectory step: scheduled requests only, in prefill while progress < input;
     PANICS where the step is not above 0 or (floor) below its physical floor."""
-    from stepml_evolve.evaluator.soundness.floor import TOLERANCE, floor_of
+    from stepml_evolve.evaluator.physics.floor import TOLERANCE, floor_of
 
     slots = np.array([r for r in reqs if r[3] > 0], dtype=np.int64).reshape(-1, 4)
     inputs, progress, new = slots[:, 0], slots[:, 2], slots[:, 3]
@@ -90,7 +90,7 @@ def samples(
 ) -> dict:
     """Template context for the Go test: deployments, step samples (n_batches random ones, then an
     empty batch and one of an unscheduled request per deployment), queueing samples. floor: the
-    model holds its steps to the physical floor (as emit_go's `floor`)."""
+    model holds its steps to the physical floor (as go_source's `floor`)."""
     from stepml_evolve.evaluator.dsl import ScalarProgram, compile_program
 
     rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""Go spelling shared by the Go emitters (the program in emit.py, the physics in physics.py):
+"""Go spelling shared by the Go emitters (the program in source.py, the components in components.py):
 identifiers, float literals, operator precedences and parentheses, and the emitters' error."""
 
 from __future__ import annotations

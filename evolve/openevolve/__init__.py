@@ -1,5 +1,5 @@
 """OpenEvolve as the search engine (`evolve run --engine openevolve`): its controller over our
-judge and archive (engine.py), the evaluator file OpenEvolve loads by path (evaluator.py, never
+judge and archive (engine.py), the evaluator file OpenEvolve loads by path (judge_client.py, never
 imported here), and the local HTTP server that is both its judge and its LLM endpoint
 (local_server.py).
 

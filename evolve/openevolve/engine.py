@@ -5,7 +5,7 @@ Who does what:
 - OpenEvolve (its worker process) samples a parent from its own MAP-Elites islands, builds its
   prompt (the parent's metrics and artifacts included), asks the LLM and applies the reply (diff
   or rewrite); the main process keeps its population.
-- Its evaluator is evolve/openevolve/evaluator.py: it posts the candidate's text to the run's
+- Its evaluator is evolve/openevolve/judge_client.py: it posts the candidate's text to the run's
   judge, an HTTP server on 127.0.0.1 in this process. The judge takes the EVOLVE-BLOCK, parses it
   with the DSL validator (nothing executes it) and runs our cascade on it (`Search.judge`:
   units and duplicates, then quick fit, promotion, full fit and closed-loop replay as
@@ -38,14 +38,14 @@ from pathlib import Path
 from stepml_evolve.archive.map_elites import best
 from stepml_evolve.archive.records import GenerationRecord, LLMCallRecord, NewProgram, RejectionRecord
 from stepml_evolve.evaluator.dsl import parse_program
-from stepml_evolve.evaluator.physics.components import COMPONENTS
+from stepml_evolve.evaluator.hardware.components import COMPONENTS
 from stepml_evolve.evolve.search import Judgement, Search, SearchError
 from stepml_evolve.evolve.search.emitters import Proposal, signed_errors
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, prompt_templates
 from stepml_evolve.evolve.search.residual_terms import ResidualSource
 
-from .evaluator import FAILED, JUDGE_URL_ENV, SEED_ENV
+from .judge_client import FAILED, JUDGE_URL_ENV, SEED_ENV
 from .local_server import LocalServer, chat_completion
 
 OPERATOR = "openevolve"
@@ -78,7 +78,7 @@ def require_openevolve():
     return openevolve
 
 
-def wrap(source: str) -> str:
+def as_program_file(source: str) -> str:
     """A DSL program as OpenEvolve's program file: a header and the program as the EVOLVE-BLOCK."""
     return f"{HEADER}{BLOCK_START}\n{source.strip()}\n{BLOCK_END}\n"
 
@@ -198,7 +198,7 @@ class Judge:
         self.asked: dict[str, int] = {}  # how often each prompt was asked (OpenEvolve repeats prompts)
         self.last = time.perf_counter()
         # where a promoted candidate's error grows, for its artifacts (evaluator/discovery)
-        self.residuals = ResidualSource(search.cascade.engine, search.cascade.exps)
+        self.residuals = ResidualSource(search.cascade.pool, search.cascade.exps)
 
     # ---- HTTP side (server threads) ----
     def evaluate(self, code: str) -> dict:
@@ -464,7 +464,7 @@ def run_openevolve(
 
     search.run(until=0)  # a fresh run (runs.py refuses to resume one): generation 0 only
     start = best(search.programs)
-    initial = wrap(start.source)
+    initial = as_program_file(start.source)
     output_dir.mkdir(parents=True, exist_ok=True)
     initial_path = output_dir / "initial_program.py"
     initial_path.write_text(initial)
@@ -486,7 +486,7 @@ def run_openevolve(
             )
             openevolve.run_evolution(
                 str(initial_path),
-                str(Path(__file__).with_name("evaluator.py")),
+                str(Path(__file__).with_name("judge_client.py")),
                 cfg,
                 iterations=iterations,
                 output_dir=str(output_dir),

@@ -35,7 +35,7 @@ from stepml_evolve.evaluator.fit.fitting import (
     FAILED_REASON,
     FitConfig,
     FitResult,
-    fit,
+    fit_constants,
     fit_experiments,
     quick_config,
 )
@@ -48,6 +48,8 @@ from .emitters import Emitter, Proposal
 from .settings import SearchConfig
 from .structure import structure_hash
 
+BASELINE_FIT = 3  # where a baseline's fit stands in the run's random streams (a child's fits use 1 and 2)
+
 
 @dataclass(eq=False)
 class Candidate:
@@ -55,7 +57,7 @@ class Candidate:
 
     program: Program
     proposal: Proposal
-    emitter: Emitter | None  # None: judged for an outside engine (`Cascade.judge`)
+    emitter: Emitter | None  # None: judged for an outside pool (`Cascade.judge`)
     island: int
     quick_loss: float = math.nan
     constants: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -86,7 +88,7 @@ class FullFit:
 @dataclass
 class Judgement:
     """What `Cascade.judge` made of one child: an archivable program or a rejection, and the loss an
-    outside engine ranks it by (its validation loss; estimated for a screened child; inf if rejected)."""
+    outside pool ranks it by (its validation loss; estimated for a screened child; inf if rejected)."""
 
     program: NewProgram | None
     rejection: RejectionRecord | None
@@ -140,8 +142,8 @@ def program_record(
 class Cascade:
     """A run's cascade: its fit settings and data, and a count of the closed-loop evaluations spent."""
 
-    def __init__(self, data: LoadedData, engine: ReplayPool, config: SearchConfig):
-        self.exps, self.engine, self.cfg = data.experiments, engine, config
+    def __init__(self, data: LoadedData, pool: ReplayPool, config: SearchConfig):
+        self.exps, self.pool, self.cfg = data.experiments, pool, config
         self.goal = config.goal()
         # the data must allow them
         self.folds = make_folds(config.cv, self.exps, config.fold_groups()) if config.cv != "none" else None
@@ -171,10 +173,10 @@ class Cascade:
 
         def quick_fit(item: tuple[Candidate, tuple[int, ...]]) -> FitResult:
             cand, where = item
-            res = fit(
+            res = fit_constants(
                 cand.program,
                 self.exps,
-                self.engine,
+                self.pool,
                 dataclasses.replace(self.quick, seed=self._seed(*where, 1)),
                 start=cand.program.constants,
             )
@@ -234,10 +236,28 @@ class Cascade:
             range(len(programs)),
         )
 
+    def baseline_fits(self, programs: list[Program]) -> list[FullFit]:
+        """Baselines (BLIS's blackbox regression) fitted and scored as a seed is in generation 0,
+        but from one start and without the floor, which a regression does not keep: compared with
+        the programs, never one of them."""
+        with self.pool.floor_off():
+            return _at_once(
+                lambda i: self._full_fit(
+                    programs[i],
+                    programs[i].constants,
+                    self._seed(0, BASELINE_FIT, i),
+                    self.cfg.seed_fit_evals,
+                    FitConfig.sigma0,
+                    promoted=False,
+                    floor=False,
+                ),
+                range(len(programs)),
+            )
+
     def judge(
         self, child: Program, proposal: Proposal, programs: list[ProgramRecord], island: int | None = None
     ) -> Judgement:
-        """One valid child through the cascade on its own, for an engine that hands children over
+        """One valid child through the cascade on its own, for an pool that hands children over
         one at a time: quick fit, promotion against the elites of `programs` (those of `island`;
         None: of every island, and the record says island 0), full fit. Its fits are seeded by the
         run's seed and the child's structure."""
@@ -272,14 +292,16 @@ class Cascade:
         with self._counting:
             self._evaluations += evaluations
 
-    def full_fit_config(self, seed: int, max_evals: int | None, sigma: float, promoted: bool = True) -> FitConfig:
+    def full_fit_config(
+        self, seed: int, max_evals: int | None, sigma: float, promoted: bool = True, floor: bool = True
+    ) -> FitConfig:
         config = FitConfig(
             seed=seed,
             max_evals=max_evals,
             sigma0=sigma,
             method=self.cfg.fit_method,
             objective=self.goal,
-            floor=self.cfg.physics == "check",
+            floor=floor and self.cfg.physics == "check",
         )
         if not promoted:  # a seed's fit in generation 0: the standard trust region
             return config
@@ -299,16 +321,17 @@ class Cascade:
         sigma: float,
         promoted: bool = True,
         starts: int = 1,
+        floor: bool = True,
     ) -> FullFit:
         """The fit on every experiment (the best of `starts`: evaluator/fit/starts.py), scored on
         every split; with --cv also the fold fits (by default warm-started from it, see
         SearchConfig.cv_fit_evals), whose CV loss becomes the validation loss."""
-        config = self.full_fit_config(seed, max_evals, sigma, promoted)
+        config = self.full_fit_config(seed, max_evals, sigma, promoted, floor)
         cv: CrossValidation | None = None
         fold_config = config  # the folds' fit settings, as the CV score stores them
 
         def best_fit() -> FitResult:
-            best, every = fit_from_starts(program, self.exps, self.engine, config, start, starts)
+            best, every = fit_from_starts(program, self.exps, self.pool, config, start, starts)
             self._count(sum(r.evaluations for r in every) - best.evaluations)  # the best one is counted below
             return best
 
@@ -316,15 +339,13 @@ class Cascade:
             res = best_fit()
             t0 = time.perf_counter()
             fold_config = dataclasses.replace(config, max_evals=self.cfg.cv_fit_evals)
-            cv = cross_validate(
-                program, self.exps, self.engine, self.cfg.cv, self.folds, config, warm=(fold_config, res)
-            )
+            cv = cross_validate(program, self.exps, self.pool, self.cfg.cv, self.folds, config, warm=(fold_config, res))
             self._count(sum(f.fit.evaluations for f in cv.folds))
             cv_seconds = time.perf_counter() - t0
         elif self.folds:  # independent folds, as `evolve cv` fits them (runs stored before --cv-fit-evals)
             t0 = time.perf_counter()
             cv = cross_validate(
-                program, self.exps, self.engine, self.cfg.cv, self.folds, config, start=start, in_distribution=True
+                program, self.exps, self.pool, self.cfg.cv, self.folds, config, start=start, in_distribution=True
             )
             res = cv.in_distribution.fit  # the same fit as without --cv (same seed, same constants)
             self._count(sum(f.fit.evaluations for f in cv.folds))
@@ -334,10 +355,8 @@ class Cascade:
         self._count(res.evaluations)
         consts = res.constants["all"]
         vec = np.array([consts[k] for k in program.constants], dtype=float)
-        rows = self.engine.score(program, [vec] * len(self.exps), SPLITS, percentiles=True)
-        screen = self.engine.population_losses(compile_program(program), [vec], self.screen_exps, objective=self.goal)[
-            0
-        ]
+        rows = self.pool.score(program, [vec] * len(self.exps), SPLITS, percentiles=True)
+        screen = self.pool.population_losses(compile_program(program), [vec], self.screen_exps, objective=self.goal)[0]
         self._count(2)
         of = self.goal.of_rows
         full = FullFit(
@@ -357,11 +376,11 @@ class Cascade:
 
 def _at_once(fit_one: Callable, items) -> list:
     """fit_one over items concurrently, results in item order. Each fit hands its replays to the
-    engine, so the executor sees every fit's batches at once (a cluster's workers are busy with
+    pool, so the executor sees every fit's batches at once (a cluster's workers are busy with
     all children, not one). A fit is a pure function of its program, start, seed and data, so
     the archive is the one sequential fits give."""
     items = list(items)
     if len(items) <= 1:
         return [fit_one(x) for x in items]
-    with ThreadPoolExecutor(len(items), thread_name_prefix="fit") as pool:
-        return list(pool.map(fit_one, items))
+    with ThreadPoolExecutor(len(items), thread_name_prefix="fit") as threads:
+        return list(threads.map(fit_one, items))

@@ -12,9 +12,9 @@ from importlib import resources
 import jinja2
 
 from stepml_evolve.evaluator.dsl import ProgramError, check_units, compile_program, parse_program
-from stepml_evolve.evaluator.physics.components import COMPONENTS, dropped_time_components
-from stepml_evolve.evaluator.soundness.floor import Envelope
-from stepml_evolve.evaluator.soundness.rules import check_physics, inherit
+from stepml_evolve.evaluator.hardware.components import COMPONENTS, dropped_time_components
+from stepml_evolve.evaluator.physics.floor import Envelope
+from stepml_evolve.evaluator.physics.rules import check_physics, inherit
 
 from .llm_client import MAX_REPLY_CHARS, Attempt, LLMClient, LLMUnavailable
 from .simplify import simplify
@@ -130,7 +130,7 @@ class LLMOperator:
         (as the search would reject it; `evolve run --units check`); keep_time_components: so is a
         reply that drops a time component of its parent (`--time-components keep`), and the system
         prompt says so; envelope (`--physics check`): so is a reply that, with its parent's bounds
-        and priors on the constants it keeps, breaks the physics of evaluator/soundness/rules.py on it."""
+        and priors on the constants it keeps, breaks the physics of evaluator/physics/rules.py on it."""
         self.client, self.budget, self.max_attempts, self.units = client, budget, max_attempts, units
         self.keep_time_components = keep_time_components
         self.envelope = envelope

@@ -38,12 +38,12 @@ from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import Program, ProgramError, check_units, compile_program, parse_program
 from stepml_evolve.evaluator.fit.fitting import FAILED_LOSS, FAILED_REASON
-from stepml_evolve.evaluator.physics.components import dropped_time_components, unexercised_components
+from stepml_evolve.evaluator.hardware.components import dropped_time_components, unexercised_components
+from stepml_evolve.evaluator.physics.floor import envelope_for
+from stepml_evolve.evaluator.physics.rules import inherit, physics_problems
 from stepml_evolve.evaluator.replay.closed_loop import experiment_coefficients
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.seeding import mix
-from stepml_evolve.evaluator.soundness.floor import envelope_for
-from stepml_evolve.evaluator.soundness.rules import inherit, physics_problems
 from stepml_evolve.seeds import seed_paths
 
 from .cascade import Candidate, Cascade, Judgement, program_record, structure_hash
@@ -64,7 +64,7 @@ class Search:
         self,
         archive: Archive,
         data: LoadedData,
-        engine: ReplayPool,
+        pool: ReplayPool,
         config: SearchConfig,
         emitters: list[Emitter] | None = None,
         progress: ProgressFn | None = None,
@@ -76,14 +76,14 @@ class Search:
         """emitters: who proposes children, the first being the default (symbolic when None); any
         other is asked for its `share` of the children while `available()`. seeds: (name, source)
         of the generation-0 programs; None for the shipped seeds/. seeds_checked: their units were
-        checked already (`evolve run` checks --seeds files as it reads them, naming the file)."""
+        checked already (`evolve run` checks --seed-programs files as it reads them, naming the file)."""
         self.archive, self.cfg = archive, config
         self.seeds = seeds if seeds is not None else [(p.stem, p.read_text()) for p in seed_paths()]
         self.emitters: list[Emitter] = emitters or [
             SymbolicEmitter(config.modulate, config.switch, causal=config.physics == "check")
         ]
         self.progress = progress or (lambda info: None)
-        self.cascade = Cascade(data, engine, config)
+        self.cascade = Cascade(data, pool, config)
         self.unexercised = (
             unexercised_components([experiment_coefficients(e) for e in data.experiments])
             if config.unexercised == "reject"
@@ -144,11 +144,14 @@ class Search:
                 rule, message = problems[0]
                 rejections.append(
                     RejectionRecord(
-                        operator="seed", parents=[], rule=rule, source=source, reason=f"seed {name}: {message}"
+                        operator="seed", parents=[], rule=rule, source=source, reason=f"seed program {name}: {message}"
                     )
                 )
                 self.progress(
-                    {"generation": 0, "message": f"seed {name}: rejected by --physics check ({rule}): {message}"}
+                    {
+                        "generation": 0,
+                        "message": f"seed program {name}: rejected by --physics check ({rule}): {message}",
+                    }
                 )
             sound.append(not problems)
         kept = [(i, seed, prog) for i, (seed, prog) in enumerate(zip(self.seeds, progs)) if sound[i]]
@@ -161,16 +164,19 @@ class Search:
                         parents=[],
                         rule="evaluation",
                         source=source,
-                        reason=f"seed {name}: {FAILED_REASON}",
+                        reason=f"seed program {name}: {FAILED_REASON}",
                     )
                 )
                 self.progress(
-                    {"generation": 0, "message": f"seed {name}: rejected (step_time non-finite or non-positive)"}
+                    {
+                        "generation": 0,
+                        "message": f"seed program {name}: rejected (step_time non-finite or non-positive)",
+                    }
                 )
                 continue
             seed = Proposal("seed", [], source, name)
             programs.append(program_record(prog, full.constants, seed, i % self.cfg.islands, "seed", full=full))
-            self.progress({"generation": 0, "message": f"seed {name}: val loss {full.val_loss:.3f}"})
+            self.progress({"generation": 0, "message": f"seed program {name}: val loss {full.val_loss:.3f}"})
         if not programs:
             raise SearchError(f"none of the seed programs can be evaluated ({'; '.join(r.reason for r in rejections)})")
         return self.commit(

@@ -19,14 +19,14 @@ import math
 from dataclasses import dataclass, field
 
 from stepml_evolve.evaluator.data.experiments import Experiment
-from stepml_evolve.evaluator.discovery.explain import explain, summary
+from stepml_evolve.evaluator.discovery.explain import explain, residual_summary
 from stepml_evolve.evaluator.discovery.residuals import RequestResiduals, ResidualsError, residuals_of
 from stepml_evolve.evaluator.discovery.screening import Screened, Screening, screen
 from stepml_evolve.evaluator.discovery.terms import knot_bounds, library, step_values
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.dsl.program import Prior, inlined, render_constants
+from stepml_evolve.evaluator.physics.rules import DEFAULT_SPREAD, summed_times
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
-from stepml_evolve.evaluator.soundness.rules import DEFAULT_SPREAD, summed_times
 
 from .structure import structure_hash
 
@@ -70,7 +70,7 @@ class ResidualSource:
     def summary(self, parent_id, program: Program, constants: dict[str, float], top: int = 4) -> str:
         """Where the parent's error grows, a line per association (empty where there are no residuals)."""
         found = self.of(parent_id, program, constants)
-        return "" if isinstance(found, str) else summary(explain(found), top)
+        return "" if isinstance(found, str) else residual_summary(explain(found), top)
 
 
 def _fresh(prefix: str, taken: set[str]) -> str:

@@ -159,12 +159,19 @@ class SearchConfig:
     )
     full_fit_evals: int | None = setting(8, "Full-fit budget for promoted children (default by --fit-method).", min=1)
     full_fit_sigma: float = 0.2
-    seed_fit_evals: int | None = setting(None, "Fit budget for the seeds (default: the standard fit).", min=1)
+    # a seed program's flags say so: --seed is the random seed
+    seed_fit_evals: int | None = setting(
+        None,
+        "Fit budget for the seed programs (default: the standard fit).",
+        min=1,
+        flag="--seed-program-fit-evals",
+    )
     seed_starts: int = setting(
         3,
-        "Fits of each seed in generation 0: from its own constants and from draws from their priors, "
-        "the best kept, so a child's gain over its seed is its structure's and not a luckier start's.",
+        "Fits of each seed program in generation 0: from its own constants and from draws from their "
+        "priors, the best kept, so a child's gain over its seed is its structure's and not a luckier start's.",
         min=1,
+        flag="--seed-program-starts",
     )
     # seed fits keep the standard fit's trust region; docs/HISTORY.md "Search speed" measured what these buy
     full_fit_candidates: int = setting(
@@ -228,6 +235,12 @@ class SearchConfig:
         "When the run ends, explain its best and its deployed program (where each one's error grows, the "
         "terms screened on its residuals: evolve explain) and store it for the report.",
         flag="--explain/--no-explain",
+    )
+    baselines: bool = setting(
+        True,
+        "When the run ends, fit the baselines (BLIS's blackbox regression, without the floor it does not "
+        "keep) as generation 0 fits a seed, and show their losses beside the best and the deployed program.",
+        flag="--baselines/--no-baselines",
     )
     modulate: float = setting(0.0, _share_help("modulate", OPERATOR_SHAPES["modulate"]), min=0.0, max=0.99)
     switch: float = setting(0.0, _share_help("switch", OPERATOR_SHAPES["switch"]), min=0.0, max=0.99)
@@ -301,7 +314,7 @@ class LLMSettings:
             )
 
 
-NOT_IDENTITY = ("generations", "patience", "front_cv", "explain")  # a resumed run may change these
+NOT_IDENTITY = ("generations", "patience", "front_cv", "explain", "baselines")  # a resumed run may change these
 # the settings `evolve run` sets by a flag taking one value that a resume must repeat, and how a
 # stored None is given on the command line (absent: None cannot be given, it is the flag's default)
 RUN_FLAGS = tuple(f.name for f in option_fields(SearchConfig) if f.name not in (*NOT_IDENTITY, "seed"))
@@ -448,7 +461,7 @@ def check_engine_resumable(engine: str, archive_dir: Path, resume: bool) -> None
         raise SearchError(f"{archive_dir}: --engine openevolve cannot resume a run; start a new --archive")
 
 
-def check_seed_units(seeds: list[tuple[str, str]], where: Callable[[str], object] = "seed {}".format) -> None:
+def check_seed_units(seeds: list[tuple[str, str]], where: Callable[[str], object] = "seed program {}".format) -> None:
     """units "check": every seed (name, source) must be unit-consistent; a SearchError names the
     first that is not by `where(name)`, with its line and the rule."""
     for name, source in seeds:

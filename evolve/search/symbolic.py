@@ -22,7 +22,7 @@ from stepml_evolve.evaluator.dsl import REQUEST_FIELDS, Program
 from stepml_evolve.evaluator.dsl.operators import OPERATORS as DSL_OPERATORS
 from stepml_evolve.evaluator.dsl.operators import Kind, Operator, operands, operator_of
 from stepml_evolve.evaluator.dsl.program import clip_to, literal_number, render_constants
-from stepml_evolve.evaluator.physics.components import COMPONENT_NAMES, TIME_COMPONENTS
+from stepml_evolve.evaluator.hardware.components import COMPONENT_NAMES, TIME_COMPONENTS
 
 MAX_TREE_HEIGHT = 12
 # the exponents GP writes, each its own primitive (pow2, pow0_5, powm1, ...); others are left to the LLM
@@ -101,7 +101,7 @@ def _primitives() -> list[tuple[str, int]]:
 PRIMITIVES = _primitives()
 
 
-# what a causal search never draws (evaluator/soundness/rules.py): f.tp is 1 at TP 1, so a term in it
+# what a causal search never draws (evaluator/physics/rules.py): f.tp is 1 at TP 1, so a term in it
 # charges deployments without tensor parallelism; queueing_time cannot know r.output_tokens
 NOT_DRAWN_CAUSAL = {"step_time": ("f.tp",), "queueing_time": ("r.output_tokens",)}
 

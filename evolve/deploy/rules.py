@@ -1,0 +1,269 @@
+"""The deployment rules of `emit-go` and `blis-compare` (`choose`): which archived program a user
+deploys (best, simplest, lineage, anchored, penalized, tethered, guarded; docs/results/physics.md
+measured them held out), and why, as a `Choice`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepml_evolve.archive.access import BrowseError, run_programs
+from stepml_evolve.archive.map_elites import scored
+from stepml_evolve.archive.records import ProgramRecord
+from stepml_evolve.archive.store import Archive
+
+from .choices import DEFAULT_RULE as DEFAULT_RULE  # re-exported: the default of the rules `choose` applies
+from .choices import RULES
+from .scores import cv_by_program, ranked_cv
+
+MARGIN_RULES = ("simplest", "lineage", "anchored", "tethered", "guarded")  # the rules --within sets a margin of
+DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lineage, anchored: a gain that counts
+# guarded: a program must beat its own seed's loss by more than this many percent: the CV losses of
+# programs that differ by a perturbed constant differ by up to ~15 % on the worlds (the fit's noise)
+GUARD_MARGIN = 20.0
+# tethered, guarded: a program's step times stay within this factor of its seed's (as generation 0
+# fitted it) on TETHER_SHARE of the steps of the floor's envelope (every catalog deployment, the
+# steps users simulate)
+TETHER_FACTOR = 1.5
+TETHER_SHARE = 0.95
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The program a deployment rule picked, and why."""
+
+    program: ProgramRecord
+    rule: str  # "best" or "simplest"
+    protocol: str | None  # the CV protocol whose loss ranked the programs; None: validation loss
+    loss: float  # the chosen program's loss of that kind
+    best: ProgramRecord  # the lowest-loss program of that kind
+    best_loss: float
+    candidates: int  # programs that have a loss of that kind
+    within: float | None = None  # simplest: percent over the best loss allowed; lineage, anchored: the gain that counts
+    cv_settings: str = ""  # the fold fits' settings every ranked CV loss shares ("fit seed 7, max-evals 8")
+    left_out: int = 0  # cross-validated programs left out: their scores have other settings
+
+    @property
+    def loss_name(self) -> str:
+        return f"{self.protocol} CV loss" if self.protocol else "validation loss"
+
+    def describe(self) -> str:
+        """One line: which rule, which loss, which program (for stderr and the Go file's header)."""
+        pool = (
+            f"{self.candidates} programs cross-validated with {self.cv_settings}"
+            + (f"; {self.left_out} scored with other settings left out" if self.left_out else "")
+            if self.protocol
+            else f"{self.candidates} fully evaluated programs, none cross-validated"
+        )
+        if self.rule == "best":
+            return f"best: #{self.program.id}, the lowest {self.loss_name} ({self.loss:.4f}) of {pool}"
+        if self.rule == "tethered":
+            return (
+                f"tethered: #{self.program.id}, the lowest {self.loss_name} among programs within "
+                f"{1 + self.within / 100:g}x of their seed's step times on {TETHER_SHARE:.0%} of the steps users simulate "
+                f"(the floor's envelope; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
+            )
+        if self.rule == "guarded":
+            return (
+                f"guarded: #{self.program.id}, the lowest {self.loss_name} among the seed programs and the programs that "
+                f"beat their own seed's by more than {self.within:g}% and stay within {TETHER_FACTOR:g}x of that "
+                f"seed's step times on {TETHER_SHARE:.0%} of the steps users simulate (the best, #{self.best.id}: "
+                f"{self.best_loss:.4f}; of {pool})"
+            )
+        if self.rule == "penalized":
+            return (
+                f"penalized: #{self.program.id}, the lowest {self.loss_name} plus its constants' distance from "
+                f"their priors (z^2 each; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
+            )
+        if self.rule in ("lineage", "anchored"):
+            how = (
+                "the best's nearest ancestor whose every step gained more than"
+                if self.rule == "lineage"
+                else "the best unless it beats the best seed's validation loss by at most"
+            )
+            return (
+                f"{self.rule}: #{self.program.id}, {how} {self.within:g}% (the best, #{self.best.id}: "
+                f"{self.loss_name} {self.best_loss:.4f}; of {pool})"
+            )
+        limit = self.best_loss * (1 + self.within / 100)
+        return (
+            f"simplest within {self.within:g}% of the best {self.loss_name} (#{self.best.id}, {self.best_loss:.4f}; "
+            f"limit {_figure(limit)}): #{self.program.id}, complexity {self.program.complexity}, "
+            f"{self.loss_name} {self.loss:.4f} (of {pool})"
+        )
+
+
+def _figure(x: float) -> str:
+    """A loss as the lines show it (4 decimals), or a number too large for that in 4 significant
+    digits (a limit of --within 1e308 is not printed as 300 digits)."""
+    return f"{x:.4f}" if abs(x) < 1e9 else f"{x:.4g}"
+
+
+def choose(archive: Archive, rule: str = "best", within: float | None = None) -> Choice:
+    """The latest run's program by a deployment rule. The loss is the CV loss of the preferred
+    protocol (lomo, else lowo, else another) when any program of the run has a finite one, else the
+    validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
+    complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
+    anchored, penalized, tethered, guarded: see their helpers (tethered: `within` percent over 1 is its
+    factor, default TETHER_FACTOR; guarded: `within` is its margin, default GUARD_MARGIN)."""
+    if rule not in RULES:
+        raise BrowseError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
+    within_given = within
+    within = DEFAULT_WITHIN if within is None else within
+    if not (within >= 0 and math.isfinite(within)):
+        raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
+    run, programs = run_programs(archive)
+    protocol, scores, settings, left_out = ranked_cv(cv_by_program(archive, run.id), {p.id for p in programs})
+    if protocol:
+        cands = [(p, scores[p.id].loss) for p in programs if p.id in scores]
+    else:
+        cands = [(p, p.val_loss) for p in scored(programs)]
+    if not cands:
+        raise BrowseError(f"{archive.dir}: no program has been fully evaluated yet")
+    best, best_loss = min(cands, key=lambda c: (c[1], c[0].id))
+    chosen, loss = best, best_loss
+    if rule == "simplest":
+        limit = best_loss * (1 + within / 100)
+        chosen, loss = min((c for c in cands if c[1] <= limit), key=lambda c: (c[0].complexity, c[1], c[0].id))
+    elif rule in ("lineage", "anchored"):
+        pick = _lineage(best, programs, within) if rule == "lineage" else _anchored(best, programs, within)
+        chosen, loss = pick, dict((p.id, v) for p, v in cands).get(pick.id, math.nan)
+    elif rule == "penalized":
+        chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
+    elif rule == "guarded":
+        within = GUARD_MARGIN if within_given is None else within
+        chosen, loss = _guarded(cands, programs, within)
+    elif rule == "tethered":
+        factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
+        chosen, loss = _tethered(cands, programs, factor)
+        within = (factor - 1) * 100
+    within = within if rule != "best" else None
+    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out)
+
+
+def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> ProgramRecord:
+    """The seed a program descends from: its first parents followed back (itself for a seed; the
+    oldest ancestor the archive holds when the chain leaves it)."""
+    root = program
+    while root.operator != "seed" and root.parents and root.parents[0] in by_id:
+        root = by_id[root.parents[0]]
+    return root
+
+
+def _guarded(cands: list, programs: list[ProgramRecord], within: float):
+    """The lowest loss among the seeds and the programs that beat their own seed's loss by more than
+    `within` percent (a program whose seed has no loss of that kind cannot show it does; the run's
+    front CV scores the front's seeds too) and are tethered to it (`tether` at most TETHER_FACTOR):
+    a child must earn its difference from the physics it started from where the data can judge it,
+    and keep to that physics where they cannot. If none qualifies, the best seed by validation loss."""
+    by_id = {p.id: p for p in programs}
+    loss_of = {p.id: v for p, v in cands}
+    tethers = _Tethers(programs)
+
+    def qualifies(program: ProgramRecord, loss: float) -> bool:
+        seed = own_seed(program, by_id)
+        if seed.id == program.id:
+            return True
+        return loss < loss_of.get(seed.id, -math.inf) * (1 - within / 100) and tethers(program) <= TETHER_FACTOR
+
+    return _lowest_qualifying(cands, programs, qualifies)
+
+
+def _lowest_qualifying(cands: list, programs: list[ProgramRecord], qualifies):
+    """The lowest-loss candidate (ties: the older) that `qualifies(program, loss)`; if none does, the
+    best fully evaluated seed by validation loss, with its loss of the candidates' kind if it has one."""
+    for program, loss in sorted(cands, key=lambda c: (c[1], c[0].id)):
+        if qualifies(program, loss):
+            return program, loss
+    seed = best_seed(programs)
+    return seed, {p.id: v for p, v in cands}.get(seed.id, seed.val_loss)
+
+
+class _Tethers:
+    """How far programs' step times stray from their seeds' over the floor's envelope, each seed's
+    step times computed once."""
+
+    def __init__(self, programs: list[ProgramRecord]):
+        from stepml_evolve.evaluator.physics.floor import envelope_for
+
+        self.by_id = {p.id: p for p in programs}
+        self.env = envelope_for()
+        self.seed_ratios: dict[int, np.ndarray] = {}
+
+    def _ratios(self, program: ProgramRecord) -> np.ndarray:
+        from stepml_evolve.evaluator.dsl import parse_program
+        from stepml_evolve.evaluator.physics.floor import step_ratios
+
+        parsed = parse_program(program.source)
+        return step_ratios(parsed, list(parsed.constants.values()), self.env)[0]
+
+    def __call__(self, program: ProgramRecord) -> float:
+        root = own_seed(program, self.by_id)
+        if root.id == program.id:
+            return 1.0
+        if root.id not in self.seed_ratios:
+            self.seed_ratios[root.id] = self._ratios(root)
+        ratio = self._ratios(program) / self.seed_ratios[root.id]
+        with np.errstate(all="ignore"):
+            stray = np.abs(np.log(ratio))
+        if not np.isfinite(stray).all():
+            return math.inf
+        return float(np.exp(np.quantile(stray, TETHER_SHARE)))
+
+
+def tether(program: ProgramRecord, programs: list[ProgramRecord]) -> float:
+    """How far a program's step times stray from its seed's (the seed its first parents lead back to,
+    as generation 0 fitted it) over the floor's envelope: the TETHER_SHARE quantile of the factor
+    between them (1.0: the seed itself; inf: a step time that is not finite)."""
+    return _Tethers(programs)(program)
+
+
+def best_seed(programs: list[ProgramRecord]) -> ProgramRecord | None:
+    """The fully evaluated seed with the lowest validation loss (ties: the older): what a user would
+    deploy without a search."""
+    seeds = [p for p in programs if p.operator == "seed" and _validation(p) < math.inf]
+    return min(seeds, key=lambda p: (_validation(p), p.id)) if seeds else None
+
+
+def _tethered(cands: list, programs: list[ProgramRecord], factor: float = TETHER_FACTOR):
+    """The lowest loss among programs tethered to their seed (`tether` at most `factor`); if none is,
+    the best fully evaluated seed by validation loss (a seed is its own tether)."""
+    tethers = _Tethers(programs)
+    return _lowest_qualifying(cands, programs, lambda program, _loss: tethers(program) <= factor)
+
+
+def _prior_distance(p: ProgramRecord) -> float:
+    """The priors' penalty of a program at its archived constants (loss points: z^2 a constant)."""
+    from stepml_evolve.evaluator.dsl import parse_program
+    from stepml_evolve.evaluator.dsl.program import prior_penalty
+
+    program = parse_program(p.source)
+    return float(prior_penalty(program, [list(program.constants.values())])[0])
+
+
+def _validation(p: ProgramRecord) -> float:
+    return p.val_loss if p.full and p.val_loss is not None and math.isfinite(p.val_loss) else math.inf
+
+
+def _lineage(best: ProgramRecord, programs: list[ProgramRecord], within: float) -> ProgramRecord:
+    """The best program's nearest ancestor (itself included) each of whose steps from its first parent
+    gained more than `within` percent of validation loss: a child whose gain is within the fit's noise
+    gives way to its parent, whose physics the data had already judged."""
+    by_id = {p.id: p for p in programs}
+    cur = best
+    while cur.parents and (parent := by_id.get(cur.parents[0])) is not None and _validation(parent) < math.inf:
+        if _validation(cur) < _validation(parent) * (1 - within / 100):
+            break
+        cur = parent
+    return cur
+
+
+def _anchored(best: ProgramRecord, programs: list[ProgramRecord], within: float) -> ProgramRecord:
+    """The best program, unless its validation loss beats the best seed's by at most `within` percent:
+    then the best seed (seeds carry physics the search can trade for the training data's quirks)."""
+    seed = best_seed(programs)
+    if seed is None or best.operator == "seed":
+        return best
+    return best if _validation(best) < _validation(seed) * (1 - within / 100) else seed

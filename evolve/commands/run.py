@@ -14,7 +14,7 @@ from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.errors import UserError, printable
-from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, make_folds, read_groups
+from stepml_evolve.evaluator.fit.crossval import GROUPS, GROUPS_PREFIX, make_folds, read_groups, summarize
 from stepml_evolve.evaluator.fit.fitting import ProgressFn
 from stepml_evolve.evaluator.numbers import finite
 from stepml_evolve.evaluator.outputs import OutputError, slug
@@ -272,14 +272,14 @@ def _baselines(search: Search, say: Say) -> list[dict]:
     say(f"fitting the baselines ({', '.join(n for n, _ in named)}) for comparison (--no-baselines skips this)")
     out = []
     for (name, _), full in zip(named, search.cascade.baseline_fits([prog for _, prog in named])):
-        test = [r.ape.e2e for r in full.rows if r.split == "test" and finite(r.ape.e2e)]
+        test = summarize([r for r in full.rows if r.split == "test"])["e2e"]["mean"]
         out.append(
             {
                 "name": name,
                 "train_loss": full.train_loss,
                 "val_loss": full.val_loss,
                 "test_loss": full.test_loss,
-                "test_e2e_ape": sum(test) / len(test) if test else None,
+                "test_e2e_ape": test if finite(test) else None,
             }
         )
     return out

@@ -6,11 +6,11 @@ the scores fitted with one setting (`comparable`, `ranked_cv`). The deployment r
 from __future__ import annotations
 
 import json
-import math
 
 from stepml_evolve.archive.access import protocol_order
 from stepml_evolve.archive.records import CVScoreRecord
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.numbers import finite
 
 CVScores = dict[int, dict[str, CVScoreRecord]]  # program id -> protocol -> score
 
@@ -22,10 +22,6 @@ def cv_by_program(archive: Archive, run_id: int) -> CVScores:
     return out
 
 
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
-
-
 def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str | None:
     """The protocol whose CV loss ranks programs: the first of CV_PREFERENCE (then any other by
     name) that some program (of `program_ids`, if given) has a finite score of; None if none has."""
@@ -34,7 +30,7 @@ def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str
         for pid, scores in cv.items()
         if program_ids is None or pid in program_ids
         for proto, s in scores.items()
-        if _finite(s.loss)
+        if finite(s.loss)
     }
     order = protocol_order(have)
     return order[0] if order else None
@@ -77,5 +73,5 @@ def ranked_cv(cv: CVScores, program_ids: set[int]) -> tuple[str | None, dict[int
     protocol = preferred_protocol(cv, program_ids)
     if protocol is None:
         return None, {}, "", 0
-    scores = {pid: s for pid in program_ids if (s := cv.get(pid, {}).get(protocol)) and _finite(s.loss)}
+    scores = {pid: s for pid in program_ids if (s := cv.get(pid, {}).get(protocol)) and finite(s.loss)}
     return protocol, *comparable(scores)

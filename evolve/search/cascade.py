@@ -57,7 +57,7 @@ class Candidate:
 
     program: Program
     proposal: Proposal
-    emitter: Emitter | None  # None: judged for an outside pool (`Cascade.judge`)
+    emitter: Emitter | None  # None: judged for an outside engine (`Cascade.judge`)
     island: int
     quick_loss: float = math.nan
     constants: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -88,7 +88,7 @@ class FullFit:
 @dataclass
 class Judgement:
     """What `Cascade.judge` made of one child: an archivable program or a rejection, and the loss an
-    outside pool ranks it by (its validation loss; estimated for a screened child; inf if rejected)."""
+    outside engine ranks it by (its validation loss; estimated for a screened child; inf if rejected)."""
 
     program: NewProgram | None
     rejection: RejectionRecord | None
@@ -257,7 +257,7 @@ class Cascade:
     def judge(
         self, child: Program, proposal: Proposal, programs: list[ProgramRecord], island: int | None = None
     ) -> Judgement:
-        """One valid child through the cascade on its own, for an pool that hands children over
+        """One valid child through the cascade on its own, for an engine that hands children over
         one at a time: quick fit, promotion against the elites of `programs` (those of `island`;
         None: of every island, and the record says island 0), full fit. Its fits are seeded by the
         run's seed and the child's structure."""

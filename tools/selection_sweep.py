@@ -10,7 +10,13 @@ beats or loses to the best fitted seed held out and to the seed it descends from
 a winner worse than its own seed outside the training data is a defect), and the geometric means
 of the ratios. The scores are cached in DIR/selection-sweep.json, so a rerun only scores what is new.
 
-    python tools/selection_sweep.py --out bench-worlds [--factors 1.25,1.5,2] [--margins 10,15,25,30] [--json]
+    python tools/selection_sweep.py --out bench-worlds [--factors 1.25,1.5,2] [--margins 10,15,25,30]
+        [--protocols lomo,inner] [--json]
+
+--protocols: also `best` and `guarded` (at each margin) ranked by each of these CV protocols ("inner": the split's own question
+inside its train configurations, split-NAME.inner.yaml, as the benchmark's searches now end), the
+front members and seeds each protocol has not scored cross-validated into the archive first, as a
+run's end scores them (its fit settings, seed and promoted-fit budget).
 
 docs/results/physics.md ("Which program a search should deploy") cites it.
 """
@@ -23,6 +29,7 @@ import math
 from pathlib import Path
 
 from stepml_evolve.archive.access import opened, run_programs
+from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, make_folds
@@ -30,23 +37,51 @@ from stepml_evolve.evaluator.known_truth.splits import SPLITS, split_file
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.commands.bench_worlds import SplitScorer
 from stepml_evolve.evolve.commands.bench_worlds_results import archive_of, stored_results
+from stepml_evolve.evolve.deploy.front_cv import cross_validate_front, run_fit_settings
 from stepml_evolve.evolve.deploy.rules import RULES, best_seed, choose, own_seed
+from stepml_evolve.evolve.search import RunSettings
 
 CACHE = "selection-sweep.json"
 SEED_BY_VALIDATION = "seed by validation"  # the reference without a search
 
 
-def sweep(out: Path, factors: list[float], margins: list[float]) -> dict:
+def _protocol(name: str, data_dir: Path, split: str) -> str:
+    return f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}" if name == "inner" else name
+
+
+def _front_scored(archive_dir: Path, train_dir: Path, protocol: str) -> None:
+    """The search's front and seeds cross-validated under `protocol` as its end would have (the
+    scores stored in its archive)."""
+    loaded = load_data(train_dir)
+    archive = Archive(archive_dir)
+    try:
+        with ReplayPool(loaded.experiments) as pool:
+            run = archive.run()
+            search = RunSettings.stored(run.config).search
+            fit = run_fit_settings(run, seed=search["seed"], max_evals=search["full_fit_evals"])
+            cross_validate_front(archive, run.id, loaded, pool, protocol, fit, print)
+    finally:
+        archive.close()
+
+
+def sweep(out: Path, factors: list[float], margins: list[float], protocols: list[str] = ()) -> dict:
     cache_path = out / CACHE
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rows = []
     for path, result in stored_results(out):
         split = next(s for s in SPLITS if s.name == result.split)
         data_dir = out / result.world / ("data" if split.grid == "standard" else f"data-{split.grid}")
+        by_protocol = {name: _protocol(name, data_dir, split.name) for name in protocols}
+        for protocol in by_protocol.values():
+            _front_scored(archive_of(path), out / result.world / f"{split.name}-train", protocol)
         with opened(archive_of(path)) as archive:
             picks = {rule: choose(archive, rule).program for rule in RULES}
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
             picks |= {f"guarded {m:g}%": choose(archive, "guarded", m).program for m in margins}
+            for n, p in by_protocol.items():  # guarded and best ranked by each protocol, guarded at each margin
+                picks[f"best ({n})"] = choose(archive, "best", protocol=p).program
+                picks[f"guarded ({n})"] = choose(archive, "guarded", protocol=p).program
+                picks |= {f"guarded {m:g}% ({n})": choose(archive, "guarded", m, protocol=p).program for m in margins}
             programs = run_programs(archive)[1]
             by_id = {p.id: p for p in programs}
             seed_of = {rule: own_seed(p, by_id).operator_detail for rule, p in picks.items()}
@@ -106,9 +141,17 @@ def main() -> None:
     )
     parser.add_argument("--factors", default="1.25,1.5,2", help="tethered's factors to try, comma-separated.")
     parser.add_argument("--margins", default="10,15,25,30", help="guarded's margins (%%) to try, comma-separated.")
+    parser.add_argument(
+        "--protocols", default="", help="CV protocols to rank guarded by, comma-separated (lomo, lowo, inner)."
+    )
     parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
     args = parser.parse_args()
-    report = sweep(args.out, [float(x) for x in args.factors.split(",")], [float(x) for x in args.margins.split(",")])
+    report = sweep(
+        args.out,
+        [float(x) for x in args.factors.split(",")],
+        [float(x) for x in args.margins.split(",")],
+        [x for x in args.protocols.split(",") if x],
+    )
     if args.json:
         print(json.dumps(report, indent=1))
         return

@@ -77,6 +77,10 @@ SELECTIONS = ("validation", "inner")  # how a search picks its winner (see bench
 # fit, what a user keeps), or the median of the fits' held-out losses (the benchmark's first rule)
 PICKS = ("train", "median")
 SETTINGS_FILE = "bench-worlds.settings.json"  # what a resumed benchmark must match
+# A search's end cross-validates its front with the split's own question asked inside its train
+# configurations (by-workload: a trained workload held out; by-gpu: a trained GPU), not leave one
+# model out: the deployment rules rank by it (docs/results/physics.md, "guarded judged by the split's question")
+INNER_FRONT_CV = "inner"
 
 
 def _read_json(path: Path):
@@ -178,7 +182,7 @@ def bench_world(
     search_seed: int | None = None,
     search_seeds: int = 1,
     splits=None,
-    front_cv: str = SearchConfig.front_cv,
+    front_cv: str = INNER_FRONT_CV,
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
@@ -194,7 +198,8 @@ def bench_world(
     archive_top: int = 0,
     say: Say = quiet,
 ) -> list[SplitResult]:
-    """selection "validation": the winner is `emit-go best` of a run with `front_cv`; "inner": the
+    """selection "validation": the winner is the default deployment rule's pick of a run whose end
+    cross-validates its front with `front_cv` (INNER_FRONT_CV: the split's inner groups); "inner": the
     search runs `--cv groups:split-<name>.inner.yaml` (the split's kind of extrapolation inside
     its train configurations) without a front CV, so the winner is the lowest such CV loss.
     search_seeds: each split searched with seeds S, S + 1, ... (S: search_seed, else seed), one
@@ -240,7 +245,7 @@ def bench_world(
                             generations=generations,
                             seed=base + k,
                             cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
-                            front_cv="none" if inner else front_cv,
+                            front_cv="none" if inner else _front_cv(front_cv, data_dir, split.name),
                             modulate=modulate,
                             switch=switch,
                             residual=residual,
@@ -287,6 +292,12 @@ def bench_world(
                     _write_json(result_file, done.to_json())
                     results.append(done)
     return results
+
+
+def _front_cv(front_cv: str, data_dir: Path, split: str) -> str:
+    """The protocol a search's end cross-validates its front with: INNER_FRONT_CV is the split's own
+    kind of extrapolation inside its train configurations (its inner groups file)."""
+    return f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}" if front_cv == INNER_FRONT_CV else front_cv
 
 
 def _search(
@@ -490,7 +501,7 @@ def bench_worlds(
         "llm": llm.model if llm else None,
         "held_out_fits": fits,
         "held_out_pick": pick if fits > 1 else None,  # one fit is every rule's pick
-        "front_cv": "none" if quick else SearchConfig.front_cv,
+        "front_cv": "none" if quick else INNER_FRONT_CV,
         "modulate": modulate,
         "switch": switch,
         "residual": residual,
@@ -518,7 +529,7 @@ def bench_worlds(
             search_seed=search_seed,
             search_seeds=search_seeds,
             splits=settings["splits"],
-            front_cv=settings["front_cv"],
+            front_cv=started(out_dir, "front_cv"),
             selection=selection,
             engine=engine,
             llm=llm,
@@ -530,7 +541,7 @@ def bench_worlds(
             time_components=time_components,
             unexercised=unexercised,
             physics=physics,
-            baselines=started_baselines(out_dir),
+            baselines=started(out_dir, "baselines"),
             archive_top=archive_top,
             say=say,
         )
@@ -550,12 +561,14 @@ LEGACY_SETTINGS = {
 }
 
 
-FIXED_AT_START = ("baselines",)  # settings no option sets: a resumed benchmark keeps the ones it started with
+# settings no option sets: a resumed benchmark keeps the ones it started with (one started before
+# INNER_FRONT_CV stored "lomo" and keeps it)
+FIXED_AT_START = ("baselines", "front_cv")
 
 
-def started_baselines(out_dir: Path) -> str:
-    """How the benchmark in out_dir scores its baselines (its stored setting)."""
-    return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}["baselines"]
+def started(out_dir: Path, key: str):
+    """A setting of FIXED_AT_START as the benchmark in out_dir stored it."""
+    return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}[key]
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:

@@ -176,6 +176,8 @@ def run_search(
         )
     if config.cv != "none":  # folds the data cannot make fail here, before an archive is written
         make_folds(config.cv, loaded.experiments, config.fold_groups())
+    if config.front_cv.startswith(GROUPS_PREFIX):  # a groups file the run's end cannot read fails now, not then
+        make_folds(config.front_cv, loaded.experiments)
     if archive_dir is None:
         archive_dir = default_archive_dir(loaded, config.seed)
         check_engine_resumable(engine, archive_dir, resume)  # the default directory is known only now

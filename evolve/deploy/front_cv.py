@@ -168,24 +168,36 @@ def score_front(
     except FoldError as e:
         say(f"{SKIPPED}cross-validating the front: {e}")
         return summary
+    fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
+    scored = cross_validate_front(archive, run_id, loaded, pool, protocol, fit, say)
+    summary = {**summary, "front": [{**f, "cv": {protocol: scored.get(f["id"])}} for f in summary.get("front", [])]}
+    archive.set_summary(run_id, summary)
+    return summary
 
-    def losses() -> dict[int, float | None]:  # program id -> its stored loss under the protocol
+
+def cross_validate_front(
+    archive: Archive,
+    run_id: int,
+    loaded: LoadedData,
+    pool: ReplayPool,
+    protocol: str,
+    fit: RunFitSettings,
+    say: Say = quiet,
+) -> dict[int, float | None]:
+    """Cross-validate under `protocol` the run's front members and fully evaluated seeds that have no
+    score of it yet; every stored loss of the protocol by program id."""
+
+    def losses() -> dict[int, float | None]:
         return {s.program_id: s.loss for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol}
 
     programs = archive.programs(run_id)
-    front = pareto_front(programs)
     # every fully evaluated seed too: the guarded rule compares a program with the seed it descends
     # from, and falls back to the seeds, under the same CV
     seeds = [p for p in programs if p.operator == "seed" and p.full]
     scored = losses()
-    missing = list({p.id: p for p in [*front, *seeds] if p.id not in scored}.values())
-    if missing:
-        say(
-            f"cross-validating {len(missing)} program(s), the front and the seeds, {protocol} (--front-cv none skips this)"
-        )
-        fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
-        cross_validate_programs(archive, missing, loaded, pool, protocol, fit, say=say)
-        scored = losses()
-    summary = {**summary, "front": [{**f, "cv": {protocol: scored.get(f["id"])}} for f in summary.get("front", [])]}
-    archive.set_summary(run_id, summary)
-    return summary
+    missing = list({p.id: p for p in [*pareto_front(programs), *seeds] if p.id not in scored}.values())
+    if not missing:
+        return scored
+    say(f"cross-validating {len(missing)} program(s), the front and the seeds, {protocol} (--front-cv none skips this)")
+    cross_validate_programs(archive, missing, loaded, pool, protocol, fit, say=say)
+    return losses()

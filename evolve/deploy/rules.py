@@ -101,10 +101,10 @@ def _figure(x: float) -> str:
     return f"{x:.4f}" if abs(x) < 1e9 else f"{x:.4g}"
 
 
-def choose(archive: Archive, rule: str = "best", within: float | None = None) -> Choice:
-    """The latest run's program by a deployment rule. The loss is the CV loss of the preferred
-    protocol (lomo, else lowo, else another) when any program of the run has a finite one, else the
-    validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
+def choose(archive: Archive, rule: str = "best", within: float | None = None, protocol: str | None = None) -> Choice:
+    """The latest run's program by a deployment rule. The loss is the CV loss of `protocol` (default:
+    the preferred one, lomo, else lowo, else another) when any program of the run has a finite one,
+    else the validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
     complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
     anchored, penalized, tethered, guarded: see their helpers (tethered: `within` percent over 1 is its
     factor, default TETHER_FACTOR; guarded: `within` is its margin, default GUARD_MARGIN)."""
@@ -115,7 +115,7 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None) ->
     if not (within >= 0 and math.isfinite(within)):
         raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
     run, programs = run_programs(archive)
-    protocol, scores, settings, left_out = ranked_cv(cv_by_program(archive, run.id), {p.id for p in programs})
+    protocol, scores, settings, left_out = ranked_cv(cv_by_program(archive, run.id), {p.id for p in programs}, protocol)
     if protocol:
         cands = [(p, scores[p.id].loss) for p in programs if p.id in scores]
     else:

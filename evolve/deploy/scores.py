@@ -67,11 +67,16 @@ def _settings_words(scores: list[CVScoreRecord]) -> str:
     return f"{seed}, {budget}, {s.method or 'the default method'}, {s.objective}"
 
 
-def ranked_cv(cv: CVScores, program_ids: set[int]) -> tuple[str | None, dict[int, CVScoreRecord], str, int]:
-    """What ranks programs by CV loss: the preferred protocol, the finite scores of it that share
-    one setting (`comparable`), that setting in words and how many finite scores it leaves out."""
-    protocol = preferred_protocol(cv, program_ids)
+def ranked_cv(
+    cv: CVScores, program_ids: set[int], protocol: str | None = None
+) -> tuple[str | None, dict[int, CVScoreRecord], str, int]:
+    """What ranks programs by CV loss: `protocol` (default: the preferred one), the finite scores of
+    it that share one setting (`comparable`), that setting in words and how many finite scores it
+    leaves out (a protocol no program has a finite score of ranks nothing: None)."""
+    protocol = protocol or preferred_protocol(cv, program_ids)
     if protocol is None:
         return None, {}, "", 0
     scores = {pid: s for pid in program_ids if (s := cv.get(pid, {}).get(protocol)) and finite(s.loss)}
+    if not scores:
+        return None, {}, "", 0
     return protocol, *comparable(scores)

@@ -13,6 +13,11 @@ Who does what:
 - The same server is OpenEvolve's LLM endpoint: it speaks the OpenAI chat protocol and answers
   through our LLM client (litellm, any provider, with the reply cache and the caps), so replies
   are cached and recorded as in our engine.
+- A share of OpenEvolve's LLM calls (--residual) is answered by `residual_term` instead of the LLM:
+  a diff that adds to the prompt's current program the term screened best on its residuals
+  (evolve/search/residual_terms.py, as our own engine's operator); the candidate is judged and
+  archived as a `residual_term` child. A parent no term passes for is a `residual_term` rejection,
+  and its call goes to the LLM.
 - Every candidate OpenEvolve evaluates reaches its database through our admission hook
   (`PopulationStrategy.admit`): the hook writes it to the archive as one generation, its parent
   mapped to our archive id, and keeps the judge's rejections out of OpenEvolve's population. OpenEvolve's own
@@ -43,7 +48,8 @@ from stepml_evolve.evolve.search import Judgement, Search, SearchError
 from stepml_evolve.evolve.search.emitters import Proposal, signed_errors
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, prompt_templates
-from stepml_evolve.evolve.search.residual_terms import ResidualSource
+from stepml_evolve.evolve.search.residual_terms import OPERATOR as RESIDUAL_TERM
+from stepml_evolve.evolve.search.residual_terms import ResidualSource, next_child
 
 from .judge_client import FAILED, JUDGE_URL_ENV, SEED_ENV
 from .local_server import LocalServer, chat_completion
@@ -61,6 +67,8 @@ REPLY_FORMAT = (
     "# EVOLVE-BLOCK-END. Change only what is inside that block, and reply in the format the user "
     "message asks for."
 )
+# the program OpenEvolve's prompt asks to improve (its diff and rewrite templates, 0.4)
+CURRENT_PROGRAM = re.compile(r"^# Current Program\n```[a-z]*\n(.*?)\n```", re.S | re.M)
 EVALUATION_TIMEOUT_S = 24 * 3600  # OpenEvolve abandons an iteration after this; full fits can take many minutes
 
 
@@ -186,8 +194,9 @@ class Judge:
     admission hook and log handler (OpenEvolve's main loop). One lock keeps the search's state
     (its programs, the duplicate filter, the archive) consistent between them."""
 
-    def __init__(self, search: Search, client: LLMClient, budget: Budget):
+    def __init__(self, search: Search, client: LLMClient, budget: Budget, diffs: bool = True):
         self.search, self.client, self.budget = search, client, budget
+        self.diffs = diffs  # OpenEvolve asks for SEARCH/REPLACE diffs (else whole programs)
         self.lock = threading.Lock()
         self.calls_lock = threading.Lock()  # for the LLM side alone: a call never waits for a fit
         self.judged: dict[str, list[Judgement]] = {}  # code key -> judgements not yet recorded (FIFO)
@@ -197,8 +206,12 @@ class Judge:
         self.calls: list[LLMCallRecord] = []  # LLM attempts not yet written (they go with the next generation)
         self.asked: dict[str, int] = {}  # how often each prompt was asked (OpenEvolve repeats prompts)
         self.last = time.perf_counter()
-        # where a promoted candidate's error grows, for its artifacts (evaluator/discovery)
+        # where a promoted candidate's error grows, for its artifacts (evaluator/discovery), and the
+        # screenings residual_term answers a share of the LLM calls with
         self.residuals = ResidualSource(search.cascade.pool, search.cascade.exps)
+        self.tried: set[str] = set()  # structures residual_term proposed
+        self.aimed: dict[str, tuple[int, str]] = {}  # a residual_term child's block key -> (parent id, what it adds)
+        self.refused: list[RejectionRecord] = []  # residual_term rejections not yet written
 
     # ---- HTTP side (server threads) ----
     def evaluate(self, code: str) -> dict:
@@ -223,15 +236,19 @@ class Judge:
                 RejectionRecord(operator=OPERATOR, parents=[], rule="evolve-block", reason=why, source=code),
                 math.inf,
             )
+        parent, detail = self.aimed.get(code_key(block.strip()), (None, ""))
+        proposal = (
+            Proposal(RESIDUAL_TERM, [parent], block, detail) if parent is not None else Proposal(OPERATOR, [], block)
+        )
         try:
-            return self.search.judge(Proposal(OPERATOR, [], block))
+            return self.search.judge(proposal)
         except Exception as e:  # noqa: BLE001 - a candidate that breaks the judge is a rejection, not a crashed run
             logging.getLogger(__name__).exception("stepml-evolve judge failed on a candidate")
             return Judgement(
                 None,
                 RejectionRecord(
-                    operator=OPERATOR,
-                    parents=[],
+                    operator=proposal.operator,
+                    parents=proposal.parents,
                     rule="evaluation",
                     reason=f"the judge failed: {type(e).__name__}: {e}",
                     source=block,
@@ -251,6 +268,9 @@ class Judge:
         prompt = code_key(json.dumps(messages, sort_keys=True))
         with self.calls_lock:
             n = self.asked[prompt] = self.asked.get(prompt, 0) + 1
+        if self._residual_turn(prompt, n) and (aimed := self._residual_reply(messages)):
+            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}  # no LLM was asked
+            return 200, chat_completion(aimed, self.client.model, usage, f"stepml-{RESIDUAL_TERM}-{prompt[:16]}-{n}")
         try:  # the n-th asking of a prompt has its own cached reply, so a replay repeats the run
             reply = self.client.complete(
                 messages, may_retry=lambda pending: self.budget.exhausted(pending) is None, tag=f"openevolve:{n}"
@@ -266,6 +286,45 @@ class Judge:
             "total_tokens": last.prompt_tokens + last.completion_tokens,
         }
         return 200, chat_completion(reply.content, self.client.model, usage, f"stepml-{last.request_hash[:16]}")
+
+    def _residual_turn(self, prompt: str, n: int) -> bool:
+        """Whether residual_term answers the n-th asking of this prompt: its share of the calls, drawn
+        from the run's seed and the prompt, so a replayed run answers the same calls alike."""
+        share = self.search.cfg.residual
+        if share <= 0:
+            return False
+        draw = hashlib.sha256(f"{self.search.cfg.seed}:{prompt}:{n}".encode()).digest()
+        return int.from_bytes(draw[:8], "big") / 2**64 < share
+
+    def _residual_reply(self, messages: list) -> str | None:
+        """A diff that adds the best screened term to the prompt's current program (an archived
+        program, found by its code), or None: the program is not archived, or no term passed for it
+        (a `residual_term` rejection written), and the LLM answers instead."""
+        text = "\n".join(m.get("content") or "" for m in messages if isinstance(m.get("content"), str))
+        shown = CURRENT_PROGRAM.findall(text)
+        if not shown:
+            return None
+        block, _ = unwrap(shown[-1])
+        with self.lock:
+            parent_id = self.by_code.get(code_key(shown[-1]))
+            parent = next((p for p in self.search.programs if p.id == parent_id), None)
+            if parent is None or block is None:
+                return None
+            program = parse_program(parent.source)
+            child = next_child(
+                self.residuals, parent.id, program, dict(parent.constants) or program.constants, self.tried
+            )
+            if isinstance(child, str):
+                rule, why = child.split(": ", 1)
+                # written by the main loop's thread (the archive's connection is its own), before its next record
+                self.refused.append(RejectionRecord(operator=RESIDUAL_TERM, parents=[parent.id], rule=rule, reason=why))
+                return None
+            new, detail = child
+            self.aimed[code_key(new.strip())] = (parent.id, f"{RESIDUAL_TERM}: + {detail}")
+        why = f"{RESIDUAL_TERM}: the program plus the term that best explains its per-request residuals.\n"
+        if not self.diffs:
+            return f"{why}```python\n{as_program_file(new)}```\n"
+        return f"{why}<<<<<<< SEARCH\n{block}=======\n{new.strip()}\n>>>>>>> REPLACE\n"
 
     def _spend(self, attempts) -> None:
         with self.calls_lock:
@@ -295,6 +354,7 @@ class Judge:
         """Write the candidate's generation; whether it is a program (not a rejection)."""
         key = code_key(candidate.code)
         with self.lock:
+            self.write_refused()
             if key in self.known and candidate.parent_id is None:  # the program OpenEvolve starts from
                 self.ids[candidate.id] = self.by_code[key] = self.known[key].program.record.id
                 return True
@@ -316,6 +376,8 @@ class Judge:
             if j.program is None:
                 self._write(rejection=dataclasses.replace(j.rejection, parents=parents))
                 return False
+            if j.program.record.operator == RESIDUAL_TERM:  # what the term is, not the diff's prose
+                detail = f"{j.program.record.operator_detail}; island {island}"
             record = dataclasses.replace(j.program.record, parents=parents, island=island, operator_detail=detail)
             self._write(program=dataclasses.replace(j.program, record=record), promoted=int(j.promoted))
             self.ids[candidate.id] = self.by_code[key] = self.search.programs[-1].id  # as `commit` archived it
@@ -324,11 +386,18 @@ class Judge:
     def failure(self, message: str) -> None:
         """One of OpenEvolve's own failed iterations (from its log): a rejection of its generation."""
         with self.lock:
+            self.write_refused()
             self._write(
                 rejection=RejectionRecord(
                     operator=OPERATOR, parents=[], rule=failure_rule(message), reason=" ".join(message.split())[:500]
                 )
             )
+
+    def write_refused(self) -> None:
+        """The residual_term rejections the HTTP side made, each a generation (main loop's thread)."""
+        refused, self.refused = self.refused, []
+        for rejection in refused:
+            self._write(rejection=rejection)
 
     def _write(
         self, program: NewProgram | None = None, rejection: RejectionRecord | None = None, promoted: int = 0
@@ -468,7 +537,7 @@ def run_openevolve(
     output_dir.mkdir(parents=True, exist_ok=True)
     initial_path = output_dir / "initial_program.py"
     initial_path.write_text(initial)
-    judge = Judge(search, client, budget)
+    judge = Judge(search, client, budget, diffs)
     judge.start_from(initial, NewProgram(start, search.archive.metric_rows(start.id)), start.val_loss)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
@@ -493,6 +562,8 @@ def run_openevolve(
                 cleanup=False,
                 population_strategy=PopulationStrategy(admit=judge.admit),
             )
+        with judge.lock:
+            judge.write_refused()
     finally:
         logging.getLogger("openevolve.process_parallel").removeHandler(failures)
         for s, handler in signals.items():

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the archive loads the replay's metric rows
 CV_MODES = ("none", *PROTOCOLS)  # --cv: what a full fit's validation loss is (none: the validation windows)
 # and groups:FILE, which a run stores as GROUPS with the file's folds (cv_groups)
 FRONT_CV_MODES = (*PROTOCOLS, "none")  # --front-cv: how the Pareto front is cross-validated when a run ends
+# (and groups:FILE, which the run's end reads from the file)
 LINEAR_MODES = ("sample", "solve")  # --linear: how a fit's surrogate step finds the constants a program is affine in
 UNITS_MODES = ("check", "off")  # check: seeds and children must be unit-consistent (evaluator/dsl/units.py)
 # keep: a child must use every time component (f.gemm_pf ... f.allreduce) its first parent uses;
@@ -226,9 +227,10 @@ class SearchConfig:
     cv_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     front_cv: str = setting(
         FRONT_CV_MODES[0],
-        "When the run ends, cross-validate the Pareto front members with this protocol and store the "
-        "scores (none: skip).",
-        choices=FRONT_CV_MODES,
+        "When the run ends, cross-validate the Pareto front members and the seed programs with this "
+        "protocol (lomo, lowo, or groups:FILE: the folds of a groups file, for a question the models and "
+        "workloads do not ask, such as another GPU or deployment style) and store the scores the "
+        "deployment rules rank by (none: skip).",
     )
     explain: bool = setting(
         True,
@@ -268,9 +270,12 @@ class SearchConfig:
     def __post_init__(self):
         if not (self.cv in CV_MODES or self.cv.startswith(GROUPS_PREFIX) or (self.cv == GROUPS and self.cv_groups)):
             raise SearchError(f"--cv must be one of {', '.join(CV_MODES)} or {GROUPS_PREFIX}FILE, not {self.cv!r}")
+        if not (self.front_cv in FRONT_CV_MODES or self.front_cv.startswith(GROUPS_PREFIX)):
+            raise SearchError(
+                f"--front-cv must be one of {', '.join(FRONT_CV_MODES)} or {GROUPS_PREFIX}FILE, not {self.front_cv!r}"
+            )
         for name, modes in (
             ("units", UNITS_MODES),
-            ("front_cv", FRONT_CV_MODES),
             ("linear", LINEAR_MODES),
             ("time_components", TIME_COMPONENT_MODES),
             ("unexercised", UNEXERCISED_MODES),

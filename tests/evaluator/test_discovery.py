@@ -253,3 +253,15 @@ def test_the_llm_is_shown_where_its_parent_s_error_grows(tmp_path):
     assert res.exit_code == 0, res.output
     assert asked and all("Where inside the experiments its error grows" in a for a in asked)
     assert any("error by " in a and ("rho" in a or "eta^2" in a) for a in asked)
+
+
+def test_prefix_sums_are_numpy_s_cumsum_bit_for_bit():
+    """The screening's prefix sums (a compiled loop) add each column in row order, as np.cumsum does."""
+    from stepml_evolve.evaluator.discovery.residuals import prefix_sums
+
+    rng = np.random.default_rng(3)
+    for shape in ((1, 1), (7, 3), (2000, 130)):
+        g = rng.lognormal(5.0, 2.0, size=shape)
+        c = prefix_sums(g[:, ::-1])  # any layout in
+        assert c.shape == (shape[0] + 1, shape[1]) and (c[0] == 0).all()
+        assert np.array_equal(c[1:], np.cumsum(g[:, ::-1], axis=0))

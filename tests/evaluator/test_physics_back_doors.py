@@ -204,7 +204,7 @@ def _reply(n: int) -> str:
 
 @pytest.mark.parametrize("engine", ["mapelites", "openevolve"])
 def test_a_run_refuses_each_door_as_an_llms_child_in_both_engines(tmp_path, engine):
-    extra = ["--llm-ratio", "1.0", "--children", "4"] if engine == "mapelites" else ["--rewrites"]
+    extra = ["--llm-ratio", "1.0", "--children", "4"] if engine == "mapelites" else ["--rewrites", "--residual", "0"]
     with ScriptedLLM([], default=_reply) as server:
         res = CliRunner().invoke(
             app,

@@ -21,13 +21,14 @@ MEMORY_LINE = "    memory = f.weights + f.kv_read + f.kv_write\n"
 # lines every program of these runs keeps, so a diff applies whichever parent OpenEvolve samples
 QUEUE_LINE, LAST_DEF = "    return c.queue_us + c.lag_steps * r.last_step_us\n", "def output_token_time(c):\n"
 SMALL = ["--seed-programs", ROOFLINE, "--seed-program-fit-evals", "20", "--full-fit-evals", "12", "--front-cv", "none"]
+SMALL += ["--residual", "0"]  # every call goes to the scripted LLM (residual_term's own test sets it)
 
 
 def diff(search: str, replace: str, note: str = "A change.") -> str:
     return f"{note}\n<<<<<<< SEARCH\n{search}=======\n{replace}>>>>>>> REPLACE\n"
 
 
-def _run(tmp_path: Path, server: ScriptedLLM, generations: int, *extra: str, archive: str = "arch"):
+def _run(tmp_path: Path, server: ScriptedLLM, generations: int, *extra: str, archive: str = "arch", small=SMALL):
     return CliRunner().invoke(
         app,
         [
@@ -44,7 +45,7 @@ def _run(tmp_path: Path, server: ScriptedLLM, generations: int, *extra: str, arc
             "openai/test-model",
             "--llm-base-url",
             server.base_url,
-            *SMALL,
+            *small,
             *extra,
             "--json",
         ],
@@ -242,6 +243,8 @@ def test_an_openevolve_run_on_the_real_data(tmp_path, real_data):
                 "4",
                 "--front-cv",
                 "none",
+                "--residual",
+                "0",
             ],
         )
     assert res.exit_code == 0, res.output
@@ -254,5 +257,42 @@ def test_an_openevolve_run_on_the_real_data(tmp_path, real_data):
             assert len({r.name for r in archive.metric_rows(child[0].id)}) == 16
         else:
             assert child[0].quick_loss is not None and child[0].quick_loss > 0
+    finally:
+        archive.close()
+
+
+def test_residual_term_answers_its_share_of_the_calls_and_its_children_are_archived_as_its_own(tmp_path):
+    """--residual in OpenEvolve's engine: a share of the LLM calls is answered by a diff that adds
+    the best screened term to the prompt's current program; the candidate is judged by our cascade
+    and archived as a residual_term child of that program, and no LLM call is recorded for it."""
+    # trained_physics: terms pass its screening on the built-in sample (the roofline's fitted residuals pass none)
+    small = [str(ROOT / "seeds" / "trained_physics.py") if a == ROOFLINE else a for a in SMALL]
+    with ScriptedLLM([("reply", PROSE_REPLY)] * 8) as server:
+        res = _run(tmp_path, server, 3, "--residual", "0.99", small=small)
+        requests = len(server.requests)
+        # whole programs (--rewrites): the operator answers with the child's file
+        rewrites = _run(tmp_path, server, 2, "--residual", "0.99", "--rewrites", small=small, archive="whole")
+    assert res.exit_code == 0, res.output
+    assert rewrites.exit_code == 0, rewrites.output
+    whole = Archive(tmp_path / "whole", read_only=True)
+    try:
+        assert [p.operator for p in whole.programs()][1:] == ["residual_term"] * 2
+    finally:
+        whole.close()
+    archive = Archive(tmp_path / "arch", read_only=True)
+    try:
+        run = archive.run()
+        programs = archive.programs(run.id)
+        seed = programs[0]
+        aimed = [p for p in programs if p.operator == "residual_term"]
+        refused = [r for r in archive.rejections(run.id) if r.operator == "residual_term"]
+        assert aimed, refused
+        for child in aimed:
+            assert child.operator_detail.startswith("residual_term: + ") and "screened:" in child.operator_detail
+            assert child.parents and child.parents[0] in {p.id for p in programs}
+            assert seed.source.split("def step_time")[0] != child.source.split("def step_time")[0]  # a new constant
+        for r in refused:
+            assert r.rule in ("screening", "residuals") and r.parents
+        assert len(archive.llm_calls(run.id)) == requests < 3  # only the calls the LLM answered
     finally:
         archive.close()

@@ -263,3 +263,28 @@ def test_cv_groups_file_folds_are_the_files_and_the_run_keeps_them(tmp_path, syn
         invoke("run", "--generations", 1, "--archive", tmp_path / "bad", *TINY, "--cv", "lomx"), "--cv must be"
     )
     assert not (tmp_path / "bad").exists()
+
+
+def test_front_cv_of_a_groups_file_ranks_what_is_deployed(tmp_path):
+    """--front-cv groups:FILE: the run's end asks the question of the file (here: another TP), the
+    deployment rule ranks by it, and a file the data cannot serve fails before the search."""
+    groups = tmp_path / "by-tp.yaml"
+    groups.write_text(
+        "tp2: [synth-codellama-34b-tp2-reasoning, synth-mixtral-8x7b-tp2-roleplay]\ntp4: [synth-llama-2-70b-tp4-codegen]\n"
+    )
+    protocol = f"groups:{groups}"
+    out = json.loads(run(tmp_path / "a", "--front-cv", protocol, "--json").stdout)
+    progs, scores, _ = programs(tmp_path / "a")
+    seeds = {p.id for p in progs if p.operator == "seed" and p.full}
+    for pid in {p.id for p in pareto_front(progs)} | seeds:
+        (score,) = scores[pid]
+        assert score.protocol == protocol and {f["name"] for f in score.folds} == {"tp2", "tp4"}
+    with opened(tmp_path / "a") as archive:
+        chosen = choose(archive, DEFAULT_RULE)
+    assert chosen.protocol == protocol and out["deployed"]["id"] == chosen.program.id
+    assert f"{protocol} CV loss" in out["deployed"]["why"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tp8: [no-such-experiment]\n")
+    res = invoke("run", "--generations", 1, "--archive", tmp_path / "b", *TINY, "--front-cv", f"groups:{bad}")
+    only_error_line(res, f"{bad}: fold 'tp8' names 'no-such-experiment'")
+    assert not (tmp_path / "b" / Archive.FILE).exists()

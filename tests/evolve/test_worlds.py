@@ -43,9 +43,9 @@ from stepml_evolve.evaluator.known_truth.configurations import (
 from stepml_evolve.evaluator.known_truth.workloads import STANDARD_WORKLOADS
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out, bench_world
+from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out, bench_world, started
 from stepml_evolve.evolve.commands.bench_worlds_results import HeldOut, SplitResult
-from stepml_evolve.evolve.deploy.rules import DEFAULT_RULE, RULES
+from stepml_evolve.evolve.deploy.rules import DEFAULT_RULE, RULES, choose
 from stepml_evolve.evolve.search.cascade import structure_hash
 from stepml_evolve.seeds import baseline_paths, seed_path, seed_paths
 
@@ -345,10 +345,17 @@ def test_a_search_seed_draws_another_search_on_the_same_world_and_scores_its_own
         seed=0,
         search_seed=3,
         splits=["by-gpu"],
-        front_cv="none",
         fits=1,
     )
     assert archive_rows(copy / "launch_bound" / "by-gpu-archive", "select seed from runs") == [(3,)]
+    # the search's end asked the split's own question inside its train configurations (one trained
+    # GPU held out), and the default rule ranked by that CV loss
+    inner = f"groups:{copy / 'launch_bound' / 'data' / 'split-by-gpu.inner.yaml'}"
+    assert {p for (p,) in archive_rows(copy / "launch_bound" / "by-gpu-archive", "select protocol from cv_scores")} == {
+        inner
+    }
+    with opened(copy / "launch_bound" / "by-gpu-archive") as archive:
+        assert choose(archive, DEFAULT_RULE).protocol == inner
     assert data.stat().st_mtime == made  # the world was not generated again
     assert result.search_seed == 3 and {s.program for s in result.seeds} == {p.stem for p in seed_paths()}
     if result.winner_origin.startswith("seed "):
@@ -535,3 +542,13 @@ def test_a_benchmark_started_before_unexercised_resumes_with_allow_it_ran(tmp_pa
     _check_resumable(tmp_path, {**started, "unexercised": "allow"})
     with pytest.raises(UserError, match="started with unexercised 'allow', not 'reject'"):
         _check_resumable(tmp_path, {**started, "unexercised": "reject"})
+
+
+def test_a_benchmark_started_before_the_inner_front_cv_resumes_with_lomo(tmp_path):
+    """A benchmark's searches end with the split's inner CV; one stored before ended with lomo and
+    keeps it when resumed (no option sets it)."""
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({"worlds": ["launch_bound"], "front_cv": "lomo"}))
+    assert started(tmp_path, "front_cv") == "lomo"
+    _check_resumable(tmp_path, {"worlds": ["launch_bound"], "front_cv": "inner"})
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({"worlds": ["launch_bound"], "front_cv": "inner"}))
+    assert started(tmp_path, "front_cv") == "inner"

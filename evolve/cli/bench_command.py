@@ -129,6 +129,13 @@ def bench_cmd(
         "run) or inner (the search runs --cv groups:split-NAME.inner.yaml, the split's kind of "
         "extrapolation inside its train configurations, and the lowest such CV loss wins).",
     ),
+    bench_front_cv: str | None = typer.Option(
+        None,
+        "--front-cv",
+        help="With --worlds: how each search's end cross-validates its front and seeds, which the "
+        "deployment rules rank by: lomo (the default, as evolve run), lowo, inner (the split's own "
+        "question inside its train configurations, split-NAME.inner.yaml) or none (--quick's default).",
+    ),
     held_out_fits: int | None = typer.Option(
         None,
         "--held-out-fits",
@@ -195,6 +202,7 @@ def bench_cmd(
             search_seed=search_seed,
             search_seeds=search_seeds,
             selection=select,
+            front_cv=bench_front_cv,
             engine=search_engine,
             llm=LLMSettings(llm, base_url=llm_base_url) if llm else None,
             fits=held_out_fits,

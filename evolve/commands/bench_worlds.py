@@ -54,7 +54,7 @@ from stepml_evolve.evaluator.say import Say, quiet
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.deploy.rules import DEFAULT_RULE, RULES, choose
 from stepml_evolve.evolve.deploy.scores import cv_by_program
-from stepml_evolve.evolve.search import SearchConfig
+from stepml_evolve.evolve.search import FRONT_CV_MODES, SearchConfig
 from stepml_evolve.seeds import baseline_paths, seed_paths
 
 from .bench_worlds_results import RESULT_SUFFIX, HeldOut, SplitResult, _held_out_of, archive_of
@@ -77,10 +77,11 @@ SELECTIONS = ("validation", "inner")  # how a search picks its winner (see bench
 # fit, what a user keeps), or the median of the fits' held-out losses (the benchmark's first rule)
 PICKS = ("train", "median")
 SETTINGS_FILE = "bench-worlds.settings.json"  # what a resumed benchmark must match
-# A search's end cross-validates its front with the split's own question asked inside its train
-# configurations (by-workload: a trained workload held out; by-gpu: a trained GPU), not leave one
-# model out: the deployment rules rank by it (docs/results/physics.md, "guarded judged by the split's question")
+# --front-cv inner: a search's end cross-validates its front with the split's own question asked
+# inside its train configurations (by-workload: a trained workload held out; by-gpu: a trained GPU),
+# and the deployment rules rank by it (docs/results/physics.md, "Guarded ranked by the split's own question")
 INNER_FRONT_CV = "inner"
+FRONT_CVS = (*FRONT_CV_MODES, INNER_FRONT_CV)
 
 
 def _read_json(path: Path):
@@ -182,7 +183,7 @@ def bench_world(
     search_seed: int | None = None,
     search_seeds: int = 1,
     splits=None,
-    front_cv: str = INNER_FRONT_CV,
+    front_cv: str = SearchConfig.front_cv,
     selection: str = SELECTIONS[0],
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
@@ -449,6 +450,7 @@ def bench_worlds(
     search_seed: int | None = None,
     search_seeds: int | None = None,
     selection: str = SELECTIONS[0],
+    front_cv: str | None = None,
     engine: str = ENGINES[0],
     llm: LLMSettings | None = None,
     fits: int | None = None,
@@ -484,6 +486,9 @@ def bench_worlds(
         raise UserError(f"--held-out-pick must be one of {', '.join(PICKS)}, not {pick!r}")
     if selection not in SELECTIONS:
         raise UserError(f"--select must be one of {', '.join(SELECTIONS)}, not {selection!r}")
+    front_cv = front_cv or ("none" if quick else SearchConfig.front_cv)
+    if front_cv not in FRONT_CVS:
+        raise UserError(f"--front-cv must be one of {', '.join(FRONT_CVS)}, not {front_cv!r}")
     for n in names:
         load_world(n)  # an unknown name or a bad law fails before anything is written
     known = [s.name for s in SPLITS]
@@ -501,7 +506,7 @@ def bench_worlds(
         "llm": llm.model if llm else None,
         "held_out_fits": fits,
         "held_out_pick": pick if fits > 1 else None,  # one fit is every rule's pick
-        "front_cv": "none" if quick else INNER_FRONT_CV,
+        "front_cv": front_cv,
         "modulate": modulate,
         "switch": switch,
         "residual": residual,
@@ -529,7 +534,7 @@ def bench_worlds(
             search_seed=search_seed,
             search_seeds=search_seeds,
             splits=settings["splits"],
-            front_cv=started(out_dir, "front_cv"),
+            front_cv=front_cv,
             selection=selection,
             engine=engine,
             llm=llm,
@@ -561,13 +566,11 @@ LEGACY_SETTINGS = {
 }
 
 
-# settings no option sets: a resumed benchmark keeps the ones it started with (one started before
-# INNER_FRONT_CV stored "lomo" and keeps it)
-FIXED_AT_START = ("baselines", "front_cv")
+FIXED_AT_START = ("baselines",)  # settings no option sets: a resumed benchmark keeps the ones it started with
 
 
 def started(out_dir: Path, key: str):
-    """A setting of FIXED_AT_START as the benchmark in out_dir stored it."""
+    """A setting as the benchmark in out_dir stored it (FIXED_AT_START's, which no option sets)."""
     return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}[key]
 
 

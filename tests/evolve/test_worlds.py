@@ -43,7 +43,7 @@ from stepml_evolve.evaluator.known_truth.configurations import (
 from stepml_evolve.evaluator.known_truth.workloads import STANDARD_WORKLOADS
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out, bench_world, started
+from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out, bench_world
 from stepml_evolve.evolve.commands.bench_worlds_results import HeldOut, SplitResult
 from stepml_evolve.evolve.deploy.rules import DEFAULT_RULE, RULES, choose
 from stepml_evolve.evolve.search.cascade import structure_hash
@@ -345,11 +345,12 @@ def test_a_search_seed_draws_another_search_on_the_same_world_and_scores_its_own
         seed=0,
         search_seed=3,
         splits=["by-gpu"],
+        front_cv="inner",
         fits=1,
     )
     assert archive_rows(copy / "launch_bound" / "by-gpu-archive", "select seed from runs") == [(3,)]
-    # the search's end asked the split's own question inside its train configurations (one trained
-    # GPU held out), and the default rule ranked by that CV loss
+    # --front-cv inner: the search's end asked the split's own question inside its train
+    # configurations (one trained GPU held out), and the default rule ranked by that CV loss
     inner = f"groups:{copy / 'launch_bound' / 'data' / 'split-by-gpu.inner.yaml'}"
     assert {p for (p,) in archive_rows(copy / "launch_bound" / "by-gpu-archive", "select protocol from cv_scores")} == {
         inner
@@ -544,11 +545,14 @@ def test_a_benchmark_started_before_unexercised_resumes_with_allow_it_ran(tmp_pa
         _check_resumable(tmp_path, {**started, "unexercised": "reject"})
 
 
-def test_a_benchmark_started_before_the_inner_front_cv_resumes_with_lomo(tmp_path):
-    """A benchmark's searches end with the split's inner CV; one stored before ended with lomo and
-    keeps it when resumed (no option sets it)."""
-    (tmp_path / SETTINGS_FILE).write_text(json.dumps({"worlds": ["launch_bound"], "front_cv": "lomo"}))
-    assert started(tmp_path, "front_cv") == "lomo"
-    _check_resumable(tmp_path, {"worlds": ["launch_bound"], "front_cv": "inner"})
-    (tmp_path / SETTINGS_FILE).write_text(json.dumps({"worlds": ["launch_bound"], "front_cv": "inner"}))
-    assert started(tmp_path, "front_cv") == "inner"
+def test_a_benchmark_resumes_with_the_front_cv_it_started_with(tmp_path):
+    """--front-cv is a benchmark's setting (default lomo, as evolve run; inner: the split's own
+    question): a resume must keep it, and an unknown one is refused in one line."""
+    started = {"worlds": ["launch_bound"], "front_cv": "lomo"}
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(started))
+    _check_resumable(tmp_path, started)
+    with pytest.raises(UserError, match="started with front_cv 'lomo', not 'inner'"):
+        _check_resumable(tmp_path, {**started, "front_cv": "inner"})
+    res = CliRunner().invoke(app, ["bench", "--worlds", "--front-cv", "groups", "--out", str(tmp_path / "new")])
+    assert res.exit_code == 2 and "--front-cv must be one of lomo, lowo, none, inner" in res.output
+    assert not (tmp_path / "new").exists()

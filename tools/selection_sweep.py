@@ -14,7 +14,7 @@ of the ratios. The scores are cached in DIR/selection-sweep.json, so a rerun onl
         [--protocols lomo,inner] [--json]
 
 --protocols: also `best` and `guarded` (at each margin) ranked by each of these CV protocols ("inner": the split's own question
-inside its train configurations, split-NAME.inner.yaml, as the benchmark's searches now end), the
+inside its train configurations, split-NAME.inner.yaml, as `bench --worlds --front-cv inner` ends them), the
 front members and seeds each protocol has not scored cross-validated into the archive first, as a
 run's end scores them (its fit settings, seed and promoted-fit budget).
 
@@ -35,7 +35,7 @@ from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.fit.crossval import GROUPS_PREFIX, make_folds
 from stepml_evolve.evaluator.known_truth.splits import SPLITS, split_file
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
-from stepml_evolve.evolve.commands.bench_worlds import SplitScorer
+from stepml_evolve.evolve.commands.bench_worlds import SplitScorer, front_cv_protocol
 from stepml_evolve.evolve.commands.bench_worlds_results import archive_of, stored_results
 from stepml_evolve.evolve.deploy.front_cv import cross_validate_front, run_fit_settings
 from stepml_evolve.evolve.deploy.rules import RULES, best_seed, choose, own_seed
@@ -43,10 +43,6 @@ from stepml_evolve.evolve.search import RunSettings
 
 CACHE = "selection-sweep.json"
 SEED_BY_VALIDATION = "seed by validation"  # the reference without a search
-
-
-def _protocol(name: str, data_dir: Path, split: str) -> str:
-    return f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}" if name == "inner" else name
 
 
 def _front_scored(archive_dir: Path, train_dir: Path, protocol: str) -> None:
@@ -71,7 +67,7 @@ def sweep(out: Path, factors: list[float], margins: list[float], protocols: list
     for path, result in stored_results(out):
         split = next(s for s in SPLITS if s.name == result.split)
         data_dir = out / result.world / ("data" if split.grid == "standard" else f"data-{split.grid}")
-        by_protocol = {name: _protocol(name, data_dir, split.name) for name in protocols}
+        by_protocol = {name: front_cv_protocol(name, data_dir, split.name) for name in protocols}
         for protocol in by_protocol.values():
             _front_scored(archive_of(path), out / result.world / f"{split.name}-train", protocol)
         with opened(archive_of(path)) as archive:

@@ -246,7 +246,7 @@ def bench_world(
                             generations=generations,
                             seed=base + k,
                             cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
-                            front_cv="none" if inner else _front_cv(front_cv, data_dir, split.name),
+                            front_cv="none" if inner else front_cv_protocol(front_cv, data_dir, split.name),
                             modulate=modulate,
                             switch=switch,
                             residual=residual,
@@ -295,7 +295,7 @@ def bench_world(
     return results
 
 
-def _front_cv(front_cv: str, data_dir: Path, split: str) -> str:
+def front_cv_protocol(front_cv: str, data_dir: Path, split: str) -> str:
     """The protocol a search's end cross-validates its front with: INNER_FRONT_CV is the split's own
     kind of extrapolation inside its train configurations (its inner groups file)."""
     return f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}" if front_cv == INNER_FRONT_CV else front_cv
@@ -546,7 +546,7 @@ def bench_worlds(
             time_components=time_components,
             unexercised=unexercised,
             physics=physics,
-            baselines=started(out_dir, "baselines"),
+            baselines=started_baselines(out_dir),
             archive_top=archive_top,
             say=say,
         )
@@ -569,9 +569,9 @@ LEGACY_SETTINGS = {
 FIXED_AT_START = ("baselines",)  # settings no option sets: a resumed benchmark keeps the ones it started with
 
 
-def started(out_dir: Path, key: str):
-    """A setting as the benchmark in out_dir stored it (FIXED_AT_START's, which no option sets)."""
-    return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}[key]
+def started_baselines(out_dir: Path) -> str:
+    """How the benchmark in out_dir scores its baselines (its stored setting)."""
+    return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}["baselines"]
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:

@@ -32,13 +32,13 @@ import io
 import math
 import re
 import tokenize
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from stepml_evolve.evaluator.dsl.operators import Kind, float_or_inf, literal_number, operands, operator_of, symbols
+from stepml_evolve.evaluator.dsl.pyparse import parse_python
 from stepml_evolve.evaluator.errors import UserError
 from stepml_evolve.evaluator.hardware.components import COMPONENT_NAMES
 
@@ -278,7 +278,7 @@ def render_constants(
 
 
 def _after_docstring(lines: list[str], source: str) -> int:
-    tree = ast.parse(source)
+    tree = parse_python(source)
     if (
         tree.body
         and isinstance(tree.body[0], ast.Expr)
@@ -593,10 +593,7 @@ def parse_program(source: str) -> Program:
         raise ProgramError(None, "syntax", "program text contains a NUL byte")
     _check_literal_lengths(source)
     try:
-        with warnings.catch_warnings():  # odd literals in hostile text must not print warnings
-            warnings.simplefilter("ignore", SyntaxWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)  # e.g. an invalid escape in a string literal
-            tree = ast.parse(source, mode="exec")
+        tree = parse_python(source, quiet=True)  # odd literals in hostile text must not print warnings
     except SyntaxError as e:
         raise ProgramError(e.lineno, "syntax", f"syntax error: {e.msg}") from None
     except (RecursionError, MemoryError, ValueError):

@@ -14,6 +14,7 @@ import inspect
 import operator
 import textwrap
 
+from stepml_evolve.evaluator.dsl.pyparse import parse_python
 from stepml_evolve.evaluator.hardware import components as comps_mod
 from stepml_evolve.evaluator.hardware.catalog import catalog
 from stepml_evolve.evaluator.hardware.components import COMPONENT_NAMES, COMPONENTS, N_COEFFICIENTS
@@ -73,7 +74,7 @@ class _Translator:
     def __init__(self, fn, select: str | None = None, receiver_k: bool = False):
         self.name = fn.__name__
         lines, self.first_line = inspect.getsourcelines(fn)
-        self.tree = ast.parse(textwrap.dedent("".join(lines))).body[0]
+        self.tree = parse_python(textwrap.dedent("".join(lines))).body[0]
         self.params = [a.arg for a in self.tree.args.args]
         self.select = select  # Go helper for `a if x < y else b`; None where conditionals are not allowed
         self.receiver_k = receiver_k  # `k[K_*]` reads the model's coefficients, m.k[i]

@@ -25,6 +25,7 @@ from stepml_evolve.evaluator.discovery.screening import Screened, Screening, scr
 from stepml_evolve.evaluator.discovery.terms import knot_bounds, library, step_values
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.dsl.program import Prior, inlined, render_constants
+from stepml_evolve.evaluator.dsl.pyparse import parse_python
 from stepml_evolve.evaluator.physics.rules import DEFAULT_SPREAD, summed_times
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
@@ -107,7 +108,7 @@ def with_terms(
                 (lo, hi),
                 Prior(s.term.knot, KNOT_SPREAD, True),
             )
-        added.append(ast.parse(s.term.text(k, t), mode="eval").body)
+        added.append(parse_python(s.term.text(k, t), "eval").body)
     functions = []
     for name, fn in parent.functions.items():
         fn = copy.deepcopy(fn)

@@ -22,6 +22,7 @@ from stepml_evolve.evaluator.dsl import REQUEST_FIELDS, Program
 from stepml_evolve.evaluator.dsl.operators import OPERATORS as DSL_OPERATORS
 from stepml_evolve.evaluator.dsl.operators import Kind, Operator, operands, operator_of
 from stepml_evolve.evaluator.dsl.program import clip_to, literal_number, render_constants
+from stepml_evolve.evaluator.dsl.pyparse import parse_python
 from stepml_evolve.evaluator.hardware.components import COMPONENT_NAMES, TIME_COMPONENTS
 
 MAX_TREE_HEIGHT = 12
@@ -239,12 +240,12 @@ def render_tree(tree: gp.PrimitiveTree, existing: set[str]) -> tuple[str, dict[s
         return f"({args[2]} if {args[0]} {op.symbol} {args[1]} else {args[3]})"  # ifgt(a, b, then, else)
 
     text = walk()
-    return _flatten_minmax(ast.unparse(ast.parse(text, mode="eval"))), new
+    return _flatten_minmax(ast.unparse(parse_python(text, "eval"))), new
 
 
 def _flatten_minmax(text: str) -> str:
     """max(max(a, b), c) -> max(a, b, c): same value, easier to read."""
-    tree = ast.parse(text, mode="eval")
+    tree = parse_python(text, "eval")
 
     class Flatten(ast.NodeTransformer):
         def visit_Call(self, node):
@@ -367,7 +368,7 @@ def assemble(
     body = "\n\n\n".join(parts)
     used = {
         n.attr
-        for n in ast.walk(ast.parse(body))
+        for n in ast.walk(parse_python(body))
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "c"
     }
     kept = {k: clip_to(v, bounds.get(k)) for k, v in constants.items() if k in used}

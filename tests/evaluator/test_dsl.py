@@ -432,3 +432,54 @@ def test_integer_literals_too_large_for_a_float_are_rejected_not_raised(source):
     LLM reply could stop a search."""
     with pytest.raises(ProgramError, match="line"):
         parse_program(source)
+
+
+def test_programs_parse_in_many_threads_at_once_while_garbage_collections_run_python_code():
+    """The search fits children in threads and a fit may parse a program. CPython 3.11 keeps the
+    AST converter's recursion depth in state every thread shares: a collection that runs a
+    finalizer mid-parse lets another thread's parse interleave, and one of them then raises
+    SystemError (it did, once, in CI). Parsing goes through one lock (dsl/pyparse.py)."""
+    import gc
+    import threading
+
+    source = seed_paths()[0].read_text()
+    expected = parse_program(source)
+
+    class Finalized:
+        def __del__(self):
+            [i for i in range(20)]  # Python code inside a collection: a thread switch can happen here
+
+    done = threading.Event()
+
+    def churn():
+        for _ in range(1_000_000):
+            if done.is_set():
+                return
+            cycle = Finalized()
+            cycle.me = cycle
+
+    failures, parsed = [], []
+
+    def parse():
+        try:
+            for _ in range(250):
+                parsed.append(parse_program(source).source == expected.source)
+        except Exception as e:  # noqa: BLE001 - any failure is what the test reports
+            failures.append(repr(e))
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(50, 1, 1)
+    try:
+        threads = [threading.Thread(target=parse) for _ in range(3)]
+        churner = threading.Thread(target=churn)
+        churner.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        done.set()
+        churner.join()
+        gc.set_threshold(*threshold)
+    assert failures == []
+    assert len(parsed) == 750 and all(parsed)

@@ -207,8 +207,9 @@ class Cascade:
         return ordered[: self.cfg.max_promotions]
 
     def full_fits(self, cands: list[tuple[Candidate, tuple[int, ...]]]) -> list[FullFit]:
-        """Promoted candidates fully fitted from their screening constants (all at once), seeded
-        by the run's seed and where each stands."""
+        """Promoted candidates fully fitted from their screening constants and full_fit_starts - 1
+        draws from their priors, the best kept (all at once), seeded by the run's seed and where
+        each stands."""
         return _at_once(
             lambda item: self._full_fit(
                 item[0].program,
@@ -216,6 +217,7 @@ class Cascade:
                 self._seed(*item[1], 2),
                 self.cfg.full_fit_evals,
                 self.cfg.full_fit_sigma,
+                starts=self.cfg.full_fit_starts,
             ),
             cands,
         )

@@ -174,6 +174,12 @@ class SearchConfig:
         min=1,
         flag="--seed-program-starts",
     )
+    full_fit_starts: int = setting(
+        1,
+        "Fits of each promoted child: from its screening constants and from draws from their priors, "
+        "the best kept (each start costs a full fit; 1: the screening constants only).",
+        min=1,
+    )
     # seed fits keep the standard fit's trust region; docs/HISTORY.md "Search speed" measured what these buy
     full_fit_candidates: int = setting(
         1, "A promoted child's fit (trust region): closed-loop judged points per iteration.", min=1
@@ -347,6 +353,7 @@ LEGACY_SETTINGS = {
     "physics": "off",
     "residual": 0.0,
     "seed_starts": 1,
+    "full_fit_starts": 1,
 }
 # the fit budgets runs had before the search-speed work (`evolve bench --baseline` times them):
 # the legacy values of the settings it added, and the full-fit budget it changed

@@ -39,6 +39,7 @@ RUN_OPTIONS = {
     "--switch": "switch",
     "--residual": "residual",
     "--seed-program-starts": "seed_starts",
+    "--full-fit-starts": "full_fit_starts",
     "--explain": "explain",
     "--baselines": "baselines",
     "--physics": "physics",

@@ -134,3 +134,26 @@ def test_screening_replays_the_share_of_requests_quick_window_says(synthetic):
             losses[window] = cand.quick_loss
     assert SearchConfig.quick_window == 0.3
     assert losses[0.3] != losses[0.15]
+
+
+def test_a_promoted_childs_full_fit_is_the_best_of_its_starts(synthetic):
+    """--full-fit-starts N: the screening constants and N - 1 prior draws, the best kept (what
+    fit_from_starts keeps), so a child is judged by its structure's best fit, not one start's luck."""
+    from stepml_evolve.evaluator.fit.starts import fit_from_starts, total
+
+    exps = synthetic.experiments
+    program = load_program(seed_path("trained_physics"))
+    with ReplayPool(exps) as pool:
+        one, three = (
+            Cascade(synthetic, pool, SearchConfig(seed=3, full_fit_evals=6, full_fit_starts=n)) for n in (1, 3)
+        )
+        cand = Candidate(program, Proposal(program.source, "seed", []), None, 0, constants=dict(program.constants))
+        (single,) = one.full_fits([(cand, (1, 2))])
+        (best,) = three.full_fits([(cand, (1, 2))])
+        config = three.full_fit_config(three._seed(1, 2, 2), 6, SearchConfig.full_fit_sigma)
+        kept, every = fit_from_starts(program, exps, pool, config, cand.constants, 3)
+    assert best.constants == kept.constants["all"]
+    assert single.constants == every[0].constants["all"]  # one start: the screening constants' fit
+    assert len({round(total(r), 9) for r in every}) == 3  # the draws are other fits: the test can fail
+    assert total(kept) == min(total(r) for r in every)
+    assert three.take_evaluations() > one.take_evaluations()  # every start is counted

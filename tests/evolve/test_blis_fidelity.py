@@ -55,37 +55,15 @@ def test_blis_compare_installs_the_program_and_reports_per_request_agreement(bli
 
     data = synthetic_dir()
     name = sorted(d.name for d in data.iterdir() if d.is_dir())[0]
-    res = CliRunner().invoke(
-        app,
-        [
-            "blis-compare",
-            str(seed_path("roofline")),
-            "--blis",
-            str(blis_checkout),
-            "--data",
-            str(data),
-            "--experiment",
-            name,
-            "--requests",
-            "400",
-            "--json",
-        ],
-    )
+
+    def compare(experiment: str, *extra: str):
+        args = ["blis-compare", str(seed_path("roofline")), "--blis", str(blis_checkout), "--data", str(data)]
+        return CliRunner().invoke(app, [*args, "--experiment", experiment, *extra])
+
+    res = compare(name, "--requests", "400", "--json")
     assert res.exit_code == 0, res.output
     (row,) = json.loads(res.stdout)
     assert row["experiment"] == name and row["n_compared"] > 100
     assert row["exact_e2e"] == 1.0 and row["exact_ttft"] == 1.0 and row["e2e_diff_pct"] == 0.0
-    res = CliRunner().invoke(
-        app,
-        [
-            "blis-compare",
-            str(seed_path("roofline")),
-            "--blis",
-            str(blis_checkout),
-            "--data",
-            str(data),
-            "--experiment",
-            "no-such-experiment",
-        ],
-    )
+    res = compare("no-such-experiment")
     assert res.exit_code == 2 and "no experiment directories named no-such-experiment" in res.stderr

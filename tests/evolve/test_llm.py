@@ -237,30 +237,15 @@ def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
         ("status", 500),
         ("status", 500),
     ]
+
+    def llm_run(archive, *extra: str):
+        args = ["run", "--generations", "3", "--seed", "5", "--archive", str(archive), *SMALL]
+        llm = ["--llm", "openai/test-model", "--llm-ratio", "1.0", "--llm-timeout", "5"]
+        return CliRunner().invoke(app, [*args, *llm, *extra])
+
     first = tmp_path / "first"
     with ScriptedLLM(script, default=_variety) as server:
-        res = CliRunner().invoke(
-            app,
-            [
-                "run",
-                "--generations",
-                "3",
-                "--seed",
-                "5",
-                "--archive",
-                str(first),
-                *SMALL,
-                "--llm",
-                "openai/test-model",
-                "--llm-base-url",
-                server.base_url,
-                "--llm-ratio",
-                "1.0",
-                "--llm-timeout",
-                "5",
-                "--json",
-            ],
-        )
+        res = llm_run(first, "--llm-base-url", server.base_url, "--json")
         assert res.exit_code == 0, res.output
         n_http = len(server.requests)
     a = Archive(first)
@@ -281,26 +266,7 @@ def test_a_run_with_the_llm_records_every_outcome_and_replays_offline(tmp_path):
     # replay offline from the cache: the same archive, no server at all
     second = tmp_path / "second"
     shutil.copytree(first / "llm_cache", second / "llm_cache")
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--generations",
-            "3",
-            "--seed",
-            "5",
-            "--archive",
-            str(second),
-            *SMALL,
-            "--llm",
-            "openai/test-model",
-            "--llm-ratio",
-            "1.0",
-            "--llm-offline",
-            "--llm-timeout",
-            "5",
-        ],
-    )
+    res = llm_run(second, "--llm-offline")
     assert res.exit_code == 0, res.output
 
     def programs(d):

@@ -245,7 +245,7 @@ def bench_world(
                         config = SearchConfig(
                             generations=generations,
                             seed=base + k,
-                            cv=f"{GROUPS_PREFIX}{split_file(data_dir, split.name, inner=True)}" if inner else "none",
+                            cv=inner_protocol(data_dir, split.name) if inner else "none",
                             front_cv="none" if inner else front_cv_protocol(front_cv, data_dir, split.name),
                             modulate=modulate,
                             switch=switch,
@@ -295,10 +295,14 @@ def bench_world(
     return results
 
 
+def inner_protocol(data_dir: Path, split: str) -> str:
+    """The split's own kind of extrapolation inside its train configurations: its inner groups file."""
+    return f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}"
+
+
 def front_cv_protocol(front_cv: str, data_dir: Path, split: str) -> str:
-    """The protocol a search's end cross-validates its front with: INNER_FRONT_CV is the split's own
-    kind of extrapolation inside its train configurations (its inner groups file)."""
-    return f"{GROUPS_PREFIX}{split_file(data_dir, split, inner=True)}" if front_cv == INNER_FRONT_CV else front_cv
+    """The protocol a search's end cross-validates its front with (INNER_FRONT_CV: inner_protocol)."""
+    return inner_protocol(data_dir, split) if front_cv == INNER_FRONT_CV else front_cv
 
 
 def _search(

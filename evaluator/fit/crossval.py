@@ -27,6 +27,7 @@ from stepml_evolve.evaluator.data.experiments import ALL, Experiment
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.errors import UserError, shown
 from stepml_evolve.evaluator.fit.fitting import FitConfig, FitResult, ProgressFn, fit_constants
+from stepml_evolve.evaluator.fit.starts import fit_from_starts
 from stepml_evolve.evaluator.readers import read_yaml
 from stepml_evolve.evaluator.scoring.metrics import APE_KEYS, MetricRow
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
@@ -113,6 +114,9 @@ class FoldResult:
     fold: Fold
     fit: FitResult
     rows: list[MetricRow]  # held-out experiments, split "all"
+    # with several starts: every start's fit and its held-out rows, in order (`fit` is the one of
+    # lowest train loss plus penalties, what the fold kept); one start: empty
+    starts: list[tuple[FitResult, list[MetricRow]]] = dataclasses.field(default_factory=list)
 
     @property
     def constants(self) -> dict[str, float]:
@@ -126,6 +130,7 @@ class CrossValidation:
     loss: float  # the fit's objective over every fold's held-out rows
     in_distribution: FoldResult | None = None  # fitted on every experiment, all scored: the gap's other side
     warm_started: bool = False  # folds fitted from a fit on every experiment (cross_validate's `warm`)
+    start_losses: list[float] = dataclasses.field(default_factory=list)  # the CV loss had every fold kept start k
 
     @property
     def rows(self) -> list[MetricRow]:
@@ -166,9 +171,13 @@ def cross_validate(
     percentiles: bool = False,
     in_distribution: bool = False,
     warm: tuple[FitConfig, FitResult] | None = None,
+    starts: int = 1,
 ) -> CrossValidation:
     """Fit each fold on its train experiments (global scope) and score its held-out ones on all requests.
     With `in_distribution`, also fit on every experiment and score them all the same way, for comparison.
+    `starts` > 1 fits each fold from the program's constants and from draws from their priors
+    (evaluator/fit/starts.py), keeps each fold's best train fit, and reports the CV loss each start
+    alone would give (`start_losses`): how far a structure's held-out loss moves with its start.
 
     `warm` (the search's cheap folds): (a config, a global trust-region fit on every experiment);
     each fold is fitted with that config from the fit's constants and closed loop (no replay for
@@ -181,19 +190,24 @@ def cross_validate(
     inside_fold = Fold(IN_DISTRIBUTION, everything, everything)
 
     def one(fold: Fold, cfg: FitConfig = config, begin=start, known=None) -> FoldResult:
-        res = fit_constants(
-            program,
-            [by_name[n] for n in fold.train],
-            pool,
-            cfg,
-            start=begin,
-            progress=(lambda g, *a: progress(fold.name, *a)) if progress else None,
-            recorded_start=known,
-        )
+        train = [by_name[n] for n in fold.train]
+        report = (lambda g, *a: progress(fold.name, *a)) if progress else None
+        if starts > 1 and known is None:
+            first = dict(program.constants) if begin is None else begin
+            res, every = fit_from_starts(program, train, pool, cfg, first, starts, progress=report)
+        else:
+            res = fit_constants(program, train, pool, cfg, start=begin, progress=report, recorded_start=known)
+            every = [res]
         held = [by_name[n] for n in fold.held_out]
-        vector = np.array([res.constants["all"][k] for k in program.constants], dtype=float)
-        rows = pool.score(program, [vector] * len(held), (ALL,), held, percentiles)[ALL]
-        return FoldResult(fold, res, rows)
+
+        def scored(fit: FitResult) -> list[MetricRow]:
+            vector = np.array([fit.constants["all"][k] for k in program.constants], dtype=float)
+            return pool.score(program, [vector] * len(held), (ALL,), held, percentiles)[ALL]
+
+        if len(every) == 1:
+            return FoldResult(fold, res, scored(res))
+        each = [(fit, scored(fit)) for fit in every]
+        return FoldResult(fold, res, next(rows for fit, rows in each if fit is res), each)
 
     jobs = [(f,) for f in folds]
     if warm is not None:
@@ -205,4 +219,7 @@ def cross_validate(
         results = list(threads.map(lambda job: one(*job), jobs))
     results, inside = (results[:-1], results[-1]) if in_distribution else (results, None)
     loss = config.objective.of_rows([r for f in results for r in f.rows])
-    return CrossValidation(protocol, results, loss, inside, warm is not None)
+    by_start = [
+        config.objective.of_rows([r for f in results for r in f.starts[k][1]]) for k in range(len(results[0].starts))
+    ]
+    return CrossValidation(protocol, results, loss, inside, warm is not None, by_start)

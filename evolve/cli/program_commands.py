@@ -195,6 +195,13 @@ def cv_cmd(
         help="Also fit on every experiment and score them all on all requests: "
         "the errors when nothing is held out, beside the CV errors.",
     ),
+    starts: int = typer.Option(
+        1,
+        "--starts",
+        min=1,
+        help="Fit each fold from the program's constants and from draws from their priors (as --starts in "
+        "evolve fit), keep each fold's best train fit, and print the CV loss each start alone gives.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     method: MethodOption = FIT.method,
     cluster: ClusterOption = None,
@@ -219,6 +226,7 @@ def cv_cmd(
         max_evals=max_evals,
         method=method,
         in_distribution=in_distribution,
+        starts=starts,
         physics=physics,
         say=say,
         progress=fit_progress,
@@ -244,7 +252,11 @@ def cv_cmd(
             )
         )
         out.print(f"in-distribution loss: {loss_text(inside['loss'])}")
-    out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}  ({done.config.objective.describe()})")
+    if done.cv.start_losses:
+        each = ", ".join(f"{v:.3f}" for v in done.cv.start_losses)
+        out.print(f"CV loss had every fold kept one start, for each of {starts} starts: {each}")
+    kept = " (each fold keeps its best train fit)" if done.cv.start_losses else ""
+    out.print(f"CV loss ({done.cv.protocol}): {loss_text(done.cv.loss)}{kept}  ({done.config.objective.describe()})")
 
 
 @settings_options(EvaluationSetup)  # --data, --prompt-reuse, ... (the options every replaying command takes)

@@ -52,8 +52,20 @@ class CrossValidatedProgram:
             ],
             "summary": self.cv.summary(),
             "loss": self.cv.loss,
+            **({"starts": self.starts()} if self.cv.start_losses else {}),
             **({"in_distribution": self.in_distribution()} if self.cv.in_distribution else {}),
         }
+
+    def starts(self) -> list[dict]:
+        """Each start's CV loss and fold fits (start 0 from the program's constants)."""
+        return [
+            {
+                "loss": loss,
+                "train_losses": [f.starts[k][0].loss for f in self.cv.folds],
+                "kept_by": [f.fold.name for f in self.cv.folds if f.starts[k][0] is f.fit],
+            }
+            for k, loss in enumerate(self.cv.start_losses)
+        ]
 
     def in_distribution(self) -> dict:
         inside = self.cv.in_distribution
@@ -76,13 +88,15 @@ def cross_validate_program(
     max_evals: int | None = FitConfig.max_evals,
     method: str = FitConfig.method,
     in_distribution: bool = False,
+    starts: int = 1,
     physics: str = PHYSICS_MODES[0],
     say: Say = quiet,
     progress: FitProgress = no_progress,
 ) -> CrossValidatedProgram:
     """Folds are made (and a bad protocol or groups file refused) before any fit starts; with
     physics "check" a program that breaks a rule of evaluator/physics/rules.py is refused too, and the
-    fold fits keep it at or above the floor."""
+    fold fits keep it at or above the floor. `starts`: each fold fitted from several starts, its best
+    train fit kept (evaluator/fit/crossval.py)."""
     program = load_program(path)
     loaded = setup.load(say)
     folds = make_folds(protocol, loaded.experiments)
@@ -103,5 +117,6 @@ def cross_validate_program(
             progress=on_progress,
             percentiles=True,
             in_distribution=in_distribution,
+            starts=starts,
         )
     return CrossValidatedProgram(path, loaded, config, cv, setup.prompt_reuse)

@@ -17,6 +17,7 @@ from stepml_evolve.evaluator.data.experiments import ALL, SPLITS
 from stepml_evolve.evaluator.dsl import load_program
 from stepml_evolve.evaluator.fit.crossval import FoldError, cross_validate, make_folds
 from stepml_evolve.evaluator.fit.fitting import FitConfig, fit_constants
+from stepml_evolve.evaluator.fit.starts import total
 from stepml_evolve.evaluator.scoring.objectives import DEFAULT
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
@@ -117,6 +118,45 @@ def test_cv_json_shape_summary_and_loss():
     e2e, ttft = [r["ape"]["e2e"] for r in rows], [r["ape"]["ttft"] for r in rows]
     rms = lambda v: math.sqrt(sum(x * x for x in v) / len(v))  # noqa: E731
     assert out["loss"] == pytest.approx(rms(e2e) + rms(ttft))
+
+
+def test_cv_from_several_starts_keeps_each_folds_best_train_fit_and_reports_each_starts_cv_loss(synthetic):
+    """starts=N: each fold is fitted from the program's constants and N - 1 prior draws; the fold
+    keeps its fit of lowest train loss plus penalties; each start's CV loss is what the folds would
+    give had they all kept that start, the first being the one-start CV."""
+    program = load_program(seed_path("phase_decomposed"))
+    exps = synthetic.experiments
+    folds = make_folds("lomo", exps)[:2]
+    config = FitConfig(seed=2, max_evals=6)
+    with ReplayPool(exps, 2) as pool:
+        one = cross_validate(program, exps, pool, "lomo", folds, config)
+        two = cross_validate(program, exps, pool, "lomo", folds, config, starts=2)
+    assert one.start_losses == [] and all(f.starts == [] for f in one.folds)
+    for f, alone in zip(two.folds, one.folds):
+        fits = [fit for fit, _ in f.starts]
+        assert fits[0].constants == alone.fit.constants  # the first start is the one-start fit
+        assert fits[1].constants != alone.fit.constants
+        assert f.fit is fits[min(range(2), key=lambda i: (total(fits[i]), i))]
+        assert f.rows == f.starts[fits.index(f.fit)][1]
+    assert two.start_losses[0] == pytest.approx(one.loss)
+    assert two.loss == pytest.approx(DEFAULT.of_rows(two.rows))
+    for k, loss in enumerate(two.start_losses):
+        assert loss == pytest.approx(DEFAULT.of_rows([r for f in two.folds for r in f.starts[k][1]]))
+
+
+def test_cv_starts_on_the_command_line(tmp_path, synthetic):
+    names = sorted(e.name for e in synthetic.experiments)
+    groups = tmp_path / "groups.yaml"
+    groups.write_text(f"a: [{names[0]}]\nb: [{names[1]}]\n")
+    args = ["cv", seed_path("roofline"), "--protocol", f"groups:{groups}", "--seed", 1, *SMALL, "--starts", 2]
+    out = cv_json(*args[1:])
+    assert [len(s["train_losses"]) for s in out["starts"]] == [2, 2]
+    assert sorted(f for s in out["starts"] for f in s["kept_by"]) == ["a", "b"]
+    for i, f in enumerate(out["folds"]):
+        kept = next(s for s in out["starts"] if f["name"] in s["kept_by"])
+        assert f["train_loss"] == kept["train_losses"][i]
+    res = invoke(*args)
+    assert res.exit_code == 0 and "for each of 2 starts:" in res.output, res.output
 
 
 def test_cv_same_seed_same_numbers_whatever_the_workers():

@@ -129,7 +129,7 @@ def test_a_fit_gives_the_same_constants_on_threads_and_any_cluster_size(cluster,
     def fitted(*extra):
         out = tmp_path / f"fit{len(list(tmp_path.iterdir()))}.py"
         res = CliRunner().invoke(
-            app, ["fit", ROOFLINE, "--max-evals", "12", "--seed", "2", "--out", str(out), "--json", *extra]
+            app, ["fit", ROOFLINE, "--max-evals", "6", "--seed", "2", "--out", str(out), "--json", *extra]
         )
         assert res.exit_code == 0, res.output
         doc = json.loads(res.stdout)

@@ -61,6 +61,7 @@ class CrossValidatedProgram:
         return [
             {
                 "loss": loss,
+                "summary": summarize([r for f in self.cv.folds for r in f.starts[k][1]]),
                 "train_losses": [f.starts[k][0].loss for f in self.cv.folds],
                 "kept_by": [f.fold.name for f in self.cv.folds if f.starts[k][0] is f.fit],
             }

@@ -155,6 +155,10 @@ def test_cv_starts_on_the_command_line(tmp_path, synthetic):
     for i, f in enumerate(out["folds"]):
         kept = next(s for s in out["starts"] if f["name"] in s["kept_by"])
         assert f["train_loss"] == kept["train_losses"][i]
+    for start in out["starts"]:
+        assert set(start["summary"]) == set(out["summary"])
+        if sorted(start["kept_by"]) == ["a", "b"]:  # kept by every fold: the CV's own rows
+            assert start["summary"] == out["summary"]
     res = invoke(*args)
     assert res.exit_code == 0 and "for each of 2 starts:" in res.output, res.output
 

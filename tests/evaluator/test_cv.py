@@ -85,12 +85,15 @@ def test_eval_split_all_cli(tmp_path):
     assert res.exit_code == 2 and "everything" in res.output
 
 
+def two_lomo_folds(synthetic, seed: str, fit_seed: int):
+    """A seed program, the sample's experiments, its first two LOMO folds and a small fit config."""
+    exps = synthetic.experiments
+    return load_program(seed_path(seed)), exps, make_folds("lomo", exps)[:2], FitConfig(seed=fit_seed, max_evals=6)
+
+
 def test_fold_fits_see_only_their_train_experiments(synthetic):
     """A fold's constants are exactly the fit on its train experiments: the held-out one cannot leak in."""
-    program = load_program(seed_path("roofline"))
-    exps = synthetic.experiments
-    folds = make_folds("lomo", exps)[:2]
-    config = FitConfig(seed=3, max_evals=6)
+    program, exps, folds, config = two_lomo_folds(synthetic, "roofline", fit_seed=3)
     with ReplayPool(exps, 2) as pool:
         cv = cross_validate(program, exps, pool, "lomo", folds, config)
         for f in cv.folds:
@@ -124,10 +127,7 @@ def test_cv_from_several_starts_keeps_each_folds_best_train_fit_and_reports_each
     """starts=N: each fold is fitted from the program's constants and N - 1 prior draws; the fold
     keeps its fit of lowest train loss plus penalties; each start's CV loss is what the folds would
     give had they all kept that start, the first being the one-start CV."""
-    program = load_program(seed_path("phase_decomposed"))
-    exps = synthetic.experiments
-    folds = make_folds("lomo", exps)[:2]
-    config = FitConfig(seed=2, max_evals=6)
+    program, exps, folds, config = two_lomo_folds(synthetic, "phase_decomposed", fit_seed=2)
     with ReplayPool(exps, 2) as pool:
         one = cross_validate(program, exps, pool, "lomo", folds, config)
         two = cross_validate(program, exps, pool, "lomo", folds, config, starts=2)

@@ -74,9 +74,11 @@ def sweep(out: Path, factors: list[float], margins: list[float], protocols: list
             picks = {rule: choose(archive, rule).program for rule in RULES}
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
             picks |= {f"guarded {m:g}%": choose(archive, "guarded", m).program for m in margins}
+            picks["guarded (e2e)"] = choose(archive, "guarded", judge="e2e").program
             for n, p in by_protocol.items():  # guarded and best ranked by each protocol, guarded at each margin
                 picks[f"best ({n})"] = choose(archive, "best", protocol=p).program
                 picks[f"guarded ({n})"] = choose(archive, "guarded", protocol=p).program
+                picks[f"guarded ({n}, e2e)"] = choose(archive, "guarded", protocol=p, judge="e2e").program
                 picks |= {f"guarded {m:g}% ({n})": choose(archive, "guarded", m, protocol=p).program for m in margins}
             programs = run_programs(archive)[1]
             by_id = {p.id: p for p in programs}

@@ -13,7 +13,7 @@ from stepml_evolve.evaluator.dsl.program import load_program
 from stepml_evolve.evaluator.fit.config import FitConfig
 from stepml_evolve.evolve.blis.install import DEFAULT_BACKEND, DEFAULT_GO_TEST, BlisError, install_into_blis
 from stepml_evolve.evolve.commands import EvaluationSetup
-from stepml_evolve.evolve.deploy.choices import DEFAULT_RULE
+from stepml_evolve.evolve.deploy.choices import DEFAULT_RULE, JUDGES
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.go.source import DEFAULT_NAME, DEFAULT_TARGET, TARGETS
 from stepml_evolve.evolve.option_fields import from_options
@@ -331,6 +331,13 @@ def emit_go_cmd(
         "counts (default 5); with tethered: how far over 1x of its seed's a program's step times may go "
         "(default 50: 1.5x); with guarded: how much a program must beat its own seed's loss by (default 20).",
     ),
+    judge: Literal[JUDGES] | None = typer.Option(
+        None,
+        "--judge",
+        help="With a rule: what ranks the cross-validated programs: loss (the CV loss, the default: held-out "
+        "RMS APE of mean E2E + of mean TTFT) or e2e (the held-out mean E2E error, steadier where an overloaded "
+        "run's TTFT dominates the loss).",
+    ),
     out_path: Path | None = typer.Option(
         None, "--out", help="Go file to write (default stepml_evolved.go; not with --blis)."
     ),
@@ -366,8 +373,8 @@ def emit_go_cmd(
     if blis is not None and (out_path or test_out):
         raise BlisError("--out and --test-out do not go with --blis (it writes sim/latency/<backend>.go and its test)")
     if blis is not None:
-        if within is not None:
-            raise BlisError("--within does not go with --blis yet (simplest there uses 5%); emit with --out instead")
+        if within is not None or judge is not None:
+            raise BlisError("--within and --judge do not go with --blis yet; emit with --out instead")
         install_into_blis(
             program,
             archive_dir,
@@ -391,6 +398,7 @@ def emit_go_cmd(
         samples=samples,
         within=within,
         physics=physics,
+        judge=judge,
     )
     if choice is not None:
         err.print(choice.describe(), markup=False, highlight=False, soft_wrap=True)

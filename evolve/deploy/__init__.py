@@ -11,7 +11,7 @@ from stepml_evolve.lazy import attach
 __getattr__, __dir__, __all__ = attach(
     __name__,
     {
-        ".choices": ("RULES", "DEFAULT_RULE"),
+        ".choices": ("RULES", "DEFAULT_RULE", "JUDGES", "DEFAULT_JUDGE"),
         ".rules": ("Choice", "choose", "MARGIN_RULES"),
         ".scores": ("CVScores", "cv_by_program", "ranked_cv"),
         ".front_cv": ("RunFitSettings", "run_fit_settings", "cross_validate_programs", "score_front"),

@@ -11,11 +11,12 @@ import numpy as np
 
 from stepml_evolve.archive.access import BrowseError, run_programs
 from stepml_evolve.archive.map_elites import scored
-from stepml_evolve.archive.records import ProgramRecord
+from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord
 from stepml_evolve.archive.store import Archive
 
+from .choices import DEFAULT_JUDGE as DEFAULT_JUDGE  # re-exported with DEFAULT_RULE
 from .choices import DEFAULT_RULE as DEFAULT_RULE  # re-exported: the default of the rules `choose` applies
-from .choices import RULES
+from .choices import JUDGES, RULES
 from .scores import cv_by_program, ranked_cv
 
 MARGIN_RULES = ("simplest", "lineage", "anchored", "tethered", "guarded")  # the rules --within sets a margin of
@@ -44,10 +45,13 @@ class Choice:
     within: float | None = None  # simplest: percent over the best loss allowed; lineage, anchored: the gain that counts
     cv_settings: str = ""  # the fold fits' settings every ranked CV loss shares ("fit seed 7, max-evals 8")
     left_out: int = 0  # cross-validated programs left out: their scores have other settings
+    judge: str = DEFAULT_JUDGE  # what ranked the cross-validated programs (JUDGES)
 
     @property
     def loss_name(self) -> str:
-        return f"{self.protocol} CV loss" if self.protocol else "validation loss"
+        if not self.protocol:
+            return "validation loss"
+        return f"{self.protocol} CV loss" if self.judge == "loss" else f"{self.protocol} held-out mean E2E error (%)"
 
     def describe(self) -> str:
         """One line: which rule, which loss, which program (for stderr and the Go file's header)."""
@@ -101,25 +105,34 @@ def _figure(x: float) -> str:
     return f"{x:.4f}" if abs(x) < 1e9 else f"{x:.4g}"
 
 
-def choose(archive: Archive, rule: str = "best", within: float | None = None, protocol: str | None = None) -> Choice:
+def choose(
+    archive: Archive,
+    rule: str = "best",
+    within: float | None = None,
+    protocol: str | None = None,
+    judge: str = DEFAULT_JUDGE,
+) -> Choice:
     """The latest run's program by a deployment rule. The loss is the CV loss of `protocol` (default:
-    the preferred one, lomo, else lowo, else another) when any program of the run has a finite one,
-    else the validation loss. best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest
-    complexity whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
+    the preferred one, lomo, else lowo, else another) when any program of the run has a finite one
+    (judge "e2e": the held-out mean E2E error of those scores instead), else the validation loss.
+    best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest complexity
+    whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
     anchored, penalized, tethered, guarded: see their helpers (tethered: `within` percent over 1 is its
     factor, default TETHER_FACTOR; guarded: `within` is its margin, default GUARD_MARGIN)."""
     if rule not in RULES:
         raise BrowseError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
+    if judge not in JUDGES:
+        raise BrowseError(f"the judge must be one of {', '.join(JUDGES)}, not {judge!r}")
     within_given = within
     within = DEFAULT_WITHIN if within is None else within
     if not (within >= 0 and math.isfinite(within)):
         raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
     run, programs = run_programs(archive)
     protocol, scores, settings, left_out = ranked_cv(cv_by_program(archive, run.id), {p.id for p in programs}, protocol)
-    if protocol:
-        cands = [(p, scores[p.id].loss) for p in programs if p.id in scores]
-    else:
+    cands = [(p, v) for p in programs if p.id in scores and math.isfinite(v := _judged(scores[p.id], judge))]
+    if not cands:  # no CV score, or none with the judge's figure
         cands = [(p, p.val_loss) for p in scored(programs)]
+        protocol, settings, left_out = None, "", 0
     if not cands:
         raise BrowseError(f"{archive.dir}: no program has been fully evaluated yet")
     best, best_loss = min(cands, key=lambda c: (c[1], c[0].id))
@@ -140,7 +153,13 @@ def choose(archive: Archive, rule: str = "best", within: float | None = None, pr
         chosen, loss = _tethered(cands, programs, factor)
         within = (factor - 1) * 100
     within = within if rule != "best" else None
-    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out)
+    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out, judge)
+
+
+def _judged(score: CVScoreRecord, judge: str) -> float:
+    """A CV score as `judge` ranks it (NaN where it has no such figure)."""
+    value = score.loss if judge == "loss" else score.e2e_mean
+    return math.nan if value is None else float(value)
 
 
 def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> ProgramRecord:

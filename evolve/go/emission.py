@@ -20,7 +20,7 @@ from stepml_evolve.evaluator.errors import cut
 from stepml_evolve.evaluator.fit.fitted_header import header_lines
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 from stepml_evolve.evaluator.physics.rules import physics_problems
-from stepml_evolve.evolve.deploy.rules import MARGIN_RULES, RULES, Choice, choose
+from stepml_evolve.evolve.deploy.rules import DEFAULT_JUDGE, MARGIN_RULES, RULES, Choice, choose
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.go.parity import samples as parity_samples
 from stepml_evolve.evolve.go.source import DEFAULT_NAME, DEFAULT_TARGET, EmitError, go_source, go_test_source, gofmt
@@ -66,18 +66,24 @@ def _is_file_spec(spec: str) -> bool:
 
 
 def choose_for_emission(
-    spec: str, archive_dir: Path | None, within: float | None = None, physics: str = PHYSICS_MODES[0]
+    spec: str,
+    archive_dir: Path | None,
+    within: float | None = None,
+    physics: str = PHYSICS_MODES[0],
+    judge: str | None = None,
 ) -> Emission:
     """The program named by `spec`: a .py file, a deployment rule (RULES) or an id of the archive,
     held to `physics` (`_held_to_physics`). `within` (percent) goes with the rules that have a margin
-    (MARGIN_RULES)."""
-    return _held_to_physics(_chosen(spec, archive_dir, within), spec, physics)
+    (MARGIN_RULES), `judge` (JUDGES; default DEFAULT_JUDGE) with every rule."""
+    return _held_to_physics(_chosen(spec, archive_dir, within, judge), spec, physics)
 
 
-def _chosen(spec: str, archive_dir: Path | None, within: float | None) -> Emission:
+def _chosen(spec: str, archive_dir: Path | None, within: float | None, judge: str | None) -> Emission:
     rule = spec.strip().lower()
     if within is not None and (rule not in MARGIN_RULES or _is_file_spec(spec)):
         raise EmitError(f"--within goes with the rules {', '.join(MARGIN_RULES)} only, not with {spec!r}")
+    if judge is not None and (rule not in RULES or _is_file_spec(spec)):
+        raise EmitError(f"--judge goes with the rules {', '.join(RULES)} only, not with {spec!r}")
     path = Path(spec)
     if _is_file_spec(spec):
         if not os.path.lexists(path):  # (False for a name too long, too)
@@ -87,7 +93,7 @@ def _chosen(spec: str, archive_dir: Path | None, within: float | None) -> Emissi
         # the file's name only: the Go file goes into other people's checkouts, not this machine's paths
         return Emission(program, {"program": path.name, **({"fitted": " / ".join(fitted)} if fitted else {})})
     with opened(archive_dir) as archive:
-        choice = choose(archive, rule, within) if rule in RULES else None
+        choice = choose(archive, rule, within, judge=judge or DEFAULT_JUDGE) if rule in RULES else None
         record = choice.program if choice else resolve(archive, spec)
         header = fitted_header(archive, record).labelled()
         scores = archive.cv_scores(record.id)
@@ -143,12 +149,13 @@ def emit_program(
     samples: int = DEFAULT_SAMPLES,
     within: float | None = None,
     physics: str = PHYSICS_MODES[0],
+    judge: str | None = None,
 ) -> Choice | None:
     """Write `out` (and `test_out`, the Go test against Python on `samples` batches); paths checked
     first. Returns the rule's choice when a rule (`best`, `simplest`) picked the program."""
     check_outputs([out] + ([test_out] if test_out else []), inputs=[Path(spec)] if spec.endswith(".py") else [])
     target_of(target)
-    emission = choose_for_emission(spec, archive_dir, within, physics)
+    emission = choose_for_emission(spec, archive_dir, within, physics, judge)
     source, test_source = _sources(emission, target, name, samples if test_out else None)
     write_atomic(out, source)
     if test_out:

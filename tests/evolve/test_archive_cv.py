@@ -230,13 +230,14 @@ def test_without_scores_the_listings_have_a_blank_cv(searched, tmp_path):
 # ---- emit-go best / simplest ----
 
 
-def _write_score(a: Archive, pid: int, loss: float, protocol: str = "lomo") -> None:
+def _write_score(a: Archive, pid: int, loss: float, protocol: str = "lomo", e2e: float | None = math.inf) -> None:
+    """A CV score of `loss` (its mean E2E error `e2e`, by default a third of it)."""
     a.write_cv_record(
         CVScoreRecord(
             program_id=pid,
             protocol=protocol,
             loss=loss,
-            e2e_mean=loss / 3,
+            e2e_mean=loss / 3 if e2e == math.inf else e2e,
             ttft_mean=loss / 4,
             seed=0,
             max_evals=4,
@@ -462,6 +463,21 @@ def test_within_goes_with_the_rules_that_have_a_margin_only(scored, tmp_path):
     assert not (tmp_path / "m.go").exists()
 
 
+@needs_gofmt
+def test_judge_goes_with_the_rules_only_and_names_itself_in_the_header(scored, tmp_path):
+    directory = scored[0]
+    go = tmp_path / "j.go"
+    res = ok("emit-go", "guarded", "--judge", "e2e", "--archive", directory, "--out", go)
+    assert "lomo held-out mean E2E error (%)" in res.stderr and "lomo held-out mean E2E error" in go.read_text()
+    for spec in ("3", str(go.with_suffix(".py"))):
+        only_error_line(
+            invoke("emit-go", spec, "--judge", "e2e", "--archive", directory, "--out", tmp_path / "n.go"),
+            "--judge goes with the rules best, simplest",
+        )
+    res = invoke("emit-go", "best", "--judge", "ttft", "--archive", directory, "--out", tmp_path / "n.go")
+    assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / "n.go").exists()
+
+
 def test_missing_or_other_data_is_a_one_line_error_naming_the_directory(searched, tmp_path):
     directory = _copy(searched, tmp_path)
     gone = tmp_path / "gone-data"
@@ -612,4 +628,32 @@ def test_guarded_keeps_a_child_only_if_it_beats_its_own_seed_clearly_and_stays_t
     assert choose(a, "guarded").program.id == ids[0]
     _write_score(a, ids[0], 7.0, "lomo")
     assert choose(a, "guarded").program.id == ids[2]  # 5.0 beats the seed's 7.0 by 29 %
+    a.close()
+
+
+def test_judged_by_e2e_the_rules_rank_the_held_out_mean_e2e_error(tmp_path):
+    """A child whose CV loss beats its seed's by 30 % (an overloaded run's TTFT, say) but whose mean
+    E2E error held out is worse: judged by e2e, guarded and best keep the seed; a child better by E2E
+    too is kept; scores with no mean E2E error leave the validation loss to rank."""
+    roofline = '"""r"""\nCONSTANTS = {{"o": 1500.0}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
+    ids = _lineage(tmp_path, [10.0, 8.0])
+    a = Archive(tmp_path)
+    for pid, extra in ((ids[0], ""), (ids[1], " + 0.1 * f.kv_read")):
+        a.db.execute("UPDATE programs SET source=? WHERE id=?", (roofline.format(extra=extra), pid))
+    a.db.commit()
+    _write_score(a, ids[0], 100.0, e2e=10.0)
+    _write_score(a, ids[1], 70.0, e2e=12.0)
+    assert choose(a, "guarded").program.id == ids[1]
+    judged = choose(a, "guarded", judge="e2e")
+    assert judged.program.id == ids[0] and judged.loss == 10.0 and judged.judge == "e2e"
+    assert "lomo held-out mean E2E error (%)" in judged.describe()
+    assert choose(a, "best", judge="e2e").program.id == ids[0]
+    _write_score(a, ids[1], 70.0, e2e=7.0)  # 30 % better by E2E too
+    assert choose(a, "guarded", judge="e2e").program.id == ids[1]
+    for pid in ids:
+        _write_score(a, pid, 50.0, e2e=None)
+    fallback = choose(a, "best", judge="e2e")
+    assert fallback.protocol is None and fallback.program.id == ids[1] and fallback.loss == 8.0
+    with pytest.raises(BrowseError, match="judge must be one of loss, e2e, not 'ttft'"):
+        choose(a, "best", judge="ttft")
     a.close()

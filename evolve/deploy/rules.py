@@ -46,6 +46,7 @@ class Choice:
     cv_settings: str = ""  # the fold fits' settings every ranked CV loss shares ("fit seed 7, max-evals 8")
     left_out: int = 0  # cross-validated programs left out: their scores have other settings
     judge: str = DEFAULT_JUDGE  # what ranked the cross-validated programs (JUDGES)
+    also: tuple[str, ...] = ()  # guarded: the other protocols a child had to beat its seed under too
 
     @property
     def loss_name(self) -> str:
@@ -70,9 +71,10 @@ class Choice:
                 f"(the floor's envelope; the best, #{self.best.id}: {self.best_loss:.4f}; of {pool})"
             )
         if self.rule == "guarded":
+            also = f" (and under {', '.join(self.also)} where scored)" if self.also else ""
             return (
                 f"guarded: #{self.program.id}, the lowest {self.loss_name} among the seed programs and the programs that "
-                f"beat their own seed's by more than {self.within:g}% and stay within {TETHER_FACTOR:g}x of that "
+                f"beat their own seed's by more than {self.within:g}%{also} and stay within {TETHER_FACTOR:g}x of that "
                 f"seed's step times on {TETHER_SHARE:.0%} of the steps users simulate (the best, #{self.best.id}: "
                 f"{self.best_loss:.4f}; of {pool})"
             )
@@ -128,7 +130,8 @@ def choose(
     if not (within >= 0 and math.isfinite(within)):
         raise BrowseError(f"--within must be a percentage >= 0, not {within:g}")
     run, programs = run_programs(archive)
-    protocol, scores, settings, left_out = ranked_cv(cv_by_program(archive, run.id), {p.id for p in programs}, protocol)
+    cv = cv_by_program(archive, run.id)
+    protocol, scores, settings, left_out = ranked_cv(cv, {p.id for p in programs}, protocol)
     cands = [(p, v) for p in programs if p.id in scores and math.isfinite(v := _judged(scores[p.id], judge))]
     if not cands:  # no CV score, or none with the judge's figure
         cands = [(p, p.val_loss) for p in scored(programs)]
@@ -147,13 +150,33 @@ def choose(
         chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
     elif rule == "guarded":
         within = GUARD_MARGIN if within_given is None else within
-        chosen, loss = _guarded(cands, programs, within)
+        others = _other_protocols(cv, programs, protocol, judge)
+        chosen, loss = _guarded(cands, programs, within, others)
     elif rule == "tethered":
         factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
         chosen, loss = _tethered(cands, programs, factor)
         within = (factor - 1) * 100
     within = within if rule != "best" else None
-    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out, judge)
+    also = tuple(others) if rule == "guarded" else ()
+    return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out, judge, also)
+
+
+def _other_protocols(
+    cv, programs: list[ProgramRecord], protocol: str | None, judge: str
+) -> dict[str, dict[int, float]]:
+    """The run's scores of every CV protocol but the ranking one, as `judge` reads them (finite
+    values of one setting each, as `ranked_cv` keeps them): the other questions a user asked."""
+    if protocol is None:
+        return {}
+    ids = {p.id for p in programs}
+    have = {proto for scores in cv.values() for proto in scores} - {protocol}
+    out = {}
+    for proto in sorted(have):
+        kept = ranked_cv(cv, ids, proto)[1]
+        values = {pid: v for pid, s in kept.items() if math.isfinite(v := _judged(s, judge))}
+        if values:
+            out[proto] = values
+    return out
 
 
 def _judged(score: CVScoreRecord, judge: str) -> float:
@@ -171,21 +194,34 @@ def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> Program
     return root
 
 
-def _guarded(cands: list, programs: list[ProgramRecord], within: float):
+def _guarded(cands: list, programs: list[ProgramRecord], within: float, others: dict[str, dict[int, float]]):
     """The lowest loss among the seeds and the programs that beat their own seed's loss by more than
     `within` percent (a program whose seed has no loss of that kind cannot show it does; the run's
-    front CV scores the front's seeds too) and are tethered to it (`tether` at most TETHER_FACTOR):
-    a child must earn its difference from the physics it started from where the data can judge it,
-    and keep to that physics where they cannot. If none qualifies, the best seed by validation loss."""
+    front CV scores the front's seeds too), do the same under every other protocol both they and
+    their seed are scored under (`others`: protocol -> program id -> loss; a user who asked a
+    second question, `evolve archive cv --protocol lowo`, gets a child that answers both) and are
+    tethered to their
+    seed (`tether` at most TETHER_FACTOR): a child must earn its difference from the physics it
+    started from where the data can judge it, and keep to that physics where they cannot. If none
+    qualifies, the best seed by validation loss."""
     by_id = {p.id: p for p in programs}
     loss_of = {p.id: v for p, v in cands}
     tethers = _Tethers(programs)
+
+    def beats(losses: dict[int, float], program: ProgramRecord, seed: ProgramRecord) -> bool:
+        return losses[program.id] < losses.get(seed.id, -math.inf) * (1 - within / 100)
 
     def qualifies(program: ProgramRecord, loss: float) -> bool:
         seed = own_seed(program, by_id)
         if seed.id == program.id:
             return True
-        return loss < loss_of.get(seed.id, -math.inf) * (1 - within / 100) and tethers(program) <= TETHER_FACTOR
+        return (
+            beats(loss_of, program, seed)
+            and all(
+                beats(losses, program, seed) for losses in others.values() if {program.id, seed.id} <= losses.keys()
+            )
+            and tethers(program) <= TETHER_FACTOR
+        )
 
     return _lowest_qualifying(cands, programs, qualifies)
 

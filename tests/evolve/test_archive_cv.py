@@ -631,6 +631,30 @@ def test_guarded_keeps_a_child_only_if_it_beats_its_own_seed_clearly_and_stays_t
     a.close()
 
 
+def test_guarded_keeps_a_child_only_if_it_beats_its_seed_under_every_protocol_scored(tmp_path):
+    """A child 30 % better than its seed leaving one model out but worse leaving one workload out
+    (the real-data run's #240: LOWO 4,114 against its seed's 1,893) is not deployed once LOWO is
+    scored; better under both, it is; a protocol the child or its seed has no score of asks nothing."""
+    roofline = '"""r"""\nCONSTANTS = {{"o": 1500.0}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
+    ids = _lineage(tmp_path, [10.0, 8.0])
+    a = Archive(tmp_path)
+    for pid, extra in ((ids[0], ""), (ids[1], " + 0.1 * f.kv_read")):
+        a.db.execute("UPDATE programs SET source=? WHERE id=?", (roofline.format(extra=extra), pid))
+    a.db.commit()
+    _write_score(a, ids[0], 100.0)
+    _write_score(a, ids[1], 70.0)
+    _write_score(a, ids[1], 90.0, "lowo")
+    assert choose(a, "guarded").program.id == ids[1]  # its seed has no lowo score: lomo alone judges it
+    _write_score(a, ids[0], 50.0, "lowo")
+    kept = choose(a, "guarded")
+    assert kept.program.id == ids[0] and kept.also == ("lowo",) and "(and under lowo where scored)" in kept.describe()
+    assert choose(a, "best").program.id == ids[1]  # only guarded asks the second question
+    _write_score(a, ids[1], 30.0, "lowo")
+    assert choose(a, "guarded").program.id == ids[1]
+    assert choose(a, "guarded", protocol="lowo").program.id == ids[1]  # ranked by lowo, lomo is the other question
+    a.close()
+
+
 def test_judged_by_e2e_the_rules_rank_the_held_out_mean_e2e_error(tmp_path):
     """A child whose CV loss beats its seed's by 30 % (an overloaded run's TTFT, say) but whose mean
     E2E error held out is worse: judged by e2e, guarded and best keep the seed; a child better by E2E

@@ -540,6 +540,20 @@ def _lineage(directory, losses: list[float]) -> list[int]:
     return ids
 
 
+ROOFLINE_1500 = '"""r"""\nCONSTANTS = {{"o": 1500.0}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
+
+
+def _seed_and_near_child(directory) -> tuple[list[int], Archive]:
+    """A roofline seed (validation loss 10.0) and its child with a little more KV time (8.0), within
+    the tether; the archive open."""
+    ids = _lineage(directory, [10.0, 8.0])
+    a = Archive(directory)
+    for pid, extra in ((ids[0], ""), (ids[1], " + 0.1 * f.kv_read")):
+        a.db.execute("UPDATE programs SET source=? WHERE id=?", (ROOFLINE_1500.format(extra=extra), pid))
+    a.db.commit()
+    return ids, a
+
+
 def test_lineage_steps_back_over_children_whose_gain_is_within_the_fits_noise(tmp_path):
     # seed 10.0 -> 8.0 (a 20 % gain) -> 7.9 (1 %) -> 7.8 (1 %): the last two give way to the 8.0
     ids = _lineage(tmp_path, [10.0, 8.0, 7.9, 7.8])
@@ -609,7 +623,7 @@ def test_tethered_keeps_the_best_program_whose_steps_stay_near_its_seeds(tmp_pat
 def test_guarded_keeps_a_child_only_if_it_beats_its_own_seed_clearly_and_stays_tethered(tmp_path):
     """seed 10.0 -> 8.5 (15 %: within the CV's noise) -> 7.0 (30 %, but about twice the seed's step
     times where users simulate): the seed stays; tethered, the 7.0 is kept; a 10 % margin keeps the 8.5."""
-    roofline = '"""r"""\nCONSTANTS = {{"o": 1500.0}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
+    roofline = ROOFLINE_1500
     ids = _lineage(tmp_path, [10.0, 8.5, 7.0])
     a = Archive(tmp_path)
     far = roofline.format(extra=" + f.weights + f.kv_read + f.gemm_pf")
@@ -635,12 +649,7 @@ def test_guarded_keeps_a_child_only_if_it_beats_its_seed_under_every_protocol_sc
     """A child 30 % better than its seed leaving one model out but worse leaving one workload out
     (the real-data run's #240: LOWO 4,114 against its seed's 1,893) is not deployed once LOWO is
     scored; better under both, it is; a protocol the child or its seed has no score of asks nothing."""
-    roofline = '"""r"""\nCONSTANTS = {{"o": 1500.0}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
-    ids = _lineage(tmp_path, [10.0, 8.0])
-    a = Archive(tmp_path)
-    for pid, extra in ((ids[0], ""), (ids[1], " + 0.1 * f.kv_read")):
-        a.db.execute("UPDATE programs SET source=? WHERE id=?", (roofline.format(extra=extra), pid))
-    a.db.commit()
+    ids, a = _seed_and_near_child(tmp_path)
     _write_score(a, ids[0], 100.0)
     _write_score(a, ids[1], 70.0)
     _write_score(a, ids[1], 90.0, "lowo")
@@ -659,12 +668,7 @@ def test_judged_by_e2e_the_rules_rank_the_held_out_mean_e2e_error(tmp_path):
     """A child whose CV loss beats its seed's by 30 % (an overloaded run's TTFT, say) but whose mean
     E2E error held out is worse: judged by e2e, guarded and best keep the seed; a child better by E2E
     too is kept; scores with no mean E2E error leave the validation loss to rank."""
-    roofline = '"""r"""\nCONSTANTS = {{"o": 1500.0}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce{extra}\n'
-    ids = _lineage(tmp_path, [10.0, 8.0])
-    a = Archive(tmp_path)
-    for pid, extra in ((ids[0], ""), (ids[1], " + 0.1 * f.kv_read")):
-        a.db.execute("UPDATE programs SET source=? WHERE id=?", (roofline.format(extra=extra), pid))
-    a.db.commit()
+    ids, a = _seed_and_near_child(tmp_path)
     _write_score(a, ids[0], 100.0, e2e=10.0)
     _write_score(a, ids[1], 70.0, e2e=12.0)
     assert choose(a, "guarded").program.id == ids[1]

@@ -16,7 +16,9 @@ of the ratios. The scores are cached in DIR/selection-sweep.json, so a rerun onl
 --protocols: also `best` and `guarded` (at each margin) ranked by each of these CV protocols ("inner": the split's own question
 inside its train configurations, split-NAME.inner.yaml, as `bench --worlds --front-cv inner` ends them), the
 front members and seeds each protocol has not scored cross-validated into the archive first, as a
-run's end scores them (its fit settings, seed and promoted-fit budget).
+run's end scores them (its fit settings, seed and promoted-fit budget). Once an archive holds
+scores of two protocols, every `guarded` pick asks both (a child must beat its seed under each
+protocol both are scored under), whichever one ranks.
 
 docs/results/physics.md ("Which program a search should deploy") cites it.
 """

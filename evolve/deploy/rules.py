@@ -13,6 +13,7 @@ from stepml_evolve.archive.access import BrowseError, run_programs
 from stepml_evolve.archive.map_elites import scored
 from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.numbers import finite
 
 from .choices import DEFAULT_JUDGE as DEFAULT_JUDGE  # re-exported with DEFAULT_RULE
 from .choices import DEFAULT_RULE as DEFAULT_RULE  # re-exported: the default of the rules `choose` applies
@@ -132,7 +133,8 @@ def choose(
     run, programs = run_programs(archive)
     cv = cv_by_program(archive, run.id)
     protocol, scores, settings, left_out = ranked_cv(cv, {p.id for p in programs}, protocol)
-    cands = [(p, v) for p in programs if p.id in scores and math.isfinite(v := _judged(scores[p.id], judge))]
+    values = _judged(scores, judge)
+    cands = [(p, values[p.id]) for p in programs if p.id in values]
     if not cands:  # no CV score, or none with the judge's figure
         cands = [(p, p.val_loss) for p in scored(programs)]
         protocol, settings, left_out = None, "", 0
@@ -140,6 +142,7 @@ def choose(
         raise BrowseError(f"{archive.dir}: no program has been fully evaluated yet")
     best, best_loss = min(cands, key=lambda c: (c[1], c[0].id))
     chosen, loss = best, best_loss
+    also: tuple[str, ...] = ()  # guarded: the other protocols it asked
     if rule == "simplest":
         limit = best_loss * (1 + within / 100)
         chosen, loss = min((c for c in cands if c[1] <= limit), key=lambda c: (c[0].complexity, c[1], c[0].id))
@@ -152,12 +155,12 @@ def choose(
         within = GUARD_MARGIN if within_given is None else within
         others = _other_protocols(cv, programs, protocol, judge)
         chosen, loss = _guarded(cands, programs, within, others)
+        also = tuple(others)
     elif rule == "tethered":
         factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
         chosen, loss = _tethered(cands, programs, factor)
         within = (factor - 1) * 100
     within = within if rule != "best" else None
-    also = tuple(others) if rule == "guarded" else ()
     return Choice(chosen, rule, protocol, loss, best, best_loss, len(cands), within, settings, left_out, judge, also)
 
 
@@ -170,19 +173,15 @@ def _other_protocols(
         return {}
     ids = {p.id for p in programs}
     have = {proto for scores in cv.values() for proto in scores} - {protocol}
-    out = {}
-    for proto in sorted(have):
-        kept = ranked_cv(cv, ids, proto)[1]
-        values = {pid: v for pid, s in kept.items() if math.isfinite(v := _judged(s, judge))}
-        if values:
-            out[proto] = values
-    return out
+    judged = {proto: _judged(ranked_cv(cv, ids, proto)[1], judge) for proto in sorted(have)}
+    return {proto: values for proto, values in judged.items() if values}
 
 
-def _judged(score: CVScoreRecord, judge: str) -> float:
-    """A CV score as `judge` ranks it (NaN where it has no such figure)."""
-    value = score.loss if judge == "loss" else score.e2e_mean
-    return math.nan if value is None else float(value)
+def _judged(scores: dict[int, CVScoreRecord], judge: str) -> dict[int, float]:
+    """The scores' figures `judge` ranks by (the CV loss, or the held-out mean E2E error), by program
+    id; a score without a finite one is left out."""
+    values = {pid: s.loss if judge == "loss" else s.e2e_mean for pid, s in scores.items()}
+    return {pid: float(v) for pid, v in values.items() if finite(v)}
 
 
 def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> ProgramRecord:
@@ -200,10 +199,9 @@ def _guarded(cands: list, programs: list[ProgramRecord], within: float, others: 
     front CV scores the front's seeds too), do the same under every other protocol both they and
     their seed are scored under (`others`: protocol -> program id -> loss; a user who asked a
     second question, `evolve archive cv --protocol lowo`, gets a child that answers both) and are
-    tethered to their
-    seed (`tether` at most TETHER_FACTOR): a child must earn its difference from the physics it
-    started from where the data can judge it, and keep to that physics where they cannot. If none
-    qualifies, the best seed by validation loss."""
+    tethered to their seed (`tether` at most TETHER_FACTOR): a child must earn its difference from
+    the physics it started from where the data can judge it, and keep to that physics where they
+    cannot. If none qualifies, the best seed by validation loss."""
     by_id = {p.id: p for p in programs}
     loss_of = {p.id: v for p, v in cands}
     tethers = _Tethers(programs)

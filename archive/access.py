@@ -24,7 +24,7 @@ from .store import Archive
 CV_PREFERENCE = (
     "lomo",
     "lowo",
-)  # the CV loss `best`, `simplest` and `list --sort cv` use: lomo, else lowo, else others by name
+)  # ties of the CV loss the rules rank by (the protocol most programs have): lomo, else lowo, else others by name
 
 
 RUNS_DIR = Path("runs")

@@ -18,7 +18,8 @@ inside its train configurations, split-NAME.inner.yaml, as `bench --worlds --fro
 front members and seeds each protocol has not scored cross-validated into the archive first, as a
 run's end scores them (its fit settings, seed and promoted-fit budget). Once an archive holds
 scores of two protocols, every `guarded` pick asks both (a child must beat its seed under each
-protocol both are scored under), whichever one ranks.
+protocol both are scored under), whichever one ranks; "guarded (one question)" asks the ranking
+protocol alone, as `guarded` did before a search's end asked its pick `--guard-cv`'s question too.
 
 docs/results/physics.md ("Which program a search should deploy") cites it.
 """
@@ -77,6 +78,8 @@ def sweep(out: Path, factors: list[float], margins: list[float], protocols: list
             picks |= {f"tethered {f:g}": choose(archive, "tethered", (f - 1) * 100).program for f in factors}
             picks |= {f"guarded {m:g}%": choose(archive, "guarded", m).program for m in margins}
             picks["guarded (e2e)"] = choose(archive, "guarded", judge="e2e").program
+            # the ranking protocol's question alone, as before the run's end asked --guard-cv's too
+            picks["guarded (one question)"] = choose(archive, "guarded", others=False).program
             for n, p in by_protocol.items():  # guarded and best ranked by each protocol, guarded at each margin
                 picks[f"best ({n})"] = choose(archive, "best", protocol=p).program
                 picks[f"guarded ({n})"] = choose(archive, "guarded", protocol=p).program

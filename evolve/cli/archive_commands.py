@@ -101,7 +101,7 @@ def list_cmd(
     sort: SortKey = typer.Option(
         "val",
         "--sort",
-        help="Sort key (cv: the lomo CV loss, else lowo; programs without that score follow by validation loss).",
+        help="Sort key (cv: the CV loss of the protocol most programs have, ties lomo, else lowo; programs without that score follow by validation loss).",
     ),
     front: bool = typer.Option(False, "--front", help="Only Pareto-front members."),
     cell: str | None = typer.Option(

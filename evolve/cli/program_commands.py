@@ -310,7 +310,8 @@ def emit_go_cmd(
     program: str = typer.Argument(
         DEFAULT_RULE,
         help="A deployment rule, a program id from the archive, or a program file (.py). The rules rank "
-        "by CV loss (lomo, else lowo) when the archive has CV scores, else by validation loss: guarded "
+        "by CV loss (of the protocol most programs are scored under; ties: lomo, else lowo) when the archive has "
+        "CV scores, else by validation loss: guarded "
         "(the default: the lowest loss among the seed programs and the programs that beat their own seed's loss by "
         "more than --within % (default 20) and whose step times stay within 1.5x of their seed's on 95 % of "
         "the floor's envelope), tethered (the lowest loss among programs whose step times stay within "

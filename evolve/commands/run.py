@@ -20,7 +20,7 @@ from stepml_evolve.evaluator.numbers import finite
 from stepml_evolve.evaluator.outputs import OutputError, slug
 from stepml_evolve.evaluator.physics.floor import envelope_for
 from stepml_evolve.evaluator.say import Say, quiet
-from stepml_evolve.evolve.deploy.front_cv import deployed_summary, score_front
+from stepml_evolve.evolve.deploy.front_cv import ask_guard, deployed_summary, score_front
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
 from stepml_evolve.evolve.search.residual_terms import ResidualSource
@@ -176,8 +176,9 @@ def run_search(
         )
     if config.cv != "none":  # folds the data cannot make fail here, before an archive is written
         make_folds(config.cv, loaded.experiments, config.fold_groups())
-    if config.front_cv.startswith(GROUPS_PREFIX):  # a groups file the run's end cannot read fails now, not then
-        make_folds(config.front_cv, loaded.experiments)
+    for end_cv in (config.front_cv, config.guard_cv):  # a groups file the run's end cannot read fails now, not then
+        if end_cv.startswith(GROUPS_PREFIX):
+            make_folds(end_cv, loaded.experiments)
     if archive_dir is None:
         archive_dir = default_archive_dir(loaded, config.seed)
         check_engine_resumable(engine, archive_dir, resume)  # the default directory is known only now
@@ -252,6 +253,7 @@ def run_search(
                 raise SearchError(f"{archive_dir}: {e}") from None
             if config.front_cv != "none":
                 summary = score_front(archive, search.run_id, loaded, pool, config, summary, say)
+                summary = ask_guard(archive, search.run_id, loaded, pool, config, summary, say)
             summary = {**summary, **deployed_summary(archive)}
             if config.baselines:  # BLIS's regression beside the best and the deployed program
                 summary = {**summary, "baselines": _baselines(search, say)}

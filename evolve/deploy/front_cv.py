@@ -1,8 +1,9 @@
 """The Pareto front of a run cross-validated, the step between a search and the deployment rules:
 the run's fit settings for the fold fits (`run_fit_settings`), archived programs cross-validated
 and their scores stored one by one (`cross_validate_programs`, behind `evolve archive cv` too),
-what a run does at its end (`score_front`: the front and the seeds under --front-cv) and what
-emit-go would deploy from it (`deployed_summary`).
+what a run does at its end (`score_front`: the front and the seeds under --front-cv; `ask_guard`:
+guarded's pick and its seed under --guard-cv, until a pick answers both) and what emit-go would
+deploy from it (`deployed_summary`).
 
 Each program is cross-validated exactly as `evolve cv` would cross-validate its file
 (`evolve archive show ID --source`): the folds of the protocol over the run's experiments, each
@@ -32,7 +33,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search import RunSettings, SearchConfig
 
 from .choices import DEFAULT_RULE
-from .rules import choose
+from .rules import choose, own_seed
 
 
 @dataclass(frozen=True)
@@ -201,3 +202,69 @@ def cross_validate_front(
     say(f"cross-validating {len(missing)} program(s), the front and the seeds, {protocol} (--front-cv none skips this)")
     cross_validate_programs(archive, missing, loaded, pool, protocol, fit, say=say)
     return losses()
+
+
+def ask_guard(
+    archive: Archive,
+    run_id: int,
+    loaded: LoadedData,
+    pool: ReplayPool,
+    config: SearchConfig,
+    summary: dict,
+    say: Say = quiet,
+) -> dict:
+    """`guarded`'s second question at the run's end (--guard-cv): the programs it asked, added to the
+    run's summary (nothing to ask: the summary as it was)."""
+    protocol = config.guard_cv
+    if protocol in ("none", config.front_cv):
+        return summary
+    try:
+        make_folds(protocol, loaded.experiments)
+    except FoldError as e:
+        say(f"{SKIPPED}asking guarded's pick a second question: {e}")
+        return summary
+    fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
+    t0 = time.perf_counter()
+    asked = guard_question(archive, run_id, loaded, pool, protocol, fit, say)
+    if not asked:
+        return summary
+    summary = {**summary, "guard_cv": {"protocol": protocol, "asked": asked, "seconds": time.perf_counter() - t0}}
+    archive.set_summary(run_id, summary)
+    return summary
+
+
+def guard_question(
+    archive: Archive,
+    run_id: int,
+    loaded: LoadedData,
+    pool: ReplayPool,
+    protocol: str,
+    fit: RunFitSettings,
+    say: Say = quiet,
+) -> list[int]:
+    """Cross-validate under `protocol` the child `guarded` would deploy and its own seed, where either
+    has no score of it with these settings, and ask again, until it deploys a seed or a child whose
+    scores of `protocol` are in (it beat its seed there too, or neither could be scored). The ids
+    scored, in order. `guarded` asks every protocol scored, so its pick is the one it would make with
+    the whole front and every seed scored under `protocol` too, at the cost of the programs it reaches
+    (on the real data: two, where the front and the seeds are fifteen)."""
+    wanted = fit.settings(protocol)
+    asked: list[int] = []
+    while True:
+        pick = choose(archive, "guarded").program
+        programs = archive.programs(run_id)
+        seed = own_seed(pick, {p.id: p for p in programs})
+        if pick.id == seed.id:
+            return asked
+        have = {
+            s.program_id for s in archive.cv_scores(run_id=run_id) if s.protocol == protocol and s.settings() == wanted
+        }
+        missing = [p for p in (pick, seed) if p.id not in have]
+        if not missing:
+            return asked
+        say(
+            f"guarded would deploy #{pick.id}: asking it and its seed #{seed.id} a second question, "
+            f"{protocol} (--guard-cv none skips this)"
+        )
+        cross_validate_programs(archive, missing, loaded, pool, protocol, fit, say=say)
+        asked += [p.id for p in missing]

@@ -114,14 +114,16 @@ def choose(
     within: float | None = None,
     protocol: str | None = None,
     judge: str = DEFAULT_JUDGE,
+    others: bool = True,
 ) -> Choice:
     """The latest run's program by a deployment rule. The loss is the CV loss of `protocol` (default:
-    the preferred one, lomo, else lowo, else another) when any program of the run has a finite one
+    the preferred one: the protocol most programs have scores of, ties lomo, lowo, another) when any program of the run has a finite one
     (judge "e2e": the held-out mean E2E error of those scores instead), else the validation loss.
     best: the lowest loss (ties: the older program, as `show best`). simplest: the lowest complexity
     whose loss is at most best * (1 + within/100) (ties: lower loss, then older). lineage,
     anchored, penalized, tethered, guarded: see their helpers (tethered: `within` percent over 1 is its
-    factor, default TETHER_FACTOR; guarded: `within` is its margin, default GUARD_MARGIN)."""
+    factor, default TETHER_FACTOR; guarded: `within` is its margin, default GUARD_MARGIN, and it asks
+    every other protocol scored too unless `others` is False)."""
     if rule not in RULES:
         raise BrowseError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
     if judge not in JUDGES:
@@ -153,9 +155,9 @@ def choose(
         chosen, loss = min(cands, key=lambda c: (c[1] + _prior_distance(c[0]), c[0].id))
     elif rule == "guarded":
         within = GUARD_MARGIN if within_given is None else within
-        others = _other_protocols(cv, programs, protocol, judge)
-        chosen, loss = _guarded(cands, programs, within, others)
-        also = tuple(others)
+        asked = _other_protocols(cv, programs, protocol, judge) if others else {}
+        chosen, loss = _guarded(cands, programs, within, asked)
+        also = tuple(asked)
     elif rule == "tethered":
         factor = TETHER_FACTOR if within_given is None else 1 + within_given / 100
         chosen, loss = _tethered(cands, programs, factor)
@@ -168,12 +170,16 @@ def _other_protocols(
     cv, programs: list[ProgramRecord], protocol: str | None, judge: str
 ) -> dict[str, dict[int, float]]:
     """The run's scores of every CV protocol but the ranking one, as `judge` reads them (finite
-    values of one setting each, as `ranked_cv` keeps them): the other questions a user asked."""
+    values of one setting each, as `ranked_cv` keeps them; a score whose loss is not finite, a CV
+    that failed, as inf): the other questions a user, or the run's end (--guard-cv), asked."""
     if protocol is None:
         return {}
     ids = {p.id for p in programs}
     have = {proto for scores in cv.values() for proto in scores} - {protocol}
-    judged = {proto: _judged(ranked_cv(cv, ids, proto)[1], judge) for proto in sorted(have)}
+    judged = {}
+    for proto in sorted(have):
+        failed = {pid: math.inf for pid in ids if (s := cv.get(pid, {}).get(proto)) and not finite(s.loss)}
+        judged[proto] = {**failed, **_judged(ranked_cv(cv, ids, proto)[1], judge)}
     return {proto: values for proto, values in judged.items() if values}
 
 

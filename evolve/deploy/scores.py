@@ -1,6 +1,6 @@
 """Which CV scores rank programs against each other: a run's scores by program (`cv_by_program`),
-the protocol preferred (`preferred_protocol`: lomo, else lowo, else any other by name) and, of it,
-the scores fitted with one setting (`comparable`, `ranked_cv`). The deployment rules (rules.py),
+the protocol preferred (`preferred_protocol`: the one most programs have scores of; ties: lomo,
+lowo, any other by name) and, of it, the scores fitted with one setting (`comparable`, `ranked_cv`). The deployment rules (rules.py),
 `evolve archive list --sort cv` and the report rank by the same."""
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ def cv_by_program(archive: Archive, run_id: int) -> CVScores:
 
 
 def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str | None:
-    """The protocol whose CV loss ranks programs: the first of CV_PREFERENCE (then any other by
-    name) that some program (of `program_ids`, if given) has a finite score of; None if none has."""
-    have = {
-        proto
-        for pid, scores in cv.items()
-        if program_ids is None or pid in program_ids
-        for proto, s in scores.items()
-        if finite(s.loss)
-    }
-    order = protocol_order(have)
-    return order[0] if order else None
+    """The protocol whose CV loss ranks programs: the one most programs (of `program_ids`, if given)
+    have a finite score of, ties in the order of CV_PREFERENCE (lomo, lowo, then any other by name);
+    None if none has. By count, so that a second question asked of a few programs (--guard-cv, an
+    `evolve archive cv` of one program) does not rank them alone."""
+    counts: dict[str, int] = {}
+    for pid, scores in cv.items():
+        if program_ids is None or pid in program_ids:
+            for proto, s in scores.items():
+                if finite(s.loss):
+                    counts[proto] = counts.get(proto, 0) + 1
+    order = protocol_order(counts)
+    return max(order, key=lambda proto: (counts[proto], -order.index(proto))) if order else None
 
 
 def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:

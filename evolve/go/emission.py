@@ -3,9 +3,9 @@ deployment rule of archive/deployment.py, RULES) with its header, written as gof
 optionally, its Go parity test (`--blis`, which installs both into a BLIS checkout, is
 evolve/blis/install.py).
 
-The rules (evolve.deploy.rules.choose) rank by the lowest CV loss when any program of the run has one
-(protocol lomo, else lowo), else by validation loss; DEFAULT_RULE (guarded) is the default. The
-Go file's header names the rule, the losses and the program's CV scores."""
+The rules (evolve.deploy.rules.choose) rank by the lowest CV loss when any program of the run has
+one (the protocol most programs have scores of; ties: lomo, else lowo), else by validation loss;
+DEFAULT_RULE (guarded) is the default. The Go file's header names the rule, the losses and the program's CV scores."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.browse.html_report import render
 from stepml_evolve.evolve.browse.listing import select_rows
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.deploy.front_cv import run_fit_settings
+from stepml_evolve.evolve.deploy.front_cv import RunFitSettings, guard_question, run_fit_settings
 from stepml_evolve.evolve.deploy.rules import choose, tether
 from stepml_evolve.evolve.deploy.scores import cv_by_program
 from stepml_evolve.evolve.go.emission import choose_for_emission
@@ -336,7 +336,7 @@ def _hand_built(directory, programs: list[tuple[int, float]]) -> list[int]:
     return ids
 
 
-def test_rules_fall_back_to_validation_loss_and_prefer_lomo_over_lowo(tmp_path):
+def test_rules_fall_back_to_validation_loss_and_rank_by_the_protocol_most_scored(tmp_path):
     ids = _hand_built(tmp_path, [(10, 9.0), (20, 8.8), (30, 8.0)])
     a = Archive(tmp_path)
     best = choose(a, "best")
@@ -347,12 +347,15 @@ def test_rules_fall_back_to_validation_loss_and_prefer_lomo_over_lowo(tmp_path):
     _write_score(a, ids[0], 5.0, "lowo")
     _write_score(a, ids[1], 7.0, "lowo")
     assert choose(a, "best").program.id == ids[0] and choose(a, "best").protocol == "lowo"
-    _write_score(a, ids[1], 3.0, "lomo")  # lomo outranks lowo, whatever the numbers
+    _write_score(a, ids[1], 3.0, "lomo")  # one program scored under lomo: lowo, which two have, still ranks
     _write_score(a, ids[2], math.inf, "lomo")  # a failed replay: no score to rank by
     c = choose(a, "best")
-    assert (c.program.id, c.protocol, c.candidates) == (ids[1], "lomo", 1)
+    assert (c.program.id, c.protocol, c.candidates) == (ids[0], "lowo", 2)
+    _write_score(a, ids[0], 4.0, "lomo")  # as many of each: lomo outranks lowo, whatever the numbers
+    c = choose(a, "best")
+    assert (c.program.id, c.protocol, c.candidates) == (ids[1], "lomo", 2)
     rows = select_rows(a.programs(), sort="cv", cv=cv_by_program(a, a.run().id))
-    assert [r["id"] for r in rows] == [ids[1], ids[2], ids[0]]  # lomo-scored first, then by validation loss
+    assert [r["id"] for r in rows] == [ids[1], ids[0], ids[2]]  # lomo-scored first, then by validation loss
     with pytest.raises(BrowseError, match="--within"):
         choose(a, "simplest", -1.0)
     a.close()
@@ -549,7 +552,10 @@ def _seed_and_near_child(directory) -> tuple[list[int], Archive]:
     ids = _lineage(directory, [10.0, 8.0])
     a = Archive(directory)
     for pid, extra in ((ids[0], ""), (ids[1], " + 0.1 * f.kv_read")):
-        a.db.execute("UPDATE programs SET source=? WHERE id=?", (ROOFLINE_1500.format(extra=extra), pid))
+        a.db.execute(
+            "UPDATE programs SET source=?, constants=? WHERE id=?",
+            (ROOFLINE_1500.format(extra=extra), json.dumps({"o": 1500.0}), pid),
+        )
     a.db.commit()
     return ids, a
 
@@ -661,6 +667,49 @@ def test_guarded_keeps_a_child_only_if_it_beats_its_seed_under_every_protocol_sc
     _write_score(a, ids[1], 30.0, "lowo")
     assert choose(a, "guarded").program.id == ids[1]
     assert choose(a, "guarded", protocol="lowo").program.id == ids[1]  # ranked by lowo, lomo is the other question
+    a.close()
+
+
+def test_the_runs_end_asks_guardeds_pick_and_its_seed_a_second_question(tmp_path, synthetic):
+    """--guard-cv (`guard_question`): guarded's pick, a child 30 % better than its seed under LOMO, and
+    its seed are cross-validated leaving one workload out (real fits on the sample); the child, a
+    tenth of its KV read more, fits like its seed there, so guarded keeps the seed, and asking again
+    scores nothing. A LOWO score that is not finite (a CV that failed) counts against the child."""
+    ids, a = _seed_and_near_child(tmp_path)
+    _write_score(a, ids[0], 100.0)
+    _write_score(a, ids[1], 70.0)
+    assert choose(a, "guarded").program.id == ids[1]
+    fit = RunFitSettings(FitConfig(seed=0, max_evals=4, method="trust-region"), "blis")
+    with ReplayPool(synthetic.experiments, 1) as pool:
+        asked = guard_question(a, a.run().id, synthetic, pool, "lowo", fit)
+        again = guard_question(a, a.run().id, synthetic, pool, "lowo", fit)
+    assert asked == [ids[1], ids[0]] and again == []
+    lowo = {s.program_id: s for s in a.cv_scores() if s.protocol == "lowo"}
+    assert set(lowo) == set(ids) and all(s.settings() == fit.settings("lowo") for s in lowo.values())
+    assert lowo[ids[1]].loss > 0.8 * lowo[ids[0]].loss
+    kept = choose(a, "guarded")
+    assert kept.program.id == ids[0] and kept.also == ("lowo",)
+    assert choose(a, "guarded", others=False).program.id == ids[1]  # LOMO's question alone
+    assert choose(a, "best").program.id == ids[1]  # the ranking is still LOMO's: more programs have it
+    _write_score(a, ids[1], 1.0, "lowo")
+    assert choose(a, "guarded").program.id == ids[1]
+    _write_score(a, ids[1], math.inf, "lowo")
+    assert choose(a, "guarded").program.id == ids[0]
+    a.close()
+
+
+def test_the_rules_rank_by_the_protocol_most_programs_are_scored_under(tmp_path):
+    """Two programs scored under LOWO and one under LOMO (a second question asked of one program) are
+    ranked by LOWO; with as many scores of each, LOMO ranks."""
+    ids, a = _seed_and_near_child(tmp_path)
+    _write_score(a, ids[0], 10.0, "lowo")
+    _write_score(a, ids[1], 20.0, "lowo")
+    _write_score(a, ids[1], 5.0, "lomo")
+    best = choose(a, "best")
+    assert best.protocol == "lowo" and best.program.id == ids[0]
+    _write_score(a, ids[0], 50.0, "lomo")
+    best = choose(a, "best")
+    assert best.protocol == "lomo" and best.program.id == ids[1]
     a.close()
 
 

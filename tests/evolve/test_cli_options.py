@@ -31,6 +31,7 @@ RUN_OPTIONS = {
     "--cv": "cv",
     "--cv-fit-evals": "cv_fit_evals",
     "--front-cv": "front_cv",
+    "--guard-cv": "guard_cv",
     "--prompt-reuse": "prompt_reuse",
     "--full-fit-candidates": "full_fit_candidates",
     "--full-fit-surrogate": "full_fit_surrogate",

@@ -11,6 +11,7 @@ import math
 import re
 import shutil
 import sqlite3
+from dataclasses import replace
 
 import pytest
 from conftest import downgrade_to_schema_1, only_error_line, table_schemas
@@ -29,11 +30,12 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.browse.html_report import render
 from stepml_evolve.evolve.browse.listing import select_rows
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.deploy.front_cv import RunFitSettings, guard_question, run_fit_settings
+from stepml_evolve.evolve.deploy.front_cv import ask_guard, run_fit_settings
 from stepml_evolve.evolve.deploy.rules import choose, tether
 from stepml_evolve.evolve.deploy.scores import cv_by_program
 from stepml_evolve.evolve.go.emission import choose_for_emission
 from stepml_evolve.evolve.go.source import find_go_tool
+from stepml_evolve.evolve.search.settings import SearchConfig
 
 SMALL_RUN = [
     "--generations",
@@ -671,21 +673,30 @@ def test_guarded_keeps_a_child_only_if_it_beats_its_seed_under_every_protocol_sc
 
 
 def test_the_runs_end_asks_guardeds_pick_and_its_seed_a_second_question(tmp_path, synthetic):
-    """--guard-cv (`guard_question`): guarded's pick, a child 30 % better than its seed under LOMO, and
-    its seed are cross-validated leaving one workload out (real fits on the sample); the child, a
-    tenth of its KV read more, fits like its seed there, so guarded keeps the seed, and asking again
-    scores nothing. A LOWO score that is not finite (a CV that failed) counts against the child."""
+    """--guard-cv (`ask_guard`): guarded's pick, a child 30 % better than its seed under LOMO, and its
+    seed are cross-validated leaving one workload out (real fits on the sample, the run's settings);
+    the child, a tenth of its KV read more, fits like its seed there, so guarded keeps the seed, and
+    asking again scores nothing. A LOWO score that is not finite (a CV that failed) counts against
+    the child. Nothing is asked under --guard-cv none or the protocol --front-cv asked."""
     ids, a = _seed_and_near_child(tmp_path)
+    a.db.execute("UPDATE runs SET config=?", (json.dumps({"search": {"fit_method": "trust-region"}}),))
+    a.db.commit()
     _write_score(a, ids[0], 100.0)
     _write_score(a, ids[1], 70.0)
     assert choose(a, "guarded").program.id == ids[1]
-    fit = RunFitSettings(FitConfig(seed=0, max_evals=4, method="trust-region"), "blis")
+    config = SearchConfig(seed=0, full_fit_evals=4)
+    run_id = a.run().id
     with ReplayPool(synthetic.experiments, 1) as pool:
-        asked = guard_question(a, a.run().id, synthetic, pool, "lowo", fit)
-        again = guard_question(a, a.run().id, synthetic, pool, "lowo", fit)
-    assert asked == [ids[1], ids[0]] and again == []
+        for unasked in ("none", "lomo"):
+            assert ask_guard(a, run_id, synthetic, pool, replace(config, guard_cv=unasked), {"x": 1}) == {"x": 1}
+        summary = ask_guard(a, run_id, synthetic, pool, config, {"x": 1})
+        again = ask_guard(a, run_id, synthetic, pool, config, {"x": 1})
+    assert summary["guard_cv"]["asked"] == [ids[1], ids[0]] and summary["guard_cv"]["protocol"] == "lowo"
+    assert a.run().summary == summary and again == {"x": 1}
     lowo = {s.program_id: s for s in a.cv_scores() if s.protocol == "lowo"}
-    assert set(lowo) == set(ids) and all(s.settings() == fit.settings("lowo") for s in lowo.values())
+    assert set(lowo) == set(ids) and {(s.seed, s.max_evals, s.method) for s in lowo.values()} == {
+        (0, 4, "trust-region")
+    }
     assert lowo[ids[1]].loss > 0.8 * lowo[ids[0]].loss
     kept = choose(a, "guarded")
     assert kept.program.id == ids[0] and kept.also == ("lowo",)

@@ -285,6 +285,9 @@ def test_front_cv_of_a_groups_file_ranks_what_is_deployed(tmp_path):
     assert f"{protocol} CV loss" in out["deployed"]["why"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("tp8: [no-such-experiment]\n")
-    res = invoke("run", "--generations", 1, "--archive", tmp_path / "b", *TINY, "--front-cv", f"groups:{bad}")
-    only_error_line(res, f"{bad}: fold 'tp8' names 'no-such-experiment'")
-    assert not (tmp_path / "b" / Archive.FILE).exists()
+    for flag in ("--front-cv", "--guard-cv"):  # the run's end's two questions
+        res = invoke("run", "--generations", 1, "--archive", tmp_path / "b", *TINY, flag, f"groups:{bad}")
+        only_error_line(res, f"{bad}: fold 'tp8' names 'no-such-experiment'")
+        assert not (tmp_path / "b" / Archive.FILE).exists()
+    res = invoke("run", "--generations", 1, "--archive", tmp_path / "b", *TINY, "--guard-cv", "lomo-ish")
+    only_error_line(res, "--guard-cv must be one of lomo, lowo, none or groups:FILE, not 'lomo-ish'")

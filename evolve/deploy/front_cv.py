@@ -1,7 +1,7 @@
 """The Pareto front of a run cross-validated, the step between a search and the deployment rules:
 the run's fit settings for the fold fits (`run_fit_settings`), archived programs cross-validated
 and their scores stored one by one (`cross_validate_programs`, behind `evolve archive cv` too),
-what a run does at its end (`score_front`: the front and the seeds under --front-cv; `ask_guard`:
+what a run does at its end (`score_front`: the front and the seeds under --front-cv, then
 guarded's pick and its seed under --guard-cv, until a pick answers both) and what emit-go would
 deploy from it (`deployed_summary`).
 
@@ -161,19 +161,32 @@ def score_front(
     say: Say = quiet,
 ) -> dict:
     """Cross-validate the front members and the fully evaluated seeds that have no score of `config.front_cv` yet (a resumed run
-    finishes what a killed one started), store the scores, and add them to the run's summary.
-    Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
-    protocol = config.front_cv
-    try:
-        make_folds(protocol, loaded.experiments)
-    except FoldError as e:
-        say(f"{SKIPPED}cross-validating the front: {e}")
+    finishes what a killed one started), store the scores, and add them to the run's summary; then
+    ask guarded's pick --guard-cv's question (`guard_question`; the programs asked, if any, are the
+    summary's `guard_cv`). Each fold fit gets the budget of a promoted child's fit (--full-fit-evals)."""
+    protocol, guard = config.front_cv, config.guard_cv
+    if not _folds_made(protocol, loaded, "cross-validating the front", say):
         return summary
     fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
     scored = cross_validate_front(archive, run_id, loaded, pool, protocol, fit, say)
     summary = {**summary, "front": [{**f, "cv": {protocol: scored.get(f["id"])}} for f in summary.get("front", [])]}
+    if guard not in ("none", protocol) and _folds_made(guard, loaded, "asking guarded's pick a second question", say):
+        t0 = time.perf_counter()
+        if asked := guard_question(archive, run_id, loaded, pool, guard, fit, say):
+            summary["guard_cv"] = {"protocol": guard, "asked": asked, "seconds": time.perf_counter() - t0}
     archive.set_summary(run_id, summary)
     return summary
+
+
+def _folds_made(protocol: str, loaded: LoadedData, what: str, say: Say) -> bool:
+    """Whether the data can make the protocol's folds; if not (one model, one workload), `what` is
+    said to be skipped."""
+    try:
+        make_folds(protocol, loaded.experiments)
+    except FoldError as e:
+        say(f"{SKIPPED}{what}: {e}")
+        return False
+    return True
 
 
 def cross_validate_front(
@@ -202,35 +215,6 @@ def cross_validate_front(
     say(f"cross-validating {len(missing)} program(s), the front and the seeds, {protocol} (--front-cv none skips this)")
     cross_validate_programs(archive, missing, loaded, pool, protocol, fit, say=say)
     return losses()
-
-
-def ask_guard(
-    archive: Archive,
-    run_id: int,
-    loaded: LoadedData,
-    pool: ReplayPool,
-    config: SearchConfig,
-    summary: dict,
-    say: Say = quiet,
-) -> dict:
-    """`guarded`'s second question at the run's end (--guard-cv): the programs it asked, added to the
-    run's summary (nothing to ask: the summary as it was)."""
-    protocol = config.guard_cv
-    if protocol in ("none", config.front_cv):
-        return summary
-    try:
-        make_folds(protocol, loaded.experiments)
-    except FoldError as e:
-        say(f"{SKIPPED}asking guarded's pick a second question: {e}")
-        return summary
-    fit = run_fit_settings(archive.run(run_id), seed=config.seed, max_evals=config.full_fit_evals)
-    t0 = time.perf_counter()
-    asked = guard_question(archive, run_id, loaded, pool, protocol, fit, say)
-    if not asked:
-        return summary
-    summary = {**summary, "guard_cv": {"protocol": protocol, "asked": asked, "seconds": time.perf_counter() - t0}}
-    archive.set_summary(run_id, summary)
-    return summary
 
 
 def guard_question(

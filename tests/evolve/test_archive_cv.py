@@ -30,7 +30,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.browse.html_report import render
 from stepml_evolve.evolve.browse.listing import select_rows
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.deploy.front_cv import ask_guard, run_fit_settings
+from stepml_evolve.evolve.deploy.front_cv import run_fit_settings, score_front
 from stepml_evolve.evolve.deploy.rules import choose, tether
 from stepml_evolve.evolve.deploy.scores import cv_by_program
 from stepml_evolve.evolve.go.emission import choose_for_emission
@@ -673,7 +673,7 @@ def test_guarded_keeps_a_child_only_if_it_beats_its_seed_under_every_protocol_sc
 
 
 def test_the_runs_end_asks_guardeds_pick_and_its_seed_a_second_question(tmp_path, synthetic):
-    """--guard-cv (`ask_guard`): guarded's pick, a child 30 % better than its seed under LOMO, and its
+    """--guard-cv (`score_front`'s second question): guarded's pick, a child 30 % better than its seed under LOMO, and its
     seed are cross-validated leaving one workload out (real fits on the sample, the run's settings);
     the child, a tenth of its KV read more, fits like its seed there, so guarded keeps the seed, and
     asking again scores nothing. A LOWO score that is not finite (a CV that failed) counts against
@@ -687,12 +687,14 @@ def test_the_runs_end_asks_guardeds_pick_and_its_seed_a_second_question(tmp_path
     config = SearchConfig(seed=0, full_fit_evals=4)
     run_id = a.run().id
     with ReplayPool(synthetic.experiments, 1) as pool:
+        # the front and the seed have their LOMO scores: the front's cross-validation scores nothing
         for unasked in ("none", "lomo"):
-            assert ask_guard(a, run_id, synthetic, pool, replace(config, guard_cv=unasked), {"x": 1}) == {"x": 1}
-        summary = ask_guard(a, run_id, synthetic, pool, config, {"x": 1})
-        again = ask_guard(a, run_id, synthetic, pool, config, {"x": 1})
+            summary = score_front(a, run_id, synthetic, pool, replace(config, guard_cv=unasked), {"x": 1})
+            assert summary == {"x": 1, "front": []}
+        summary = score_front(a, run_id, synthetic, pool, config, {"x": 1})
+        again = score_front(a, run_id, synthetic, pool, config, {"x": 1})
     assert summary["guard_cv"]["asked"] == [ids[1], ids[0]] and summary["guard_cv"]["protocol"] == "lowo"
-    assert a.run().summary == summary and again == {"x": 1}
+    assert a.run().summary == again == {"x": 1, "front": []}
     lowo = {s.program_id: s for s in a.cv_scores() if s.protocol == "lowo"}
     assert set(lowo) == set(ids) and {(s.seed, s.max_evals, s.method) for s in lowo.values()} == {
         (0, 4, "trust-region")

@@ -1,11 +1,13 @@
 """Which CV scores rank programs against each other: a run's scores by program (`cv_by_program`),
 the protocol preferred (`preferred_protocol`: the one most programs have scores of; ties: lomo,
-lowo, any other by name) and, of it, the scores fitted with one setting (`comparable`, `ranked_cv`). The deployment rules (rules.py),
-`evolve archive list --sort cv` and the report rank by the same."""
+lowo, any other by name) and, of it, the scores fitted with one setting (`comparable`,
+`ranked_cv`). The deployment rules (rules.py), `evolve archive list --sort cv` and the report rank
+by the same."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from stepml_evolve.archive.access import protocol_order
 from stepml_evolve.archive.records import CVScoreRecord
@@ -27,14 +29,15 @@ def preferred_protocol(cv: CVScores, program_ids: set[int] | None = None) -> str
     have a finite score of, ties in the order of CV_PREFERENCE (lomo, lowo, then any other by name);
     None if none has. By count, so that a second question asked of a few programs (--guard-cv, an
     `evolve archive cv` of one program) does not rank them alone."""
-    counts: dict[str, int] = {}
-    for pid, scores in cv.items():
-        if program_ids is None or pid in program_ids:
-            for proto, s in scores.items():
-                if finite(s.loss):
-                    counts[proto] = counts.get(proto, 0) + 1
-    order = protocol_order(counts)
-    return max(order, key=lambda proto: (counts[proto], -order.index(proto))) if order else None
+    counts = Counter(
+        proto
+        for pid, scores in cv.items()
+        if program_ids is None or pid in program_ids
+        for proto, s in scores.items()
+        if finite(s.loss)
+    )
+    # max keeps the first of equals: the order of preference breaks ties
+    return max(protocol_order(counts), key=counts.__getitem__, default=None)
 
 
 def comparable(scores: dict[int, CVScoreRecord]) -> tuple[dict[int, CVScoreRecord], str, int]:

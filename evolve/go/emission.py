@@ -5,7 +5,8 @@ evolve/blis/install.py).
 
 The rules (evolve.deploy.rules.choose) rank by the lowest CV loss when any program of the run has
 one (the protocol most programs have scores of; ties: lomo, else lowo), else by validation loss;
-DEFAULT_RULE (guarded) is the default. The Go file's header names the rule, the losses and the program's CV scores."""
+DEFAULT_RULE (guarded) is the default. The Go file's header names the rule, the losses and the
+program's CV scores."""
 
 from __future__ import annotations
 

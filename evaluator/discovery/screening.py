@@ -15,18 +15,25 @@ experiment's bias and breaks every association with the steps; SHUFFLES times) p
 spread of those gains. The screening reports its own false-discovery rate: the share of the
 candidates the same test passes with one shuffle taken for the residuals and the others for chance.
 
-Pairs: the best passing terms are also tried two at a time (non-negative least squares, scipy's
-nnls), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
+Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
+lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
+
+Tethered: with `caps` (`tethered_to`), each term's coefficient, on all rows, in every held-out fit
+and on the shuffled residuals alike, is at most the largest that keeps the parent's step times
+within TETHER_FACTOR of its seed's over the floor's envelope (physics/tether.py): the deployment
+rules refuse a child that strays further, so the screening weighs a term by what it may gain there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numexpr as ne
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear
 
+from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX
 
 from .residuals import E2E, TTFT, RequestResiduals
@@ -50,6 +57,7 @@ class Screened:
     held_out: dict[str, float] = field(default_factory=dict)
     passed: bool = False
     chance: float = 0.0  # the most it gains on residuals shuffled among each experiment's requests, + 2 spreads
+    cap: float = np.inf  # the largest coefficient the tether allows (`tethered_to`)
 
 
 @dataclass
@@ -61,6 +69,7 @@ class Screening:
     skipped: int  # candidates whose column was not finite somewhere: never proposed
     false_passes: float  # mean share of candidates that pass on shuffled residuals
     pairs: list[tuple[Screened, Screened, float]] = field(default_factory=list)  # (a, b, gain together)
+    capped: int = 0  # candidates whose coefficient the tether bounds below their best fit
 
     @property
     def passed(self) -> list[Screened]:
@@ -93,14 +102,36 @@ class _Rows:
         return out
 
 
-def _columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
-    """(S, K) the terms' g at every step of `r`."""
-    env = {f"f_{n}": r.components[i] for n, i in COMPONENT_INDEX.items()}
-    out = np.empty((r.n_steps, len(terms)))
+Caps = Callable[[list[Term]], np.ndarray]  # terms -> the largest coefficient each may take
+
+
+def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
+    """(S, K) the terms' g at every step of `components` ((N_COMPONENTS, S))."""
+    env = {f"f_{n}": components[i] for n, i in COMPONENT_INDEX.items()}
+    n = components.shape[1]
+    out = np.empty((n, len(terms)))
     with np.errstate(all="ignore"):
         for j, t in enumerate(terms):
-            out[:, j] = np.broadcast_to(ne.evaluate(t.column, local_dict=env), (r.n_steps,))
+            out[:, j] = np.broadcast_to(ne.evaluate(t.column, local_dict=env), (n,))
     return out
+
+
+def _columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
+    return columns_of(r.components, terms)
+
+
+def tethered_to(
+    program: Program, constants: dict[str, float], seed: Program | None = None, seed_constants: dict | None = None
+) -> Caps:
+    """Caps of the terms added to `program` at `constants`: the largest coefficient that keeps its
+    step times within the tether of `seed`'s (at `seed_constants`; none: the program's own)."""
+    from stepml_evolve.evaluator.physics.floor import envelope_for
+    from stepml_evolve.evaluator.physics.tether import coefficient_caps, envelope_steps
+
+    env = envelope_for()
+    steps = envelope_steps(program, constants, env)
+    reference = steps if seed is None else envelope_steps(seed, seed_constants or seed.constants, env)
+    return lambda terms: coefficient_caps(columns_of(env.components, terms).T, steps, reference)
 
 
 def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -121,11 +152,13 @@ def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tupl
     return a, b, finite
 
 
-def _gains(a: np.ndarray, b: np.ndarray, sse: float, groups: dict[str, list]) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Coefficients, gains (share of sse) on all rows, and per grouping the held-out gain, from
-    the per-experiment moments a (E, K), b (E, K)."""
+def _gains(
+    a: np.ndarray, b: np.ndarray, sse: float, groups: dict[str, list], cap: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Coefficients (at most `cap`), gains (share of sse) on all rows, and per grouping the held-out
+    gain, from the per-experiment moments a (E, K), b (E, K)."""
     at, bt = a.sum(axis=0), b.sum(axis=0)
-    beta = np.where(bt > 0, np.maximum(at, 0.0) / np.where(bt > 0, bt, 1.0), 0.0)
+    beta = _fitted(at, bt, cap)
     gain = (2 * beta * at - beta**2 * bt) / sse
     held = {}
     for g, labels in groups.items():
@@ -138,10 +171,15 @@ def _gains(a: np.ndarray, b: np.ndarray, sse: float, groups: dict[str, list]) ->
             inside = labels == kind
             ai, bi = a[inside].sum(axis=0), b[inside].sum(axis=0)
             ao, bo = at - ai, bt - bi
-            bet = np.where(bo > 0, np.maximum(ao, 0.0) / np.where(bo > 0, bo, 1.0), 0.0)
+            bet = _fitted(ao, bo, cap)
             total += 2 * bet * ai - bet**2 * bi
         held[g] = total / sse
     return beta, gain, held
+
+
+def _fitted(a: np.ndarray, b: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """The least-squares coefficient in [0, cap] of each term (its gain is concave in it)."""
+    return np.minimum(np.where(b > 0, np.maximum(a, 0.0) / np.where(b > 0, b, 1.0), 0.0), cap)
 
 
 def _chance(null_gains: list[np.ndarray]) -> np.ndarray:
@@ -165,11 +203,18 @@ def _passes(gain: np.ndarray, held: dict[str, np.ndarray], finite: np.ndarray, c
 
 
 def screen(
-    residuals: list[RequestResiduals], terms: list[Term], seed: int = 0, pairs_of: int = 12, refine: bool = True
+    residuals: list[RequestResiduals],
+    terms: list[Term],
+    seed: int = 0,
+    pairs_of: int = 12,
+    refine: bool = True,
+    caps: Caps | None = None,
 ) -> Screening:
     """Every term's gain on the residuals, best first, with its held-out gains and whether it passed;
     hinges and switches among the passing ones have their knot refined (REFINE knots between the
-    neighbouring quantiles); the best `pairs_of` are tried in pairs."""
+    neighbouring quantiles); the best `pairs_of` are tried in pairs. `caps`: each term's coefficient
+    is at most what it gives (`tethered_to`)."""
+    caps = caps or (lambda ts: np.full(len(ts), np.inf))
     rows = _Rows(residuals)
     sse = _sse(rows.w, rows.y)
     if not sse > 0 or not terms:
@@ -183,7 +228,8 @@ def screen(
         b_parts.append(b)
         finite_parts.append(finite)
     a, b, finite = np.concatenate(a_parts, axis=2), np.concatenate(b_parts, axis=1), np.concatenate(finite_parts)
-    fits = [_gains(a[v], b, _sse(rows.w, ys[v]), rows.groups) for v in range(len(ys))]
+    cap = caps(terms)
+    fits = [_gains(a[v], b, _sse(rows.w, ys[v]), rows.groups, cap) for v in range(len(ys))]
     beta, gain, held = fits[0]
     chance = _chance([g for _, g, _ in fits[1:]])  # what each term gains on residuals with no structure
     passed = _passes(gain, held, finite, chance)
@@ -197,19 +243,21 @@ def screen(
             {g: float(h[k]) for g, h in held.items()},
             bool(passed[k]),
             float(chance[k]),
+            float(cap[k]),
         )
         for k, t in enumerate(terms)
         if finite[k]
     ]
     results.sort(key=lambda s: (not s.passed, -s.gain))
     if refine:
-        results = _refined(rows, results, sse)
-    screening = Screening(results, sse, int((~finite).sum()), float(false))
+        results = _refined(rows, results, sse, caps)
+    capped = int((finite & (_fitted(a[0].sum(axis=0), b.sum(axis=0), np.inf) > cap)).sum())
+    screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped)
     screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse)
     return screening
 
 
-def _refined(rows: _Rows, results: list[Screened], sse: float) -> list[Screened]:
+def _refined(rows: _Rows, results: list[Screened], sse: float, caps: Caps) -> list[Screened]:
     """The passing hinges and switches, each at the best of REFINE knots spread between the knots
     next to its own (over the values the count takes): a planted knot between two quantiles is found."""
     out = []
@@ -226,12 +274,13 @@ def _refined(rows: _Rows, results: list[Screened], sse: float) -> list[Screened]
         hi = siblings[i + 1] if i + 1 < len(siblings) else s.term.knot * 2
         candidates = [s.term.at(float(round(q))) for q in np.linspace(lo, hi, REFINE)]
         a, b, finite = _moments(rows, candidates, [rows.y])
-        beta, gain, held = _gains(a[0], b, sse, rows.groups)
+        cap = caps(candidates)
+        beta, gain, held = _gains(a[0], b, sse, rows.groups, cap)
         ok = _passes(gain, held, finite, np.full(len(candidates), s.chance))
         k = int(np.argmax(np.where(ok, gain, -np.inf))) if ok.any() else -1
         if k >= 0 and gain[k] > s.gain:
             held_k = {g: float(h[k]) for g, h in held.items()}
-            out.append(Screened(candidates[k], float(beta[k]), float(gain[k]), held_k, True, s.chance))
+            out.append(Screened(candidates[k], float(beta[k]), float(gain[k]), held_k, True, s.chance, float(cap[k])))
         else:
             out.append(s)
     out.sort(key=lambda s: (not s.passed, -s.gain))
@@ -239,8 +288,8 @@ def _refined(rows: _Rows, results: list[Screened], sse: float) -> list[Screened]
 
 
 def _pairs(rows: _Rows, best: list[Screened], sse: float) -> list[tuple[Screened, Screened, float]]:
-    """Pairs of the best passing terms fitted together (non-negative least squares) whose gain
-    beats each term alone by MIN_GAIN, best first."""
+    """Pairs of the best passing terms fitted together (least squares, each coefficient in [0, its
+    cap]) whose gain beats each term alone by MIN_GAIN, best first."""
     if len(best) < 2:
         return []
     terms = [s.term for s in best]
@@ -255,8 +304,8 @@ def _pairs(rows: _Rows, best: list[Screened], sse: float) -> list[tuple[Screened
     out = []
     for i in range(len(best)):
         for j in range(i + 1, len(best)):
-            coef, norm = nnls(x[:, [i, j]], y)
-            gain = (sse - norm**2) / sse
+            fit = lsq_linear(x[:, [i, j]], y, bounds=(0.0, [best[i].cap, best[j].cap]))
+            coef, gain = fit.x, (sse - 2 * fit.cost) / sse
             if (coef > 0).all() and gain >= max(best[i].gain, best[j].gain) + MIN_GAIN:
                 out.append((best[i], best[j], float(gain)))
     out.sort(key=lambda p: -p[2])

@@ -13,6 +13,11 @@ construction, whatever program it is added to:
   hinge       `k * max(0, X - t)` past a knot t taken from the data's quantiles, also per layer
   switch      `(k * Y if X > t else 0)`: a code path taken only above a size (Y a count, 1, or a
               time component: a kernel that is slower there)
+  collective  `k * X * log(f.tp)` and `k * X * max(0, f.tp - 1)`, X 1 or f.layers: a latency per hop of a
+              tensor-parallel collective (a tree of log2(tp) hops, a ring of tp - 1), per layer's
+              all-reduces or per step (the scheduler's inputs broadcast to the workers), 0 at tp 1;
+              f.allreduce is only its bandwidth part, which NCCL's per-call latency dwarfs at the
+              few tokens of a decode step
 
 No term subtracts time (k >= 0 and g >= 0), none multiplies a time by a count, a knot is a constant
 bounded inside the data's range (so a condition always switches inside the envelope, which covers
@@ -54,6 +59,10 @@ HINGED = ("ctx_max", "ctx_sum", "tok_pf", "tokens", "n_req", "n_dc")
 SWITCHED_BY = ("ctx_max", "tok_pf", "n_dc", "n_req", "tokens", "ctx_sum")
 SWITCHED = ("1", "layers", "n_req", *TIMES)
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+HOPS = (
+    ("log(f.tp)", "log(f_tp)"),
+    ("max(0, f.tp - 1)", "where(f_tp > 1.0, f_tp - 1.0, 0.0)"),
+)  # a tree's hops, a ring's
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,10 @@ def library(step_values: dict[str, np.ndarray] | None = None, quantiles: Iterabl
         )
     )
     terms.append(Term("log", "{k} * f.n_dc * log(1 + f.ctx_max)", "f_n_dc * log(1.0 + f_ctx_max)"))
+    for per in ("1", "layers"):
+        for body, col in HOPS:
+            scaled = body if per == "1" else f"{_f(per)} * {body}"
+            terms.append(Term("collective", "{k} * " + scaled, col if per == "1" else f"{_col(per)} * {col}"))
     for x in HINGED if step_values else ():
         for q in knots(step_values[x], quantiles):
             hinge_body, hinge_col = (

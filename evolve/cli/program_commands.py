@@ -295,7 +295,7 @@ def explain_cmd(
         screening_table(
             s,
             f"terms screened on its residuals: {len(s.passed)} of {len(s.results) + s.skipped} pass "
-            f"(on shuffled residuals {s.false_passes:.1%} would)",
+            f"(on shuffled residuals {s.false_passes:.1%} would; {s.capped} bounded by the tether)",
             top,
         )
     )

@@ -397,9 +397,10 @@ def associations_table(associations, title: str, top: int = 10) -> Table:
 
 
 def screening_table(screening, title: str, top: int = 10) -> Table:
-    """`evolve explain`: the best screened terms, their gain, chance and held-out gains."""
+    """`evolve explain`: the best screened terms, their coefficient and the most the tether allows
+    it (blank: unbounded), their gain, chance and held-out gains."""
     t = Table(title=plain(title))
-    for col in ("term", "family", "k", "gain %", "chance %", "held out %", "passed"):
+    for col in ("term", "family", "k", "k max", "gain %", "chance %", "held out %", "passed"):
         t.add_column(col, justify="left" if col in ("term", "family", "held out %") else "right")
     for s in screening.results[:top]:
         held = ", ".join(f"{g} {v * 100:+.1f}" for g, v in s.held_out.items())
@@ -407,6 +408,7 @@ def screening_table(screening, title: str, top: int = 10) -> Table:
             plain(s.term.shown()),
             s.term.family,
             fmt(s.coefficient, 4),
+            fmt(s.cap, 4) if s.cap < float("inf") else "",
             fmt(s.gain * 100, ".1f"),
             fmt(s.chance * 100, ".1f"),
             held or "n/a",

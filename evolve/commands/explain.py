@@ -9,6 +9,7 @@ library of candidate terms is screened on the same residuals (discovery/screenin
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.discovery.explain import Association, explain
 from stepml_evolve.evaluator.discovery.residuals import ResidualsError, residuals_of
-from stepml_evolve.evaluator.discovery.screening import Screening, screen
+from stepml_evolve.evaluator.discovery.screening import Screening, screen, tethered_to
 from stepml_evolve.evaluator.discovery.terms import library, step_values
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.say import SKIPPED, Say, quiet
@@ -57,11 +58,13 @@ class Explanation:
                 "skipped_not_finite": self.screening.skipped,
                 "passed": len(self.screening.passed),
                 "false_passes_by_chance": self.screening.false_passes,
+                "bounded_by_tether": self.screening.capped,
                 "terms": [
                     {
                         "term": s.term.shown(),
                         "family": s.term.family,
                         "coefficient": s.coefficient,
+                        "cap": s.cap if math.isfinite(s.cap) else None,
                         "gain": s.gain,
                         "chance": s.chance,
                         "held_out": s.held_out,
@@ -95,7 +98,8 @@ def _explained(
     program: Program, constants: dict[str, float], label: str, loaded: LoadedData, pool: ReplayPool, split: str
 ) -> Explanation:
     residuals = residuals_of(program, constants, pool, split=split, origin=label)
-    screening = screen(residuals, library(step_values([r.components for r in residuals])))
+    caps = tethered_to(program, constants)  # as a seed's screening: tethered to the program itself
+    screening = screen(residuals, library(step_values([r.components for r in residuals])), caps=caps)
     return Explanation(label, loaded, split, sum(r.n for r in residuals), explain(residuals), screening)
 
 

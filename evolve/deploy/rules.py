@@ -14,6 +14,7 @@ from stepml_evolve.archive.map_elites import scored
 from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.numbers import finite
+from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, TETHER_SHARE
 
 from .choices import DEFAULT_JUDGE as DEFAULT_JUDGE  # re-exported with DEFAULT_RULE
 from .choices import DEFAULT_RULE as DEFAULT_RULE  # re-exported: the default of the rules `choose` applies
@@ -25,11 +26,9 @@ DEFAULT_WITHIN = 5.0  # simplest: within this many percent of the best loss; lin
 # guarded: a program must beat its own seed's loss by more than this many percent: the CV losses of
 # programs that differ by a perturbed constant differ by up to ~15 % on the worlds (the fit's noise)
 GUARD_MARGIN = 20.0
-# tethered, guarded: a program's step times stay within this factor of its seed's (as generation 0
+# tethered, guarded: a program's step times stay within TETHER_FACTOR of its seed's (as generation 0
 # fitted it) on TETHER_SHARE of the steps of the floor's envelope (every catalog deployment, the
 # steps users simulate)
-TETHER_FACTOR = 1.5
-TETHER_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -249,27 +248,24 @@ class _Tethers:
 
         self.by_id = {p.id: p for p in programs}
         self.env = envelope_for()
-        self.seed_ratios: dict[int, np.ndarray] = {}
+        self.seed_steps: dict[int, np.ndarray] = {}
 
-    def _ratios(self, program: ProgramRecord) -> np.ndarray:
+    def _steps(self, program: ProgramRecord) -> np.ndarray:
         from stepml_evolve.evaluator.dsl import parse_program
-        from stepml_evolve.evaluator.physics.floor import step_ratios
+        from stepml_evolve.evaluator.physics.tether import envelope_steps
 
         parsed = parse_program(program.source)
-        return step_ratios(parsed, list(parsed.constants.values()), self.env)[0]
+        return envelope_steps(parsed, parsed.constants, self.env)
 
     def __call__(self, program: ProgramRecord) -> float:
+        from stepml_evolve.evaluator.physics.tether import stray
+
         root = own_seed(program, self.by_id)
         if root.id == program.id:
             return 1.0
-        if root.id not in self.seed_ratios:
-            self.seed_ratios[root.id] = self._ratios(root)
-        ratio = self._ratios(program) / self.seed_ratios[root.id]
-        with np.errstate(all="ignore"):
-            stray = np.abs(np.log(ratio))
-        if not np.isfinite(stray).all():
-            return math.inf
-        return float(np.exp(np.quantile(stray, TETHER_SHARE)))
+        if root.id not in self.seed_steps:
+            self.seed_steps[root.id] = self._steps(root)
+        return stray(self._steps(program), self.seed_steps[root.id])
 
 
 def tether(program: ProgramRecord, programs: list[ProgramRecord]) -> float:

@@ -6,7 +6,10 @@ against the typed library of candidate terms (discovery/terms.py) in closed form
 the best term that passed the screening's held-out and chance checks and that this operator has
 not proposed for this parent before (or, once single terms are spent, the best pair), its scale
 constant starting at the screening's coefficient (a weak prior around it) and its knot, if any, a
-constant bounded inside the data's range. The child then goes through the usual cascade: the
+constant bounded inside the data's range. Each coefficient is screened, and bounded in the child,
+at most at the value that keeps the child's step times within the tether of its own seed's over the
+floor's envelope (screening.tethered_to): the deployment rules refuse a child that strays further,
+so a term that only helps where it strays is not proposed. The child then goes through the usual cascade: the
 closed loop judges it, as every child. Residuals and screenings are kept per parent for the run
 (`ResidualSource`), which the LLM emitter also reads for its prompt's residual summary.
 """
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.discovery.explain import explain, residual_summary
 from stepml_evolve.evaluator.discovery.residuals import RequestResiduals, ResidualsError, residuals_of
-from stepml_evolve.evaluator.discovery.screening import Screened, Screening, screen
+from stepml_evolve.evaluator.discovery.screening import Screened, Screening, screen, tethered_to
 from stepml_evolve.evaluator.discovery.terms import knot_bounds, library, step_values
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.dsl.program import Prior, inlined, render_constants
@@ -58,14 +61,19 @@ class ResidualSource:
                 self.residuals[parent_id] = str(e)
         return self.residuals[parent_id]
 
-    def screening(self, parent_id, program: Program, constants: dict[str, float]) -> Screening | str:
+    def screening(
+        self, parent_id, program: Program, constants: dict[str, float], seed: Program | None = None
+    ) -> Screening | str:
+        """The parent's screening, each coefficient tethered to `seed` (at its own constants; none:
+        the parent's)."""
         found = self.of(parent_id, program, constants)
         if isinstance(found, str):
             return found
         if parent_id not in self.screenings:
             if len(self.screenings) >= CACHED:
                 self.screenings.pop(next(iter(self.screenings)))
-            self.screenings[parent_id] = screen(found, library(step_values([r.components for r in found])))
+            caps = tethered_to(program, constants, seed)
+            self.screenings[parent_id] = screen(found, library(step_values([r.components for r in found])), caps=caps)
         return self.screenings[parent_id]
 
     def summary(self, parent_id, program: Program, constants: dict[str, float], top: int = 4) -> str:
@@ -97,8 +105,8 @@ def with_terms(
     added = []
     for s in screened:
         k = _fresh("k", taken)
-        start = s.coefficient if s.coefficient > 0 else 1.0
-        values[k], bounds[k], priors[k] = start, (0.0, math.inf), Prior(start, DEFAULT_SPREAD, True)
+        start = s.coefficient if s.coefficient > 0 else min(1.0, s.cap)
+        values[k], bounds[k], priors[k] = start, (0.0, s.cap), Prior(start, DEFAULT_SPREAD, True)
         t = None
         if s.term.knot is not None:
             t = _fresh("t", taken)
@@ -121,12 +129,18 @@ def with_terms(
 
 
 def next_child(
-    source: ResidualSource, parent_id, program: Program, constants: dict[str, float], tried: set[str]
+    source: ResidualSource,
+    parent_id,
+    program: Program,
+    constants: dict[str, float],
+    tried: set[str],
+    seed: Program | None = None,
 ) -> tuple[str, str] | str:
     """(the child's text, what it adds) for the best passing term of the parent's screening (then the
-    best pair) whose child's structure is not in `tried` (to which it is added); else "rule: why"
-    (rule residuals: none could be computed; screening: no term passed, or all were proposed)."""
-    found = source.screening(parent_id, program, constants)
+    best pair), tethered to `seed`, whose child's structure is not in `tried` (to which it is added);
+    else "rule: why" (rule residuals: none could be computed; screening: no term passed, or all were
+    proposed)."""
+    found = source.screening(parent_id, program, constants, seed)
     if isinstance(found, str):
         return f"residuals: {found}"
     summed = summed_times(inlined(program.functions["step_time"]))
@@ -142,11 +156,14 @@ def next_child(
     if not found.passed:
         return (
             f"screening: no term passed the screening of {len(found.results)} (false passes by chance "
-            f"{found.false_passes:.1%})"
+            f"{found.false_passes:.1%}; {found.capped} bounded by the tether)"
         )
     return f"screening: the {len(options)} screened terms were proposed for this parent before"
 
 
 def said(s: Screened) -> str:
     held = ", ".join(f"by {g} {v:+.1%}" for g, v in s.held_out.items())
-    return f"{s.term.shown()} (screened: {s.gain:.1%} of the residual, {s.chance:.1%} by chance, held out {held})"
+    bound = f", k at most {s.cap:.4g} (tether)" if math.isfinite(s.cap) else ""
+    return (
+        f"{s.term.shown()} (screened: {s.gain:.1%} of the residual, {s.chance:.1%} by chance, held out {held}{bound})"
+    )

@@ -74,6 +74,14 @@ PLANTED = {
         None,
     ),
 }
+# a latency per hop of each layer's all-reduces, over a tree of log2(tp) hops (the planted k_p: us per
+# layer and natural-log hop)
+COLLECTIVE = (
+    " + c.k_p * f.layers * log(f.tp)",
+    '"k_p": {"start": 40.0, "min": 0.0},',
+    "k * f.layers * log(f.tp)",
+    None,
+)
 
 
 def law(term: str = "", extra: str = "", doc: str = "A planted law.") -> str:
@@ -85,7 +93,7 @@ def worlds(tmp_path_factory):
     """Each planted world (and one without any term) generated at the medium size, with its parent:
     the law without its term, at the law's constants."""
     out = {}
-    for name, (term, extra, _, _) in {**PLANTED, "none": ("", "", "", None)}.items():
+    for name, (term, extra, _, _) in {**PLANTED, "collective": COLLECTIVE, "none": ("", "", "", None)}.items():
         program = parse_program(law(term, extra, f"Planted {name}."))
         d = tmp_path_factory.mktemp(name)
         write_world(World(name, program), d / "data", seed=1, size="medium")
@@ -131,6 +139,56 @@ def test_screening_alone_names_the_planted_term_first(worlds, name):
     assert s.false_passes < 0.2  # with the first shuffle taken for the residuals, few pass by chance
 
 
+def test_screening_names_a_collective_latency_and_its_size_where_the_tp_degrees_tell_the_forms_apart(worlds):
+    """tp 1, 2 and 4 (the medium grid) tell a tree of log2(tp) hops from a ring of tp - 1 only through
+    the two tp-4 deployments, and the closed loop bends the residuals there: the screening must name a
+    per-layer collective term first and pass the planted one at its size, not tell the two apart."""
+    data, parent, constants = worlds["collective"]
+    rs = _residuals(data, parent, constants)
+    s = screen(rs, library(step_values([r.components for r in rs])))
+    best = s.passed[0]
+    assert best.term.family == "collective" and "f.layers" in best.term.body, [p.term.shown() for p in s.passed[:5]]
+    planted = next(p for p in s.passed if p.term.shown() == COLLECTIVE[2])
+    assert abs(planted.coefficient - 40.0) <= 0.25 * 40.0, planted.coefficient
+    assert all(v > 0 for v in planted.held_out.values()) and planted.gain > planted.chance
+    others = [p for p in s.passed if p.term.family != "collective"]
+    assert all(o.gain < planted.gain for o in others)  # a per-layer collective beats every proxy
+
+
+def test_a_tethered_screening_weighs_each_term_at_most_at_the_size_the_tether_allows(worlds):
+    """With the parent as its own seed: every coefficient at most its cap, a capped term's gain what
+    it removes at the cap, and the child of the best one fitted within it and inside the tether at
+    its start."""
+    from stepml_evolve.evaluator.discovery.screening import tethered_to
+    from stepml_evolve.evaluator.physics.floor import envelope_for
+    from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, envelope_steps, stray
+
+    data, parent, constants = worlds["collective"]
+    rs = _residuals(data, parent, constants)
+    terms = library(step_values([r.components for r in rs]))
+    free, tied = screen(rs, terms, refine=False), screen(rs, terms, refine=False, caps=tethered_to(parent, constants))
+    assert tied.capped > 0 and free.capped == 0
+    by_term = {r.term: r for r in free.results}
+    for r in tied.results:
+        assert 0 <= r.coefficient <= r.cap
+        if by_term[r.term].coefficient > r.cap:  # bounded: at the cap, and it removes less there
+            assert r.coefficient == r.cap and r.gain < by_term[r.term].gain
+        else:
+            assert r.coefficient == pytest.approx(by_term[r.term].coefficient) and r.gain == pytest.approx(
+                by_term[r.term].gain
+            )
+    best = tied.passed[0]
+    values = step_values([r.components for r in rs])
+    child = parse_program(with_terms(parent, constants, [best], values, "child"))
+    new = (set(child.constants) - set(parent.constants)).pop()
+    assert child.bounds[new] == (0.0, best.cap) and child.constants[new] == best.coefficient
+    env = envelope_for()
+    assert (
+        stray(envelope_steps(child, child.constants, env), envelope_steps(parent, constants, env))
+        <= TETHER_FACTOR + 1e-6
+    )
+
+
 def test_on_a_law_with_no_such_term_nothing_passes(worlds):
     data, parent, constants = worlds["none"]
     rs = _residuals(data, parent, constants)
@@ -158,6 +216,7 @@ def test_every_library_term_added_to_a_seed_is_a_valid_time(synthetic):
         "log",
         "hinge",
         "switch",
+        "collective",
     }
     from stepml_evolve.evaluator.discovery.screening import Screened
 
@@ -201,6 +260,7 @@ def test_a_run_with_residual_term_archives_its_children_and_resumes_to_the_same_
     assert rows, "no residual_term child reached the archive"
     for source, detail in rows:
         assert detail.startswith("residual_term: + ") and "screened:" in detail and "held out by model" in detail
+        assert "(tether)" in detail  # its coefficient bounded so the child stays within its seed's tether
         assert physics_problems(parse_program(source)) == []
     assert tiny_run(tmp_path / "twice", 2, "--residual", "0.6").exit_code == 0
     assert tiny_run(tmp_path / "twice", 3, "--residual", "0.6", "--resume").exit_code == 0

@@ -1,0 +1,40 @@
+"""The tether (evaluator/physics/tether.py): how far step times stray from a reference's over the
+floor's envelope, and the largest coefficient a term may take to stay within it, which bounds what
+the screening weighs a term by and what the `residual_term` child may fit it to."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, TETHER_SHARE, coefficient_caps, stray
+
+
+def test_a_cap_is_the_coefficient_at_which_the_tether_share_of_steps_reaches_the_factor():
+    steps = np.full(1000, 100.0)
+    g = np.linspace(0.0, 100.0, 1000)
+    cap = coefficient_caps(g[None, :], steps, steps)[0]
+    # at the TETHER_SHARE quantile g is q, and 100 + k q = 150 there
+    q = float(np.quantile(g, TETHER_SHARE))
+    assert cap == pytest.approx((TETHER_FACTOR - 1) * 100.0 / q, rel=1e-6)
+    assert stray(steps + cap * g, steps) <= TETHER_FACTOR + 1e-9
+    assert stray(steps + 1.01 * cap * g, steps) > TETHER_FACTOR
+
+
+def test_no_room_no_term_and_a_term_that_adds_nothing_is_unbounded():
+    steps, reference = np.full(200, 100.0), np.full(200, 100.0)
+    g = np.stack([np.zeros(200), np.r_[np.full(199, 1.0), np.nan], np.full(200, 1.0)])
+    caps = coefficient_caps(g, steps, reference)
+    assert caps[0] == math.inf and caps[1] == 0.0 and caps[2] == pytest.approx(50.0, rel=1e-6)
+    # a parent already 2x its seed on every step leaves no room to any term
+    assert (coefficient_caps(g, 2 * reference, reference) == 0.0).all()
+    # a parent below its seed may add time up to the factor above the seed
+    assert coefficient_caps(g[2:], 0.8 * reference, reference)[0] == pytest.approx(70.0, rel=1e-6)
+
+
+def test_stray_is_symmetric_and_infinite_where_a_step_is_not_finite():
+    a, b = np.full(100, 100.0), np.full(100, 200.0)
+    assert stray(a, b) == pytest.approx(2.0) and stray(b, a) == pytest.approx(2.0)
+    assert stray(np.r_[a[:-1], np.nan], a) == math.inf

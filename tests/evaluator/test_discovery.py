@@ -236,8 +236,12 @@ def test_evolve_explain_prints_where_and_what_and_refuses_a_program_it_cannot_re
     found = json.loads(res.output[res.output.index("{") :])
     assert found["requests"] > 500 and len(found["associations"]) >= 6
     assert found["screening"]["candidates"] > 300 and len(found["screening"]["terms"]) == 3
+    for t in found["screening"]["terms"]:  # every coefficient within the tether's cap (a term adds time somewhere)
+        assert t["cap"] is not None and 0 <= t["coefficient"] <= t["cap"]
+    assert "bounded_by_tether" in found["screening"]
     res = runner.invoke(app, ["explain", str(seed_path("roofline"))])
     assert res.exit_code == 0 and "where the error grows" in res.output and "terms screened" in res.output
+    assert "k max" in res.output and "bounded by the tether" in res.output
     bad = tmp_path / "negative.py"
     bad.write_text('CONSTANTS = {"a": 5.0}\ndef step_time(f, c):\n    return 1.0 - c.a\n')
     res = runner.invoke(app, ["explain", str(bad)])

@@ -28,6 +28,12 @@ def test_no_room_no_term_and_a_term_that_adds_nothing_is_unbounded():
     g = np.stack([np.zeros(200), np.r_[np.full(199, 1.0), np.nan], np.full(200, 1.0)])
     caps = coefficient_caps(g, steps, reference)
     assert caps[0] == math.inf and caps[1] == 0.0 and caps[2] == pytest.approx(50.0, rel=1e-6)
+    # a term that adds time on fewer points than the tether leaves free can never stray it
+    rare, common = np.zeros(200), np.zeros(200)
+    rare[:5], common[:20] = 1e6, 1.0
+    assert coefficient_caps(np.stack([rare, common]), steps, reference)[0] == math.inf
+    assert stray(steps + 1e9 * rare, reference) <= TETHER_FACTOR
+    assert coefficient_caps(np.stack([rare, common]), steps, reference)[1] < math.inf
     # a parent already 2x its seed on every step leaves no room to any term
     assert (coefficient_caps(g, 2 * reference, reference) == 0.0).all()
     # a parent below its seed may add time up to the factor above the seed

@@ -18,10 +18,11 @@ candidates the same test passes with one shuffle taken for the residuals and the
 Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
 lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
 
-Tethered: with `caps` (`tethered_to`), each term's coefficient, on all rows, in every held-out fit
-and on the shuffled residuals alike, is at most the largest that keeps the parent's step times
-within TETHER_FACTOR of its seed's over the floor's envelope (physics/tether.py): the deployment
-rules refuse a child that strays further, so the screening weighs a term by what it may gain there.
+Tethered: with a `tether` (`tethered_to`), each term's coefficient, on all rows, in every held-out
+fit and on the shuffled residuals alike, is at most the largest that keeps the parent's step times
+within TETHER_FACTOR of its seed's over the floor's envelope (physics/tether.py), and a pair is kept
+only if its two terms at their coefficients stay within it together: the deployment rules refuse a
+child that strays further, so the screening weighs a term by what it may gain there.
 """
 
 from __future__ import annotations
@@ -102,9 +103,6 @@ class _Rows:
         return out
 
 
-Caps = Callable[[list[Term]], np.ndarray]  # terms -> the largest coefficient each may take
-
-
 def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
     """(S, K) the terms' g at every step of `components` ((N_COMPONENTS, S))."""
     env = {f"f_{n}": components[i] for n, i in COMPONENT_INDEX.items()}
@@ -120,18 +118,41 @@ def _columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
     return columns_of(r.components, terms)
 
 
+@dataclass
+class Tether:
+    """A parent's step times and its seed's over the floor's envelope (`tethered_to`): how large a
+    term added to the parent may be, alone or with others, for the child to stay within the tether."""
+
+    components: np.ndarray  # the envelope's (N_COMPONENTS, n)
+    steps: np.ndarray  # the parent's step times there
+    reference: np.ndarray  # its seed's
+
+    def caps(self, terms: list[Term]) -> np.ndarray:
+        """The largest coefficient of each term alone."""
+        from stepml_evolve.evaluator.physics.tether import coefficient_caps
+
+        return coefficient_caps(columns_of(self.components, terms).T, self.steps, self.reference)
+
+    def holds(self, terms: list[Term], coefficients) -> bool:
+        """Whether the parent plus these terms at these coefficients stays within the tether."""
+        from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, stray
+
+        added = columns_of(self.components, terms) @ np.asarray(coefficients, dtype=np.float64)
+        return stray(self.steps + added, self.reference) <= TETHER_FACTOR * (1 + 1e-9)
+
+
 def tethered_to(
     program: Program, constants: dict[str, float], seed: Program | None = None, seed_constants: dict | None = None
-) -> Caps:
-    """Caps of the terms added to `program` at `constants`: the largest coefficient that keeps its
-    step times within the tether of `seed`'s (at `seed_constants`; none: the program's own)."""
+) -> Tether:
+    """The tether of terms added to `program` at `constants`: its step times within the factor of
+    `seed`'s (at `seed_constants`; none: the program's own)."""
     from stepml_evolve.evaluator.physics.floor import envelope_for
-    from stepml_evolve.evaluator.physics.tether import coefficient_caps, envelope_steps
+    from stepml_evolve.evaluator.physics.tether import envelope_steps
 
     env = envelope_for()
     steps = envelope_steps(program, constants, env)
     reference = steps if seed is None else envelope_steps(seed, seed_constants or seed.constants, env)
-    return lambda terms: coefficient_caps(columns_of(env.components, terms).T, steps, reference)
+    return Tether(env.components, steps, reference)
 
 
 def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -208,13 +229,16 @@ def screen(
     seed: int = 0,
     pairs_of: int = 12,
     refine: bool = True,
-    caps: Caps | None = None,
+    tether: Tether | None = None,
 ) -> Screening:
     """Every term's gain on the residuals, best first, with its held-out gains and whether it passed;
     hinges and switches among the passing ones have their knot refined (REFINE knots between the
-    neighbouring quantiles); the best `pairs_of` are tried in pairs. `caps`: each term's coefficient
-    is at most what it gives (`tethered_to`)."""
-    caps = caps or (lambda ts: np.full(len(ts), np.inf))
+    neighbouring quantiles); the best `pairs_of` are tried in pairs. `tether`: each term's coefficient
+    is at most its cap, and a pair is kept only if the two together stay within it."""
+
+    def caps(ts: list[Term]) -> np.ndarray:
+        return np.full(len(ts), np.inf) if tether is None else tether.caps(ts)
+
     rows = _Rows(residuals)
     sse = _sse(rows.w, rows.y)
     if not sse > 0 or not terms:
@@ -253,11 +277,13 @@ def screen(
         results = _refined(rows, results, sse, caps)
     capped = int((finite & (_fitted(a[0].sum(axis=0), b.sum(axis=0), np.inf) > cap)).sum())
     screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped)
-    screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse)
+    screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse, tether)
     return screening
 
 
-def _refined(rows: _Rows, results: list[Screened], sse: float, caps: Caps) -> list[Screened]:
+def _refined(
+    rows: _Rows, results: list[Screened], sse: float, caps: Callable[[list[Term]], np.ndarray]
+) -> list[Screened]:
     """The passing hinges and switches, each at the best of REFINE knots spread between the knots
     next to its own (over the values the count takes): a planted knot between two quantiles is found."""
     out = []
@@ -287,9 +313,12 @@ def _refined(rows: _Rows, results: list[Screened], sse: float, caps: Caps) -> li
     return out
 
 
-def _pairs(rows: _Rows, best: list[Screened], sse: float) -> list[tuple[Screened, Screened, float]]:
+def _pairs(
+    rows: _Rows, best: list[Screened], sse: float, tether: Tether | None = None
+) -> list[tuple[Screened, Screened, float]]:
     """Pairs of the best passing terms fitted together (least squares, each coefficient in [0, its
-    cap]) whose gain beats each term alone by MIN_GAIN, best first."""
+    cap]) whose gain beats each term alone by MIN_GAIN and that stay within the tether together,
+    best first."""
     if len(best) < 2:
         return []
     terms = [s.term for s in best]
@@ -306,7 +335,8 @@ def _pairs(rows: _Rows, best: list[Screened], sse: float) -> list[tuple[Screened
         for j in range(i + 1, len(best)):
             fit = lsq_linear(x[:, [i, j]], y, bounds=(0.0, [best[i].cap, best[j].cap]))
             coef, gain = fit.x, (sse - 2 * fit.cost) / sse
-            if (coef > 0).all() and gain >= max(best[i].gain, best[j].gain) + MIN_GAIN:
+            better = (coef > 0).all() and gain >= max(best[i].gain, best[j].gain) + MIN_GAIN
+            if better and (tether is None or tether.holds([best[i].term, best[j].term], coef)):
                 out.append((best[i], best[j], float(gain)))
     out.sort(key=lambda p: -p[2])
     return out

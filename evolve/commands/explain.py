@@ -98,8 +98,8 @@ def _explained(
     program: Program, constants: dict[str, float], label: str, loaded: LoadedData, pool: ReplayPool, split: str
 ) -> Explanation:
     residuals = residuals_of(program, constants, pool, split=split, origin=label)
-    caps = tethered_to(program, constants)  # as a seed's screening: tethered to the program itself
-    screening = screen(residuals, library(step_values([r.components for r in residuals])), caps=caps)
+    tether = tethered_to(program, constants)  # as a seed's screening: tethered to the program itself
+    screening = screen(residuals, library(step_values([r.components for r in residuals])), tether=tether)
     return Explanation(label, loaded, split, sum(r.n for r in residuals), explain(residuals), screening)
 
 

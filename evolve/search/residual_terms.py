@@ -72,8 +72,10 @@ class ResidualSource:
         if parent_id not in self.screenings:
             if len(self.screenings) >= CACHED:
                 self.screenings.pop(next(iter(self.screenings)))
-            caps = tethered_to(program, constants, seed)
-            self.screenings[parent_id] = screen(found, library(step_values([r.components for r in found])), caps=caps)
+            tether = tethered_to(program, constants, seed)
+            self.screenings[parent_id] = screen(
+                found, library(step_values([r.components for r in found])), tether=tether
+            )
         return self.screenings[parent_id]
 
     def summary(self, parent_id, program: Program, constants: dict[str, float], top: int = 4) -> str:

@@ -166,7 +166,7 @@ def test_a_tethered_screening_weighs_each_term_at_most_at_the_size_the_tether_al
     data, parent, constants = worlds["collective"]
     rs = _residuals(data, parent, constants)
     terms = library(step_values([r.components for r in rs]))
-    free, tied = screen(rs, terms, refine=False), screen(rs, terms, refine=False, caps=tethered_to(parent, constants))
+    free, tied = screen(rs, terms, refine=False), screen(rs, terms, refine=False, tether=tethered_to(parent, constants))
     assert tied.capped > 0 and free.capped == 0
     by_term = {r.term: r for r in free.results}
     for r in tied.results:
@@ -187,6 +187,11 @@ def test_a_tethered_screening_weighs_each_term_at_most_at_the_size_the_tether_al
         stray(envelope_steps(child, child.constants, env), envelope_steps(parent, constants, env))
         <= TETHER_FACTOR + 1e-6
     )
+    # each of two collective terms at its cap keeps the child within the tether, both together do not
+    tether = tethered_to(parent, constants)
+    a, b = [r for r in tied.results if r.term.family == "collective" and "f.layers" in r.term.body][:2]
+    assert tether.holds([a.term], [a.cap]) and tether.holds([b.term], [b.cap])
+    assert not tether.holds([a.term, b.term], [a.cap, b.cap])
 
 
 def test_on_a_law_with_no_such_term_nothing_passes(worlds):

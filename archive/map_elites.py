@@ -97,6 +97,28 @@ class Elites:
             return AddStatus.IMPROVES, screen_loss / ref.screen_loss
         return AddStatus.NOT_ADDED, math.nan
 
+    def promotion_key(
+        self, complexity: int, n_components: int, screen_loss: float, margin: float
+    ) -> tuple[int, float] | None:
+        """A candidate's place in the queue for a full fit: (0, its loss over the reference it beats)
+        for one that would improve its cell's elite or enter the front (an empty cell's candidate
+        that beats every simpler program of the front too: opening a cell does not make it less of
+        an improvement), then (1, its own loss) for one that only opens a cell; None: neither."""
+        status, rank = self.status(complexity, n_components, screen_loss, margin)
+        if status is AddStatus.IMPROVES:
+            return 0, rank
+        if status is AddStatus.NEW_CELL:
+            best = self._best_simpler(complexity)
+            if best is not None and screen_loss < best.screen_loss * (1 + margin):
+                return 0, screen_loss / best.screen_loss
+            return 1, rank
+        return None
+
+    def _best_simpler(self, complexity: int) -> ProgramRecord | None:
+        """The front's program no more complex than `complexity` with the lowest screening loss."""
+        simpler = [p for p in self.front if p.complexity <= complexity and p.screen_loss is not None]
+        return min(simpler, key=lambda p: p.screen_loss) if simpler else None
+
     def reference(self, complexity: int, n_components: int) -> ProgramRecord | None:
         """The program `status` compares a candidate of this cell with: to enter the grid it must
         beat its cell's elite, to enter the front every simpler program, so the easier of the two
@@ -104,8 +126,8 @@ class Elites:
         elite = self.grid.get(cell_of(complexity, n_components))
         if elite is None:
             return None
-        simpler = [p for p in self.front if p.complexity <= complexity and p.screen_loss is not None]
-        refs = [min(simpler, key=lambda p: p.screen_loss)] if simpler else []
+        best = self._best_simpler(complexity)
+        refs = [best] if best is not None else []
         if elite.screen_loss is not None:
             refs.append(elite)
         return max(refs, key=lambda p: p.screen_loss) if refs else None

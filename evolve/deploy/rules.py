@@ -268,6 +268,14 @@ class _Tethers:
         return stray(self._steps(program), self.seed_steps[root.id])
 
 
+def tethered_children(programs: list[ProgramRecord], operator: str) -> list[ProgramRecord]:
+    """The fully evaluated children of `operator` tethered to their seed (`tether` at most
+    TETHER_FACTOR), by validation loss."""
+    tethers = _Tethers(programs)
+    children = [p for p in programs if p.operator == operator and _validation(p) < math.inf]
+    return sorted((p for p in children if tethers(p) <= TETHER_FACTOR), key=lambda p: (_validation(p), p.id))
+
+
 def tether(program: ProgramRecord, programs: list[ProgramRecord]) -> float:
     """How far a program's step times stray from its seed's (the seed its first parents lead back to,
     as generation 0 fitted it) over the floor's envelope: the TETHER_SHARE quantile of the factor

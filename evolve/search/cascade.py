@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepml_evolve.archive.map_elites import AddStatus, Elites, best
+from stepml_evolve.archive.map_elites import Elites, best
 from stepml_evolve.archive.records import CVEvaluationRecord, CVScoreRecord, NewProgram, ProgramRecord, RejectionRecord
 from stepml_evolve.evaluator.data.experiments import SPLITS
 from stepml_evolve.evaluator.datasets import LoadedData
@@ -188,23 +188,19 @@ class Cascade:
 
     def promotion_order(self, cands: list[Candidate], elites: Elites) -> list[Candidate]:
         """Children worth a full fit, most promising first: improvements on their cell's elite or
-        on the front (by quick loss vs screening loss), then children opening an empty cell."""
+        on the front, an empty cell's child included (by quick loss vs screening loss), then
+        children that only open an empty cell (`Elites.promotion_key`)."""
         best_screen = elites.best_screen_loss()
-        improving, opening = [], []
+        keyed = []
         for c in cands:
             if not c.quick_loss < self.cfg.sanity_factor * best_screen:
                 continue
-            status, rank = elites.status(
+            key = elites.promotion_key(
                 c.program.complexity, len(c.program.components_used), c.quick_loss, self.cfg.promote_margin
             )
-            if status is AddStatus.NEW_CELL:
-                opening.append((rank, c))
-            elif status is AddStatus.IMPROVES:
-                improving.append((rank, c))
-        ordered = [c for _, c in sorted(improving, key=lambda t: t[0])] + [
-            c for _, c in sorted(opening, key=lambda t: t[0])
-        ]
-        return ordered[: self.cfg.max_promotions]
+            if key is not None:
+                keyed.append((key, c))
+        return [c for _, c in sorted(keyed, key=lambda t: t[0])][: self.cfg.max_promotions]
 
     def full_fits(self, cands: list[tuple[Candidate, tuple[int, ...]]]) -> list[FullFit]:
         """Promoted candidates fully fitted from their screening constants and full_fit_starts - 1

@@ -229,6 +229,21 @@ def test_elites_answer_whether_a_candidate_opens_a_cell_improves_or_not():
     assert elites.status(9, 1, 8.1, 0.0)[0] is AddStatus.NOT_ADDED
 
 
+def test_a_child_opening_a_cell_that_beats_the_simpler_front_queues_with_the_improvements():
+    elite = _stored(_program(1, complexity=20, n_components=2, val=5.0, screen=4.0), 1)
+    simple = _stored(_program(2, complexity=8, n_components=1, val=9.0, screen=8.0), 2)
+    elites = Elites.of([elite, simple])
+    # an empty cell, more complex than the front: beating #1's 4.0 puts it with the improvements
+    assert elites.promotion_key(40, 3, 3.0, 0.05) == (0, pytest.approx(0.75))
+    improver = elites.promotion_key(20, 2, 3.6, 0.05)  # improves #1's cell by 10 %
+    assert improver == (0, pytest.approx(0.9)) and elites.promotion_key(40, 3, 3.0, 0.05) < improver
+    # one that does not beat the front only opens its cell, after every improvement, by its own loss
+    assert elites.promotion_key(40, 3, 6.0, 0.05) == (1, 6.0) > improver
+    # an empty cell simpler than the whole front has no simpler program to beat: it opens a cell
+    assert elites.promotion_key(4, 1, 1.0, 0.05) == (1, 1.0)
+    assert elites.promotion_key(20, 2, 4.3, 0.05) is None
+
+
 def test_an_evaluation_record_stores_undefined_errors_as_null():
     rec = EvaluationRecord.of(7, _row("x", "validate", ape=Errors(math.nan, math.inf, 2.0)))
     assert (rec.ape_e2e, rec.ape_ttft, rec.ape_itl, rec.extra) == (None, None, 2.0, None)

@@ -747,3 +747,33 @@ def test_judged_by_e2e_the_rules_rank_the_held_out_mean_e2e_error(tmp_path):
     with pytest.raises(BrowseError, match="judge must be one of loss, e2e, not 'ttft'"):
         choose(a, "best", judge="ttft")
     a.close()
+
+
+def test_the_runs_end_cross_validates_tethered_residual_term_children_off_the_front(tmp_path, synthetic):
+    """A `residual_term` child's term lowered its parent's residuals held out, which validation on the
+    trained experiments may not reward: the run's end cross-validates it though it is off the front
+    (worse validation loss), if it stays within its seed's tether; one that strays is left out."""
+    from stepml_evolve.archive.map_elites import pareto_front
+    from stepml_evolve.evolve.deploy.front_cv import cross_validate_front
+
+    ids = _lineage(tmp_path, [10.0, 12.0, 11.0])
+    a = Archive(tmp_path)
+    for pid, extra in ((ids[0], ""), (ids[1], " + 0.1 * f.kv_read"), (ids[2], " + 5.0 * f.kv_read")):
+        a.db.execute(
+            "UPDATE programs SET source=?, constants=?, operator=? WHERE id=?",
+            (
+                ROOFLINE_1500.format(extra=extra),
+                json.dumps({"o": 1500.0}),
+                "seed" if pid == ids[0] else "residual_term",
+                pid,
+            ),
+        )
+    a.db.execute("UPDATE runs SET config=?", (json.dumps({"search": {"fit_method": "trust-region"}}),))
+    a.db.commit()
+    run = a.run()
+    assert [p.id for p in pareto_front(a.programs(run.id))] == [ids[0]]
+    fit = run_fit_settings(run, seed=0, max_evals=3)
+    with ReplayPool(synthetic.experiments, 1) as pool:
+        scored = cross_validate_front(a, run.id, synthetic, pool, "lomo", fit)
+    assert set(scored) == {ids[0], ids[1]} and all(math.isfinite(v) for v in scored.values())
+    a.close()

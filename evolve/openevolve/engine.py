@@ -49,7 +49,7 @@ from stepml_evolve.evolve.search.emitters import Proposal, signed_errors
 from stepml_evolve.evolve.search.llm_client import LLMClient, LLMUnavailable
 from stepml_evolve.evolve.search.llm_operator import Budget, prompt_templates
 from stepml_evolve.evolve.search.residual_terms import OPERATOR as RESIDUAL_TERM
-from stepml_evolve.evolve.search.residual_terms import ResidualSource, next_child
+from stepml_evolve.evolve.search.residual_terms import ResidualSource, next_child, seed_of
 
 from .judge_client import FAILED, JUDGE_URL_ENV, SEED_ENV
 from .local_server import LocalServer, chat_completion
@@ -311,8 +311,14 @@ class Judge:
             if parent is None or block is None:
                 return None
             program = parse_program(parent.source)
+            by_id = {p.id: p for p in self.search.programs}
             child = next_child(
-                self.residuals, parent.id, program, dict(parent.constants) or program.constants, self.tried
+                self.residuals,
+                parent.id,
+                program,
+                dict(parent.constants) or program.constants,
+                self.tried,
+                seed_of(parent, by_id.get),
             )
             if isinstance(child, str):
                 rule, why = child.split(": ", 1)

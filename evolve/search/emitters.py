@@ -24,7 +24,7 @@ from stepml_evolve.evaluator.dsl import Program, parse_program
 
 from .llm_operator import LLMOperator
 from .residual_terms import OPERATOR as RESIDUAL_TERM
-from .residual_terms import ResidualSource, next_child
+from .residual_terms import ResidualSource, next_child, seed_of
 from .selection import examples_for, select_parent
 from .structure import structure_hash
 from .symbolic import NotRepresentable, mutate
@@ -245,9 +245,8 @@ class ResidualEmitter:
     def ask(self, ctx: AskContext) -> Proposal:
         parents = [ctx.parent.id]
         constants = dict(ctx.parent.constants) or dict(ctx.parent_program.constants)
-        seed = _own_seed(ctx.archive, ctx.parent)
-        seed_program = None if seed is ctx.parent else parse_program(seed.source)
-        child = next_child(self.source, ctx.parent.id, ctx.parent_program, constants, self.tried, seed_program)
+        seed = seed_of(ctx.parent, ctx.archive.program)
+        child = next_child(self.source, ctx.parent.id, ctx.parent_program, constants, self.tried, seed)
         if isinstance(child, str):
             rule, why = child.split(": ", 1)
             rejection = RejectionRecord(operator=RESIDUAL_TERM, parents=parents, rule=rule, reason=why)
@@ -260,15 +259,6 @@ class ResidualEmitter:
 
     def status(self) -> dict:
         return {}
-
-
-def _own_seed(archive: Archive, program: ProgramRecord) -> ProgramRecord:
-    """The seed `program` descends from by first parents, as the deployment rules' tether takes it
-    (the oldest ancestor the archive holds when the chain leaves it)."""
-    root = program
-    while root.operator != "seed" and root.parents and (up := archive.program(root.parents[0])) is not None:
-        root = up
-    return root
 
 
 def prompt_rows(archive: Archive, parent: ProgramRecord) -> list[dict]:

@@ -19,8 +19,10 @@ from __future__ import annotations
 import ast
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stepml_evolve.archive.records import ProgramRecord
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.discovery.explain import explain, residual_summary
 from stepml_evolve.evaluator.discovery.residuals import RequestResiduals, ResidualsError, residuals_of
@@ -161,6 +163,15 @@ def next_child(
             f"{found.false_passes:.1%}; {found.capped} bounded by the tether)"
         )
     return f"screening: the {len(options)} screened terms were proposed for this parent before"
+
+
+def seed_of(program: ProgramRecord, lookup: Callable[[int], ProgramRecord | None]) -> Program | None:
+    """The seed `program` descends from by first parents (the oldest ancestor `lookup` finds when the
+    chain leaves it), parsed, as the deployment rules' tether takes it; None: `program` is that seed."""
+    root = program
+    while root.operator != "seed" and root.parents and (up := lookup(root.parents[0])) is not None:
+        root = up
+    return None if root is program else parse_program(root.source)
 
 
 def said(s: Screened) -> str:

@@ -289,6 +289,7 @@ def test_residual_term_answers_its_share_of_the_calls_and_its_children_are_archi
         assert aimed, refused
         for child in aimed:
             assert child.operator_detail.startswith("residual_term: + ") and "screened:" in child.operator_detail
+            assert "(tether)" in child.operator_detail  # its coefficient bounded by its seed's tether
             assert child.parents and child.parents[0] in {p.id for p in programs}
             assert seed.source.split("def step_time")[0] != child.source.split("def step_time")[0]  # a new constant
         for r in refused:

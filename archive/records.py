@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,16 @@ class ProgramRecord:
     @property
     def full(self) -> bool:
         return self.stage in ("seed", "full") and self.val_loss is not None
+
+
+def seed_ancestor(program: ProgramRecord, lookup: Callable[[int], ProgramRecord | None]) -> ProgramRecord:
+    """The seed a program descends from: its first parents followed back through `lookup` (id ->
+    record, None where the archive has none), itself for a seed, the oldest ancestor found when the
+    chain leaves what `lookup` holds."""
+    root = program
+    while root.operator != "seed" and root.parents and (up := lookup(root.parents[0])) is not None:
+        root = up
+    return root
 
 
 def refit_of(programs: list[ProgramRecord]) -> dict[int, int]:

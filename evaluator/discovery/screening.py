@@ -36,6 +36,8 @@ from scipy.optimize import lsq_linear
 
 from stepml_evolve.evaluator.dsl import Program
 from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX
+from stepml_evolve.evaluator.physics.floor import envelope_for
+from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, coefficient_caps, envelope_steps, stray
 
 from .residuals import E2E, TTFT, RequestResiduals
 from .terms import Term
@@ -114,10 +116,6 @@ def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
     return out
 
 
-def _columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
-    return columns_of(r.components, terms)
-
-
 @dataclass
 class Tether:
     """A parent's step times and its seed's over the floor's envelope (`tethered_to`): how large a
@@ -129,14 +127,10 @@ class Tether:
 
     def caps(self, terms: list[Term]) -> np.ndarray:
         """The largest coefficient of each term alone."""
-        from stepml_evolve.evaluator.physics.tether import coefficient_caps
-
         return coefficient_caps(columns_of(self.components, terms).T, self.steps, self.reference)
 
     def holds(self, terms: list[Term], coefficients) -> bool:
         """Whether the parent plus these terms at these coefficients stays within the tether."""
-        from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, stray
-
         added = columns_of(self.components, terms) @ np.asarray(coefficients, dtype=np.float64)
         return stray(self.steps + added, self.reference) <= TETHER_FACTOR * (1 + 1e-9)
 
@@ -146,9 +140,6 @@ def tethered_to(
 ) -> Tether:
     """The tether of terms added to `program` at `constants`: its step times within the factor of
     `seed`'s (at `seed_constants`; none: the program's own)."""
-    from stepml_evolve.evaluator.physics.floor import envelope_for
-    from stepml_evolve.evaluator.physics.tether import envelope_steps
-
     env = envelope_for()
     steps = envelope_steps(program, constants, env)
     reference = steps if seed is None else envelope_steps(seed, seed_constants or seed.constants, env)
@@ -162,7 +153,7 @@ def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tupl
     a, b = np.zeros((len(ys), n_e, n_k)), np.zeros((n_e, n_k))
     finite = np.ones(n_k, bool)
     for e, r in enumerate(rows.residuals):
-        x = r.sums(_columns(r, terms))  # (2, n, K)
+        x = r.sums(columns_of(r.components, terms))  # (2, n, K)
         ok = np.isfinite(x).all(axis=(0, 1))
         finite &= ok
         x = np.where(np.isfinite(x), x, 0.0)
@@ -324,7 +315,7 @@ def _pairs(
     terms = [s.term for s in best]
     xs, ys = [], []
     for e, r in enumerate(rows.residuals):
-        x = r.sums(_columns(r, terms))
+        x = r.sums(columns_of(r.components, terms))
         sw = np.sqrt(rows.w[e])
         xs.append((x * sw[:, :, None]).reshape(-1, len(terms)))
         ys.append((rows.y[e] * sw).reshape(-1))

@@ -11,10 +11,10 @@ import numpy as np
 
 from stepml_evolve.archive.access import BrowseError, run_programs
 from stepml_evolve.archive.map_elites import scored
-from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord
+from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord, seed_ancestor
 from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.numbers import finite
-from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, TETHER_SHARE
+from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, TETHER_SHARE, envelope_steps, stray
 
 from .choices import DEFAULT_JUDGE as DEFAULT_JUDGE  # re-exported with DEFAULT_RULE
 from .choices import DEFAULT_RULE as DEFAULT_RULE  # re-exported: the default of the rules `choose` applies
@@ -192,10 +192,7 @@ def _judged(scores: dict[int, CVScoreRecord], judge: str) -> dict[int, float]:
 def own_seed(program: ProgramRecord, by_id: dict[int, ProgramRecord]) -> ProgramRecord:
     """The seed a program descends from: its first parents followed back (itself for a seed; the
     oldest ancestor the archive holds when the chain leaves it)."""
-    root = program
-    while root.operator != "seed" and root.parents and root.parents[0] in by_id:
-        root = by_id[root.parents[0]]
-    return root
+    return seed_ancestor(program, by_id.get)
 
 
 def _guarded(cands: list, programs: list[ProgramRecord], within: float, others: dict[str, dict[int, float]]):
@@ -252,14 +249,11 @@ class _Tethers:
 
     def _steps(self, program: ProgramRecord) -> np.ndarray:
         from stepml_evolve.evaluator.dsl import parse_program
-        from stepml_evolve.evaluator.physics.tether import envelope_steps
 
         parsed = parse_program(program.source)
         return envelope_steps(parsed, parsed.constants, self.env)
 
     def __call__(self, program: ProgramRecord) -> float:
-        from stepml_evolve.evaluator.physics.tether import stray
-
         root = own_seed(program, self.by_id)
         if root.id == program.id:
             return 1.0

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stepml_evolve.archive.records import ProgramRecord
+from stepml_evolve.archive.records import ProgramRecord, seed_ancestor
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.discovery.explain import explain, residual_summary
 from stepml_evolve.evaluator.discovery.residuals import RequestResiduals, ResidualsError, residuals_of
@@ -168,9 +168,7 @@ def next_child(
 def seed_of(program: ProgramRecord, lookup: Callable[[int], ProgramRecord | None]) -> Program | None:
     """The seed `program` descends from by first parents (the oldest ancestor `lookup` finds when the
     chain leaves it), parsed, as the deployment rules' tether takes it; None: `program` is that seed."""
-    root = program
-    while root.operator != "seed" and root.parents and (up := lookup(root.parents[0])) is not None:
-        root = up
+    root = seed_ancestor(program, lookup)
     return None if root is program else parse_program(root.source)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from stepml_evolve.archive.access import (
     BrowseError,
     cv_rows,
+    fitted_header,
     opened,
     operator_label,
     program_file_text,
@@ -27,7 +28,9 @@ from stepml_evolve.archive.access import (
 from stepml_evolve.archive.map_elites import cell_label, cell_of, pareto_front
 from stepml_evolve.archive.records import CVScoreRecord, ProgramRecord, generation_pace, refit_of
 from stepml_evolve.archive.store import Archive
+from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.numbers import finite
+from stepml_evolve.evolve.deploy.pins import pins_of, pins_text
 from stepml_evolve.evolve.deploy.scores import CVScores, cv_by_program, ranked_cv
 
 from .choices import SORT_KEYS
@@ -200,6 +203,8 @@ def program_detail(archive: Archive, program: ProgramRecord) -> dict:
             "island": program.island,
             "source": program.source,
             "constants": program.constants,
+            # the constants the run's end pinned to its seed's before deploying it (evolve/deploy/pins.py)
+            "pins": pins_of(archive, program),
         },
         "lineage": lineage(archive, program),
         "evaluations": split_rows(archive, program.id),
@@ -347,10 +352,17 @@ def show_program(directory: Path | None, ref: str) -> dict:
         return program_detail(archive, resolve(archive, ref))
 
 
-def show_source(directory: Path | None, ref: str) -> str:
-    """`evolve archive show --source`."""
+def show_source(directory: Path | None, ref: str, deployed: bool = False) -> str:
+    """`evolve archive show --source` (`--deployed`: with the constants the run's end pinned to its
+    seed's, as emit-go deploys it)."""
     with opened(directory) as archive:
-        return program_file_text(archive, resolve(archive, ref))
+        record = resolve(archive, ref)
+        text = program_file_text(archive, record)
+        pins = pins_of(archive, record) if deployed else None
+        if not pins:
+            return text
+        header = f"{fitted_header(archive, record).render()}\ndeployed with {pins_text(pins)}"
+    return parse_program(text).with_constants(pins["constants"], header=header).source
 
 
 def compare_programs(directory: Path | None, a: str, b: str) -> dict:

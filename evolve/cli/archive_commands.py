@@ -130,6 +130,11 @@ def show_cmd(
         "--source",
         help="Print only the fitted program, as a file for evolve fit / eval / emit-go or run --seed-programs.",
     ),
+    deployed: bool = typer.Option(
+        False,
+        "--deployed",
+        help="With --source: the constants the run's end pinned to the program's seed's, as emit-go deploys it.",
+    ),
 ):
     """A program: source, fitted constants, descriptors, lineage to a seed, per-experiment errors by split."""
     from rich.syntax import Syntax
@@ -139,7 +144,7 @@ def show_cmd(
     from .tables import dumps, metrics_table
 
     if source_only:
-        print(show_source(archive_dir, program_id), end="")
+        print(show_source(archive_dir, program_id, deployed), end="")
         return
     detail = show_program(archive_dir, program_id)
     if as_json:
@@ -162,9 +167,17 @@ def show_cmd(
     consts = Table(title="fitted constants")
     consts.add_column("constant")
     consts.add_column("value", justify="right")
+    pins = p.get("pins")
+    if pins:
+        consts.add_column("deployed", justify="right")
     for name, value in p["constants"].items():
-        consts.add_row(escape(name), f"{value:.6g}")
+        deployed = [f"{pins['constants'][name]:.6g}" + (" (pinned)" if name in pins["pinned"] else "")] if pins else []
+        consts.add_row(escape(name), f"{value:.6g}", *deployed)
     out.print(consts)
+    if pins:
+        from stepml_evolve.evolve.deploy.pins import pins_text
+
+        out.print(f"deployed with {escape(pins_text(pins))}", highlight=False)
     out.print(_lineage_table(detail["lineage"]))
     for split, rows in detail["evaluations"].items():
         out.print(metrics_table(rows, f"program #{p['id']}, {split} split"))

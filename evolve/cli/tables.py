@@ -201,7 +201,8 @@ def run_summary_tables(summary: dict) -> list:
     deployed = summary.get("deployed")
     deploy = (
         [
-            f"deployed by `evolve emit-go` (rule {deployed['rule']}): #{deployed['id']}{_refit(deployed)}; {deployed['why']}"
+            f"deployed by `evolve emit-go` (rule {deployed['rule']}): #{deployed['id']}{_refit(deployed)}; {deployed['why']}",
+            *([f"deployed with {deployed['pinned']['why']}"] if deployed.get("pinned") else []),
         ]
         if deployed
         else []

@@ -20,7 +20,8 @@ from stepml_evolve.evaluator.numbers import finite
 from stepml_evolve.evaluator.outputs import OutputError, slug
 from stepml_evolve.evaluator.physics.floor import envelope_for
 from stepml_evolve.evaluator.say import Say, quiet
-from stepml_evolve.evolve.deploy.front_cv import deployed_summary, score_front
+from stepml_evolve.evolve.deploy.front_cv import deployed_summary, run_fit_settings, score_front
+from stepml_evolve.evolve.deploy.pins import pin_deployed
 from stepml_evolve.evolve.search import Search, SearchConfig, SearchError, check_engine_resumable, check_seed_units
 from stepml_evolve.evolve.search.emitters import build_emitters
 from stepml_evolve.evolve.search.residual_terms import ResidualSource
@@ -253,6 +254,8 @@ def run_search(
                 raise SearchError(f"{archive_dir}: {e}") from None
             if config.front_cv != "none":
                 summary = score_front(archive, search.run_id, loaded, pool, config, summary, say)
+            fitted_as = run_fit_settings(archive.run(search.run_id)).config
+            summary = pin_deployed(archive, search.run_id, loaded, pool, fitted_as, summary, say)
             summary = {**summary, **deployed_summary(archive)}
             if config.baselines:  # BLIS's regression beside the best and the deployed program
                 summary = {**summary, "baselines": _baselines(search, say)}

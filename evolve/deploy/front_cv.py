@@ -33,6 +33,7 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.search import RunSettings, SearchConfig
 
 from .choices import DEFAULT_RULE
+from .pins import pins_of, pins_text
 from .rules import choose, own_seed, tethered_children
 
 
@@ -156,7 +157,10 @@ def deployed_summary(archive: Archive) -> dict:
     except BrowseError:
         return {}
     refit = refit_of(archive.programs(choice.program.run_id)).get(choice.program.id)
-    return {"deployed": {"rule": DEFAULT_RULE, "id": choice.program.id, "refit_of": refit, "why": choice.describe()}}
+    deployed = {"rule": DEFAULT_RULE, "id": choice.program.id, "refit_of": refit, "why": choice.describe()}
+    if pins := pins_of(archive, choice.program):
+        deployed["pinned"] = {"seed": pins["seed"], "constants": pins["pinned"], "why": pins_text(pins)}
+    return {"deployed": deployed}
 
 
 def score_front(

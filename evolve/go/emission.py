@@ -16,11 +16,12 @@ from pathlib import Path
 
 from stepml_evolve.archive.access import cv_header, fitted_header, opened, resolve
 from stepml_evolve.evaluator.choices import PHYSICS_MODES
-from stepml_evolve.evaluator.dsl import Program, load_program, parse_program
+from stepml_evolve.evaluator.dsl import Program, load_program
 from stepml_evolve.evaluator.errors import cut
 from stepml_evolve.evaluator.fit.fitted_header import header_lines
 from stepml_evolve.evaluator.outputs import check_outputs, write_atomic
 from stepml_evolve.evaluator.physics.rules import physics_problems
+from stepml_evolve.evolve.deploy.pins import deployed_program, pins_text
 from stepml_evolve.evolve.deploy.rules import DEFAULT_JUDGE, MARGIN_RULES, RULES, Choice, choose
 from stepml_evolve.evolve.go.parity import DEFAULT_SAMPLES
 from stepml_evolve.evolve.go.parity import samples as parity_samples
@@ -98,10 +99,13 @@ def _chosen(spec: str, archive_dir: Path | None, within: float | None, judge: st
         record = choice.program if choice else resolve(archive, spec)
         header = fitted_header(archive, record).labelled()
         scores = archive.cv_scores(record.id)
+        program, pins = deployed_program(archive, record)
     if choice:
         header["chosen by"] = choice.describe()
+    if pins:
+        header["constants"] = pins_text(pins)
     header.update(cv_header(scores))
-    return Emission(parse_program(record.source), header, choice)
+    return Emission(program, header, choice)
 
 
 def program_for_emission(

@@ -30,7 +30,8 @@ from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.browse.html_report import render
 from stepml_evolve.evolve.browse.listing import select_rows
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.deploy.front_cv import run_fit_settings, score_front
+from stepml_evolve.evolve.deploy.front_cv import deployed_summary, run_fit_settings, score_front
+from stepml_evolve.evolve.deploy.pins import pin_deployed
 from stepml_evolve.evolve.deploy.rules import choose, tether
 from stepml_evolve.evolve.deploy.scores import cv_by_program
 from stepml_evolve.evolve.go.emission import choose_for_emission
@@ -777,3 +778,46 @@ def test_the_runs_end_cross_validates_tethered_residual_term_children_off_the_fr
         scored = cross_validate_front(a, run.id, synthetic, pool, "lomo", fit)
     assert set(scored) == {ids[0], ids[1]} and all(math.isfinite(v) for v in scored.values())
     a.close()
+
+
+PER_EXPERT = '"""r"""\nCONSTANTS = {{"o": 1500.0, "k": {k}}}\n\ndef step_time(f, c):\n    return c.o + max(1.45 * (f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc), 1.2 * (f.weights + f.kv_read + f.kv_write)) + f.allreduce + c.k * f.experts{extra}\n'
+
+
+def test_the_runs_end_pins_what_the_data_cannot_see_and_emit_go_deploys_it(tmp_path, synthetic):
+    """guarded deploys a child (LOMO 70 against its seed's 100) whose refit moved k, a time per MoE
+    expert, from 3 to 10 on dense models only, where k multiplies 0: the run's end pins k to the
+    seed's 3 (`pin_deployed`), says so in the summary, and emit-go and `archive show` deploy and
+    show it; the archived program keeps its fitted 10, and a second end pins nothing again."""
+    ids, a = _seed_and_near_child(tmp_path)
+    for pid, k, extra in ((ids[0], 3.0, ""), (ids[1], 10.0, " + 0.1 * f.kv_read")):
+        a.db.execute(
+            "UPDATE programs SET source=?, constants=? WHERE id=?",
+            (PER_EXPERT.format(k=k, extra=extra), json.dumps({"o": 1500.0, "k": k}), pid),
+        )
+    a.db.commit()
+    _write_score(a, ids[0], 100.0)
+    _write_score(a, ids[1], 70.0)
+    dense = replace(synthetic, experiments=[e for e in synthetic.experiments if not e.arch.moe][:2])
+    run_id = a.run().id
+    with ReplayPool(dense.experiments, 1) as pool:
+        summary = pin_deployed(a, run_id, dense, pool, FitConfig(), {"x": 1})
+        assert pin_deployed(a, run_id, dense, pool, FitConfig(), summary) is summary
+    pins = summary["pins"][str(ids[1])]
+    assert pins["seed"] == ids[0] and pins["pinned"] == ["k"] and pins["constants"] == {"o": 1500.0, "k": 3.0}
+    assert a.run().summary == summary and summary["x"] == 1
+    deployed = deployed_summary(a)["deployed"]
+    assert deployed["id"] == ids[1] and deployed["pinned"]["constants"] == ["k"]
+    assert f"k pinned to seed #{ids[0]}'s fit" in deployed["pinned"]["why"]
+    assert a.program(ids[1]).constants["k"] == 10.0
+    a.close()
+    emission = choose_for_emission("guarded", tmp_path, physics="off")  # (the hand-made roofline reads f.kv_read bare)
+    assert emission.program.constants == {"o": 1500.0, "k": 3.0}
+    assert emission.header["constants"].startswith("k pinned to seed")
+    shown = CliRunner().invoke(app, ["archive", "show", str(ids[1]), "--archive", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    assert "(pinned)" in shown.output and "deployed with k pinned" in shown.output
+    source = CliRunner().invoke(app, ["archive", "show", str(ids[1]), "--archive", str(tmp_path), "--source"])
+    assert parse_program(source.output).constants["k"] == 10.0  # the file keeps the fit
+    args = ["archive", "show", str(ids[1]), "--archive", str(tmp_path), "--source", "--deployed"]
+    deployed_file = CliRunner().invoke(app, args).output
+    assert parse_program(deployed_file).constants["k"] == 3.0 and "# fitted: deployed with k pinned" in deployed_file

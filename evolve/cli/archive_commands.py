@@ -442,6 +442,48 @@ def archive_cv_cmd(
     out.print(t)
 
 
+@archive_app.command("pin")
+def archive_pin_cmd(
+    program_ids: list[str] = typer.Argument(..., metavar="ID", help="Children to pin (ids or 'best')."),
+    archive_dir: Path | None = ArchiveOpt,
+    data: Path | None = typer.Option(
+        None,
+        "--data",
+        help="Where the run's experiments are (default: the directory the "
+        "run recorded; they must be the same experiments).",
+    ),
+    workers: WorkersOption = None,
+    as_json: bool = JsonOpt,
+):
+    """Pin children's constants their training data cannot tell from their seed's to the seed's fit
+    (as the run's end does to the child guarded deploys); emit-go and blis-compare deploy them."""
+    from stepml_evolve.evolve.commands.archive_pin import pin_archive_programs
+    from stepml_evolve.evolve.deploy.pins import pins_text
+
+    from .tables import dumps
+
+    directory, done = pin_archive_programs(archive_dir, program_ids, data=data, workers=workers, say=say)
+    if as_json:
+        print(dumps({"archive": str(directory), "programs": [d.to_json() for d in done]}))
+        return
+    for d in done:
+        t = Table(title=f"#{d.program.id} against seed #{d.seed.id}: each shared constant put back alone")
+        for col in ("constant", "fitted", "seed's", "train loss +", "deployed"):
+            t.add_column(col, justify="left" if col == "constant" else "right")
+        for name, cost in sorted(d.pins["costs"].items(), key=lambda kv: kv[1]):
+            pinned = name in d.pins["pinned"]
+            t.add_row(
+                escape(name),
+                f"{d.program.constants[name]:.6g}",
+                f"{d.seed.constants[name]:.6g}",
+                f"{cost:.4g}",
+                "seed's (pinned)" if pinned else "fitted",
+            )
+        out.print(t)
+        what = pins_text(d.pins) if d.pins["pinned"] else "nothing pinned: the data tell every shared constant apart"
+        out.print(f"#{d.program.id}: {escape(what)}", highlight=False)
+
+
 @archive_app.command("migrate")
 def migrate_cmd(archive_dir: Path | None = ArchiveOpt):
     """Upgrade an archive of an older schema in place (browsing opens archives read-only, so it cannot)."""

@@ -61,23 +61,37 @@ def pin_deployed(
     """If the default rule deploys a child, pin the constants its training data cannot tell from its
     seed's (`config`: the run's FitConfig, for the split, objective and floor) and keep them in the
     summary (stored); a child already pinned (a resumed run's end) is not pinned again."""
-    from stepml_evolve.evaluator.fit.pinning import pin_to_seed
-
     try:
         pick = choose(archive, DEFAULT_RULE).program
     except BrowseError:
         return summary
     seed = own_seed(pick, {p.id: p for p in archive.programs(run_id)})
-    pins = dict(summary.get("pins") or {})
-    if seed.id == pick.id or str(pick.id) in pins:
+    if seed.id == pick.id or str(pick.id) in (summary.get("pins") or {}):
         return summary
-    say(f"pinning #{pick.id}'s constants its training data cannot tell from seed #{seed.id}'s")
+    return pin_program(archive, pick, seed, loaded, pool, config, summary, say)
+
+
+def pin_program(
+    archive: Archive,
+    program: ProgramRecord,
+    seed: ProgramRecord,
+    loaded: LoadedData,
+    pool: ReplayPool,
+    config: FitConfig,
+    summary: dict,
+    say: Say = quiet,
+) -> dict:
+    """Pin `program`'s constants its training data cannot tell from `seed`'s and keep them in
+    `summary`, the run's, which is stored (what `evolve archive pin` does to any child)."""
+    from stepml_evolve.evaluator.fit.pinning import pin_to_seed
+
+    say(f"pinning #{program.id}'s constants its training data cannot tell from seed #{seed.id}'s")
     pinning = pin_to_seed(
-        parse_program(pick.source), dict(pick.constants), dict(seed.constants), loaded.experiments, pool, config
+        parse_program(program.source), dict(program.constants), dict(seed.constants), loaded.experiments, pool, config
     )
-    pins[str(pick.id)] = {"seed": seed.id, **pinning.to_json()}
+    pins = {**(summary.get("pins") or {}), str(program.id): {"seed": seed.id, **pinning.to_json()}}
     if pinning.pinned:
-        say(f"#{pick.id}: {pins_text(pins[str(pick.id)])}")
+        say(f"#{program.id}: {pins_text(pins[str(program.id)])}")
     summary = {**summary, "pins": pins}
-    archive.set_summary(run_id, summary)
+    archive.set_summary(program.run_id, summary)
     return summary

@@ -821,3 +821,18 @@ def test_the_runs_end_pins_what_the_data_cannot_see_and_emit_go_deploys_it(tmp_p
     args = ["archive", "show", str(ids[1]), "--archive", str(tmp_path), "--source", "--deployed"]
     deployed_file = CliRunner().invoke(app, args).output
     assert parse_program(deployed_file).constants["k"] == 3.0 and "# fitted: deployed with k pinned" in deployed_file
+    # `evolve archive pin` on the run's own data, the whole sample: its Mixtral runs do see k, but 7 us
+    # an expert is within 1 % of the train loss, so k is pinned again; a seed has nothing to pin to
+    db = sqlite3.connect(tmp_path / Archive.FILE)
+    config = {"search": {"fit_method": "trust-region", "prompt_reuse": "detect", "physics": "off"}}
+    db.execute("UPDATE runs SET config=?, data_fingerprint=?", (json.dumps(config), synthetic.fingerprint()))
+    db.commit()
+    db.close()
+    res = CliRunner().invoke(app, ["archive", "pin", str(ids[0]), "--archive", str(tmp_path)])
+    only_error_line(res, f"program {ids[0]} is a seed")
+    res = CliRunner().invoke(app, ["archive", "pin", str(ids[1]), "--archive", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    (pinned,) = json.loads(res.stdout)["programs"]
+    assert pinned["id"] == ids[1] and pinned["pinned"] == ["k"] and pinned["costs"]["k"] != 0.0
+    assert pinned["loss"] <= pinned["fitted_loss"] * 1.01
+    assert Archive(tmp_path, read_only=True).run().summary["pins"][str(ids[1])] == {k: pinned[k] for k in pins}

@@ -34,6 +34,11 @@ ArchiveOpt = typer.Option(
     None, "--archive", help="Archive directory (default: the most recently written one under ./runs)."
 )
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
+RunDataOpt = typer.Option(
+    None,
+    "--data",
+    help="Where the run's experiments are (default: the directory the run recorded; they must be the same experiments).",
+)
 SortKey = Literal[SORT_KEYS]
 Protocol = Literal[PROTOCOLS]
 
@@ -390,12 +395,7 @@ def archive_cv_cmd(
     again: bool = typer.Option(
         False, "--again", help="Redo programs already scored under the protocol with these settings."
     ),
-    data: Path | None = typer.Option(
-        None,
-        "--data",
-        help="Where the run's experiments are (default: the directory the "
-        "run recorded; they must be the same experiments).",
-    ),
+    data: Path | None = RunDataOpt,
     workers: WorkersOption = None,
     as_json: bool = JsonOpt,
 ):
@@ -446,12 +446,7 @@ def archive_cv_cmd(
 def archive_pin_cmd(
     program_ids: list[str] = typer.Argument(..., metavar="ID", help="Children to pin (ids or 'best')."),
     archive_dir: Path | None = ArchiveOpt,
-    data: Path | None = typer.Option(
-        None,
-        "--data",
-        help="Where the run's experiments are (default: the directory the "
-        "run recorded; they must be the same experiments).",
-    ),
+    data: Path | None = RunDataOpt,
     workers: WorkersOption = None,
     as_json: bool = JsonOpt,
 ):

@@ -89,14 +89,14 @@ def pin_to_seed(
         vectors = [np.array([p[k] for k in names], dtype=float) for p in points]
         return [finite_loss(v) for v in pool.population_losses(compiled, vectors, exps, config.split, config.objective)]
 
-    alone = losses([fitted, *({**fitted, k: float(seed_constants[k])} for k in shared)])
-    base = alone[0]
-    costs = {k: float(v - base) for k, v in zip(shared, alone[1:])}
+    base, *alone = losses([fitted, *({**fitted, k: float(seed_constants[k])} for k in shared)])
+    put_back = dict(zip(shared, alone))  # each shared constant's train loss put back alone
+    costs = {k: float(v - base) for k, v in put_back.items()}
     limit = base * (1 + tolerance / 100)
-    cheap = sorted((k for k in shared if alone[1 + shared.index(k)] <= limit), key=lambda k: (costs[k], k))
+    cheap = sorted((k for k in shared if put_back[k] <= limit), key=lambda k: (costs[k], k))
     # every prefix of the cheap ones put back together (the first is already measured alone)
     prefixes = [{**fitted, **{k: float(seed_constants[k]) for k in cheap[:n]}} for n in range(1, len(cheap) + 1)]
-    together = [alone[1 + shared.index(cheap[0])]] + losses(prefixes[1:]) if cheap else []
+    together = [put_back[cheap[0]]] + losses(prefixes[1:]) if cheap else []
     kept = max((n for n, v in enumerate(together, 1) if v <= limit), default=0)
     if not kept:
         return Pinning(fitted, (), base, base, costs, tolerance)

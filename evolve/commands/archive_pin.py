@@ -60,12 +60,10 @@ def pin_archive_programs(
             chosen.append((p, seed))
         fit = run_fit_settings(run)
         loaded = run_data(run, archive.dir, data, say)
-        out = []
+        out, summary = [], run.summary or {}
         with ReplayPool(loaded.experiments, workers, semantics=fit.semantics, floor=fit.config.floor) as pool:
             for p, seed in chosen:
-                summary = pin_program(
-                    archive, p, seed, loaded, pool, fit.config, archive.run(run.id).summary or {}, say
-                )
+                summary = pin_program(archive, p, seed, loaded, pool, fit.config, summary, say)
                 out.append(PinnedProgram(p, seed, summary["pins"][str(p.id)]))
         return archive.dir, out
     finally:

@@ -116,6 +116,26 @@ def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
     return out
 
 
+_ENVELOPE_COLUMNS: dict[str, np.ndarray] = {}  # a term's column over the envelope last used ...
+_ENVELOPE: list[np.ndarray] = []  # ... which is every parent's of a run (the floor caches it)
+_ENVELOPE_COLUMNS_KEPT = 4000  # about 100 MB over the catalog's envelope
+
+
+def envelope_columns(components: np.ndarray, terms: list[Term]) -> np.ndarray:
+    """columns_of(components, terms), each term's column computed once per envelope: every screening
+    of a run caps the same library's terms over the same envelope."""
+    if not (_ENVELOPE and _ENVELOPE[0] is components) or len(_ENVELOPE_COLUMNS) > _ENVELOPE_COLUMNS_KEPT:
+        _ENVELOPE[:] = [components]
+        _ENVELOPE_COLUMNS.clear()
+    missing = list({t.column: t for t in terms if t.column not in _ENVELOPE_COLUMNS}.values())
+    if missing:
+        _ENVELOPE_COLUMNS.update(zip((t.column for t in missing), columns_of(components, missing).T))
+    out = np.empty((components.shape[1], len(terms)))
+    for j, t in enumerate(terms):
+        out[:, j] = _ENVELOPE_COLUMNS[t.column]
+    return out
+
+
 @dataclass
 class Tether:
     """A parent's step times and its seed's over the floor's envelope (`tethered_to`): how large a
@@ -127,11 +147,11 @@ class Tether:
 
     def caps(self, terms: list[Term]) -> np.ndarray:
         """The largest coefficient of each term alone."""
-        return coefficient_caps(columns_of(self.components, terms).T, self.steps, self.reference)
+        return coefficient_caps(envelope_columns(self.components, terms).T, self.steps, self.reference)
 
     def holds(self, terms: list[Term], coefficients) -> bool:
         """Whether the parent plus these terms at these coefficients stays within the tether."""
-        added = columns_of(self.components, terms) @ np.asarray(coefficients, dtype=np.float64)
+        added = envelope_columns(self.components, terms) @ np.asarray(coefficients, dtype=np.float64)
         return stray(self.steps + added, self.reference) <= TETHER_FACTOR * (1 + 1e-9)
 
 

@@ -88,7 +88,8 @@ def bench_cmd(
     quick: bool = typer.Option(
         False,
         "--quick",
-        help="With --worlds: two worlds, small grids, one split, a few generations, one held-out fit (minutes).",
+        help="With --worlds: two worlds, small grids, one split, a few generations, seeds fitted from one start, "
+        "one held-out fit (minutes).",
     ),
     generations: int | None = typer.Option(
         None, "--generations", min=0, help="With --worlds: each search's generations (default: evolve run's)."

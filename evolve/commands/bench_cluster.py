@@ -58,8 +58,8 @@ def cluster_bench(
         row = {"where": where, "workers": workers, "replays_per_s": round(rate, 1)}
         say(f"{where}, {workers} workers: {row['replays_per_s']} replays/s")
         if generations > 0:
-            # generation 0 (the seed fits) with a small budget: only generations 1.. are compared
-            timed = timed_search(loaded, pool, generations, say, seed_fit_evals=10)
+            # generation 0 (the seed fits) with a small budget, one start each: only generations 1.. are compared
+            timed = timed_search(loaded, pool, generations, say, seed_fit_evals=10, seed_starts=1)
             row.update({k: timed[k] for k in ("generations_per_hour", "generation_s_mean", "generations_timed")})
             say(f"{where}, {workers} workers: {row['generations_per_hour']} generations/hour")
         return row, losses

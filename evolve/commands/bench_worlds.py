@@ -196,6 +196,7 @@ def bench_world(
     unexercised: str = SearchConfig.unexercised,
     physics: str = SearchConfig.physics,
     baselines: str = BASELINES[0],
+    seed_starts: int = SearchConfig.seed_starts,
     archive_top: int = 0,
     say: Say = quiet,
 ) -> list[SplitResult]:
@@ -253,6 +254,7 @@ def bench_world(
                             time_components=time_components,
                             unexercised=unexercised,
                             physics=physics,
+                            seed_starts=seed_starts,
                             # the benchmark scores the seeds, the baselines and the law held out itself,
                             # and reads no explanation
                             explain=False,
@@ -470,8 +472,8 @@ def bench_worlds(
     say: Say = quiet,
 ) -> list[SplitResult]:
     """Every world (quick: QUICK_WORLDS on the small grid, the by-gpu split, QUICK_GENERATIONS, one
-    search seed, one held-out fit of each program and no CV of the search's front, so the winner is
-    its best validation loss) into
+    search seed, each seed program fitted from one start in generation 0, one held-out fit of each
+    program and no CV of the search's front, so the winner is its best validation loss) into
     out_dir: per world its data, split files, and per split and search seed (search_seeds of them,
     default DEFAULT_SEARCH_SEEDS) one search archive and one result. resume: continue the
     benchmark in out_dir, which must have been started with the same settings but --generations
@@ -518,6 +520,7 @@ def bench_worlds(
         "unexercised": unexercised,
         "physics": physics,
         "baselines": BASELINES[0],
+        "seed_starts": 1 if quick else SearchConfig.seed_starts,
     }
     out_dir = Path(out_dir)
     if resume:
@@ -550,7 +553,8 @@ def bench_worlds(
             time_components=time_components,
             unexercised=unexercised,
             physics=physics,
-            baselines=started_baselines(out_dir),
+            baselines=started(out_dir, "baselines"),
+            seed_starts=started(out_dir, "seed_starts"),
             archive_top=archive_top,
             say=say,
         )
@@ -567,15 +571,17 @@ LEGACY_SETTINGS = {
     "unexercised": "allow",
     "physics": "off",
     "baselines": BASELINES[1],
+    "seed_starts": SearchConfig.seed_starts,  # the default since seeds were fitted from several starts
 }
 
 
-FIXED_AT_START = ("baselines",)  # settings no option sets: a resumed benchmark keeps the ones it started with
+# settings no option sets (--quick sets seed_starts): a resumed benchmark keeps the ones it started with
+FIXED_AT_START = ("baselines", "seed_starts")
 
 
-def started_baselines(out_dir: Path) -> str:
-    """How the benchmark in out_dir scores its baselines (its stored setting)."""
-    return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}["baselines"]
+def started(out_dir: Path, key: str):
+    """The stored setting `key` (one of FIXED_AT_START) of the benchmark in out_dir."""
+    return {**LEGACY_SETTINGS, **_read_json(out_dir / SETTINGS_FILE)}[key]
 
 
 def _check_resumable(out_dir: Path, settings: dict) -> None:

@@ -35,7 +35,7 @@ except ImportError:
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install '.[ray]')")
 
 SMALL = [*TINY_BUDGETS, "--front-cv", "none"]
-GENERATIONS = "2"
+GENERATIONS = "1"
 SEED = "3"
 ROOFLINE = str(ROOT / "seeds" / "roofline.py")
 
@@ -277,9 +277,17 @@ def test_without_ray_cluster_names_the_extra(tmp_path):
 
 
 @needs_ray
-def test_an_unreachable_cluster_is_one_line(tmp_path):
+def test_an_unreachable_cluster_is_one_line(tmp_path, monkeypatch):
+    import ray.util.client.worker as ray_client
     from ray_cluster import free_port
 
+    from stepml_evolve.evaluator.replay import ray_executor
+
+    # Ray Client waits 5 + 10 + 15 s for a server that is not there; a second each says the same.
+    # A failure within QUICK_FAILURE_S counts as a server that answered (retried): below those 3 s here
+    monkeypatch.setattr(ray_client, "INITIAL_TIMEOUT_SEC", 1)
+    monkeypatch.setattr(ray_client, "MAX_TIMEOUT_SEC", 1)
+    monkeypatch.setattr(ray_executor, "QUICK_FAILURE_S", 2.0)
     port = free_port()
     res = CliRunner().invoke(
         app, ["fit", ROOFLINE, "--cluster", f"ray://127.0.0.1:{port}", "--out", str(tmp_path / "f.py")]

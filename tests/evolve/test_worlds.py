@@ -43,7 +43,7 @@ from stepml_evolve.evaluator.known_truth.configurations import (
 from stepml_evolve.evaluator.known_truth.workloads import STANDARD_WORKLOADS
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evolve.cli.app import app
-from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out, bench_world
+from stepml_evolve.evolve.commands.bench_worlds import SETTINGS_FILE, _check_resumable, _held_out, bench_world, started
 from stepml_evolve.evolve.commands.bench_worlds_results import HeldOut, SplitResult
 from stepml_evolve.evolve.deploy.rules import DEFAULT_RULE, RULES, choose
 from stepml_evolve.evolve.search.cascade import structure_hash
@@ -300,6 +300,16 @@ def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(quick_bench):
         assert train and not any("l40s" in n for n in train)  # the search never saw the held-out GPU
     assert report["summary"]["of"] == 1
     assert sum(report["summary"]["diagnoses"].values()) == 1
+    # --quick fits each seed from one start, and says so in the settings a resume must keep
+    assert json.loads((out / SETTINGS_FILE).read_text())["seed_starts"] == 1
+    with opened(out / "launch_bound" / "by-gpu-archive") as archive:
+        assert archive.run().config["search"]["seed_starts"] == 1
+    assert started(out, "seed_starts") == 1  # what a resumed benchmark runs with, --quick or not
+    legacy = out.parent / "legacy"
+    legacy.mkdir()
+    stored = {k: v for k, v in json.loads((out / SETTINGS_FILE).read_text()).items() if k != "seed_starts"}
+    (legacy / SETTINGS_FILE).write_text(json.dumps(stored))
+    assert started(legacy, "seed_starts") == 3  # stored before the setting: the default it ran with
 
 
 def test_a_resumed_benchmark_keeps_what_it_finished_and_redoes_only_what_is_missing(quick_bench):
@@ -352,6 +362,7 @@ def test_a_search_seed_draws_another_search_on_the_same_world_and_scores_its_own
         splits=["by-gpu"],
         front_cv="inner",
         fits=1,
+        seed_starts=1,  # as --quick: the search seed, not the seed fits' starts, is what this test is about
     )
     assert archive_rows(copy / "launch_bound" / "by-gpu-archive", "select seed from runs") == [(3,)]
     # --front-cv inner: the search's end asked the split's own question inside its train

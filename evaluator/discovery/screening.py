@@ -27,6 +27,7 @@ child that strays further, so the screening weighs a term by what it may gain th
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -119,20 +120,22 @@ def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
 _ENVELOPE_COLUMNS: dict[str, np.ndarray] = {}  # a term's column over the envelope last used ...
 _ENVELOPE: list[np.ndarray] = []  # ... which is every parent's of a run (the floor caches it)
 _ENVELOPE_COLUMNS_KEPT = 4000  # about 100 MB over the catalog's envelope
+_ENVELOPE_LOCK = threading.Lock()
 
 
 def envelope_columns(components: np.ndarray, terms: list[Term]) -> np.ndarray:
     """columns_of(components, terms), each term's column computed once per envelope: every screening
     of a run caps the same library's terms over the same envelope."""
-    if not (_ENVELOPE and _ENVELOPE[0] is components) or len(_ENVELOPE_COLUMNS) > _ENVELOPE_COLUMNS_KEPT:
-        _ENVELOPE[:] = [components]
-        _ENVELOPE_COLUMNS.clear()
-    missing = list({t.column: t for t in terms if t.column not in _ENVELOPE_COLUMNS}.values())
-    if missing:
-        _ENVELOPE_COLUMNS.update(zip((t.column for t in missing), columns_of(components, missing).T))
-    out = np.empty((components.shape[1], len(terms)))
-    for j, t in enumerate(terms):
-        out[:, j] = _ENVELOPE_COLUMNS[t.column]
+    with _ENVELOPE_LOCK:  # OpenEvolve's engine screens on its HTTP server's threads
+        if not (_ENVELOPE and _ENVELOPE[0] is components) or len(_ENVELOPE_COLUMNS) > _ENVELOPE_COLUMNS_KEPT:
+            _ENVELOPE[:] = [components]
+            _ENVELOPE_COLUMNS.clear()
+        missing = list({t.column: t for t in terms if t.column not in _ENVELOPE_COLUMNS}.values())
+        if missing:
+            _ENVELOPE_COLUMNS.update(zip((t.column for t in missing), columns_of(components, missing).T))
+        out = np.empty((components.shape[1], len(terms)))
+        for j, t in enumerate(terms):
+            out[:, j] = _ENVELOPE_COLUMNS[t.column]
     return out
 
 

@@ -44,3 +44,26 @@ def test_stray_is_symmetric_and_infinite_where_a_step_is_not_finite():
     a, b = np.full(100, 100.0), np.full(100, 200.0)
     assert stray(a, b) == pytest.approx(2.0) and stray(b, a) == pytest.approx(2.0)
     assert stray(np.r_[a[:-1], np.nan], a) == math.inf
+
+
+def test_a_terms_column_over_the_envelope_is_computed_once_per_envelope_and_is_its_column(monkeypatch):
+    """Every screening of a run caps the library's terms over the same envelope: envelope_columns
+    computes each term's column there once, and gives exactly what columns_of does, on any envelope."""
+    from stepml_evolve.evaluator.discovery import screening
+    from stepml_evolve.evaluator.discovery.terms import library, step_values
+    from stepml_evolve.evaluator.physics.floor import envelope_for
+
+    env = envelope_for()
+    terms = library(step_values([env.components]))[:60]
+    computed = []
+    plain = screening.columns_of
+    monkeypatch.setattr(screening, "columns_of", lambda c, ts: computed.append(len(ts)) or plain(c, ts))
+    monkeypatch.setattr(screening, "_ENVELOPE", [])  # as a new process starts
+    monkeypatch.setattr(screening, "_ENVELOPE_COLUMNS", {})
+    first = screening.envelope_columns(env.components, terms[:40])
+    again = screening.envelope_columns(env.components, terms[::-1])  # 20 new ones, in another order
+    assert computed == [40, 20]  # none of the first 40 computed twice
+    assert np.array_equal(first, plain(env.components, terms[:40]), equal_nan=True)
+    assert np.array_equal(again, plain(env.components, terms[::-1]), equal_nan=True)
+    other = env.components * 2.0  # another envelope is never served the first one's columns
+    assert np.array_equal(screening.envelope_columns(other, terms), plain(other, terms), equal_nan=True)

@@ -195,23 +195,23 @@ ONE_SEED_SCREENED = [
     "0",
     "--front-cv",
     "none",
-    "--seed-program-starts",
-    "1",
     "--residual",
     "0",
 ]
 # what a run's end explains (a replay and a screening of its best and deployed programs) is tested in
 # tests/evaluator/test_discovery.py, its baselines' fits in tests/evolve/test_baselines.py; the other tests' runs skip both
 NO_EXPLAIN = ["--no-explain", "--no-baselines"]
-ONE_SEED_SCREENED += NO_EXPLAIN
+# a run whose test reads neither the seed fits' several starts (tests/evaluator/test_starts.py does; three cost 3x
+# generation 0) nor the run's end
+LEAN = ["--seed-program-starts", "1", *NO_EXPLAIN]
+ONE_SEED_SCREENED += LEAN
 # the search tests' fit budgets and children per generation (small: the tests check behaviour, not fits)
-# one start per seed fit: these tests are not of the starts (tests/evaluator/test_starts.py is), and three cost 3x generation 0
 SEARCH_BUDGETS = ["--seed-program-fit-evals", "16", "--full-fit-evals", "12", "--quick-evals", "8", "--children", "5"]
-SEARCH_BUDGETS += ["--seed-program-starts", "1", *NO_EXPLAIN]
+SEARCH_BUDGETS += LEAN
 # for tests of where and how a search runs (islands, a cluster), not of what it finds: the smallest
 # fits that still promote children, a third of the time of SEARCH_BUDGETS
 TINY_BUDGETS = ["--seed-program-fit-evals", "6", "--full-fit-evals", "6", "--quick-evals", "4", "--children", "5"]
-TINY_BUDGETS += ["--seed-program-starts", "1", "--residual", "0", *NO_EXPLAIN]  # residual_term's own tests set them
+TINY_BUDGETS += [*LEAN, "--residual", "0"]  # residual_term's own tests set them
 
 
 def tiny_run(archive, generations: int, *extra):

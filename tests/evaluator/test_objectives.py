@@ -10,7 +10,7 @@ import sqlite3
 
 import numpy as np
 import pytest
-from conftest import NO_EXPLAIN, only_error_line
+from conftest import LEAN, only_error_line
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
@@ -374,7 +374,7 @@ def test_an_unknown_objective_is_a_usage_error():
     assert res.exit_code == 2 and "--objective" in res.stderr and "Traceback" not in res.output
 
 
-RUN = ["--fit-method", "cmaes", "--seed-program-fit-evals", 6, "--children", 2, "--seed-program-starts", 1, *NO_EXPLAIN]
+RUN = ["--fit-method", "cmaes", "--seed-program-fit-evals", 6, "--children", 2, *LEAN]
 
 
 def stored_search(archive_dir) -> dict:

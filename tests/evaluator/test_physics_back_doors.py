@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import NO_EXPLAIN
+from conftest import LEAN
 from llm_server import ScriptedLLM
 from typer.testing import CliRunner
 
@@ -177,7 +177,7 @@ def test_eval_reports_each_door_and_fit_and_emit_go_refuse_it_in_one_line(door_f
 
 
 SMALL = ["--seed-program-fit-evals", "8", "--full-fit-evals", "8", "--quick-evals", "6", "--front-cv", "none"]
-SMALL += ["--seed-program-starts", "1", *NO_EXPLAIN]
+SMALL += LEAN
 
 
 def test_a_run_refuses_each_door_as_a_seed(door_files, tmp_path):

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import pytest
 import typer
-from conftest import NO_EXPLAIN, FixedEmitter
+from conftest import LEAN, FixedEmitter
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.store import Archive
@@ -176,9 +176,7 @@ TINY = [
     "6",
     "--front-cv",
     "none",
-    "--seed-program-starts",
-    "1",
-    *NO_EXPLAIN,
+    *LEAN,
 ]
 BAD = (
     'CONSTANTS = {"base_us": 2000.0, "k": 1.0}\n\n\ndef step_time(f, c):\n    return c.base_us + f.gemm_pf + f.n_req\n'

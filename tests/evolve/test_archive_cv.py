@@ -14,7 +14,7 @@ import sqlite3
 from dataclasses import replace
 
 import pytest
-from conftest import NO_EXPLAIN, downgrade_to_schema_1, only_error_line, table_schemas
+from conftest import LEAN, downgrade_to_schema_1, only_error_line, table_schemas
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.access import BrowseError, run_programs
@@ -51,9 +51,7 @@ SMALL_RUN = [
     "3",
     "--children",
     "3",
-    "--seed-program-starts",
-    "1",
-    *NO_EXPLAIN,
+    *LEAN,
 ]
 CV_EVALS = "4"
 needs_gofmt = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import re
 import subprocess
 
 import pytest
-from conftest import NO_EXPLAIN
+from conftest import LEAN
 from random_programs import random_program
 from typer.testing import CliRunner
 
@@ -308,9 +308,7 @@ def test_emit_go_command_from_a_program_file_and_from_an_archive(tmp_path):
             "2",
             "--front-cv",
             "none",
-            "--seed-program-starts",
-            "1",
-            *NO_EXPLAIN,  # what emit-go reads is the archive's programs, not the run's end
+            *LEAN,  # what emit-go reads is the archive's programs, not the run's end
         ],
     )
     assert res.exit_code == 0, res.output

@@ -8,7 +8,7 @@ import sqlite3
 from collections import Counter
 
 import pytest
-from conftest import NO_EXPLAIN, RooflineParent
+from conftest import LEAN, RooflineParent
 from llm_server import INVALID_REPLY, PROSE_REPLY, ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
@@ -218,9 +218,7 @@ SMALL = [
     "4",
     "--front-cv",
     "none",
-    "--seed-program-starts",
-    "1",
-    *NO_EXPLAIN,
+    *LEAN,
 ]
 
 

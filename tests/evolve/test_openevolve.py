@@ -8,7 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from conftest import NO_EXPLAIN, ROOT, needs_real_data
+from conftest import LEAN, ROOT, needs_real_data
 from llm_server import PROSE_REPLY, ScriptedLLM, program_reply
 from typer.testing import CliRunner
 
@@ -22,7 +22,7 @@ MEMORY_LINE = "    memory = f.weights + f.kv_read + f.kv_write\n"
 QUEUE_LINE, LAST_DEF = "    return c.queue_us + c.lag_steps * r.last_step_us\n", "def output_token_time(c):\n"
 SMALL = ["--seed-programs", ROOFLINE, "--seed-program-fit-evals", "20", "--full-fit-evals", "12", "--front-cv", "none"]
 SMALL += ["--residual", "0"]  # every call goes to the scripted LLM (residual_term's own test sets it)
-SMALL += ["--seed-program-starts", "1", *NO_EXPLAIN]
+SMALL += LEAN
 
 
 def diff(search: str, replace: str, note: str = "A change.") -> str:
@@ -246,9 +246,7 @@ def test_an_openevolve_run_on_the_real_data(tmp_path, real_codegen):
                 "none",
                 "--residual",
                 "0",
-                "--seed-program-starts",
-                "1",
-                *NO_EXPLAIN,
+                *LEAN,
             ],
         )
     assert res.exit_code == 0, res.output

@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 
 import pytest
-from conftest import NO_EXPLAIN, snapshot
+from conftest import LEAN, snapshot
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.records import GenerationRecord
@@ -33,9 +33,7 @@ STALL = [
     "0",
     "--front-cv",
     "none",
-    "--seed-program-starts",
-    "1",
-    *NO_EXPLAIN,
+    *LEAN,
 ]
 GENERATIONS = 6
 

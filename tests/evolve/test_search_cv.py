@@ -10,7 +10,7 @@ import shutil
 import sqlite3
 
 import pytest
-from conftest import NO_EXPLAIN, only_error_line
+from conftest import LEAN, only_error_line
 from typer.testing import CliRunner
 
 from stepml_evolve.archive.access import opened
@@ -32,8 +32,7 @@ TINY = [
     "--seed",
     "4",
 ]
-TINY += ["--seed-program-starts", "1"]  # a seed fit from one start is the same with or without the folds
-TINY += NO_EXPLAIN  # the run's end past the front's CV is not what these tests read
+TINY += LEAN  # a seed fit from one start is the same with or without the folds; the front's CV still runs
 
 
 def invoke(*args):

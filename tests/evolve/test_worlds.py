@@ -270,7 +270,7 @@ def quick_bench(tmp_path_factory):
     return out, report
 
 
-def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(quick_bench):
+def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(quick_bench, tmp_path):
     out, report = quick_bench
     assert report == json.loads((out / "bench-worlds.json").read_text())
     results = report["results"]
@@ -305,11 +305,9 @@ def test_bench_worlds_quick_scores_seeds_search_and_law_held_out(quick_bench):
     with opened(out / "launch_bound" / "by-gpu-archive") as archive:
         assert archive.run().config["search"]["seed_starts"] == 1
     assert started(out, "seed_starts") == 1  # what a resumed benchmark runs with, --quick or not
-    legacy = out.parent / "legacy"
-    legacy.mkdir()
     stored = {k: v for k, v in json.loads((out / SETTINGS_FILE).read_text()).items() if k != "seed_starts"}
-    (legacy / SETTINGS_FILE).write_text(json.dumps(stored))
-    assert started(legacy, "seed_starts") == 3  # stored before the setting: the default it ran with
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(stored))
+    assert started(tmp_path, "seed_starts") == 3  # stored before the setting: the default it ran with
 
 
 def test_a_resumed_benchmark_keeps_what_it_finished_and_redoes_only_what_is_missing(quick_bench):

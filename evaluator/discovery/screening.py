@@ -8,11 +8,15 @@ gain the share of the residual sum of squares it removes: microseconds a term, n
 
 Chance: with a thousand candidates some will fit noise. A term passes only if, for each grouping
 of the experiments the data allow (by model, by workload: at least two groups), its coefficient
-fitted without a group lowers that group's residual, summed over the groups (held-out gain > 0);
-its gain on all rows is at least MIN_GAIN; and it gains MIN_GAIN more than chance: the most it
-gains on the residuals shuffled among the requests of each experiment (which keeps every
-experiment's bias and breaks every association with the steps; SHUFFLES times) plus twice the
-spread of those gains. The screening reports its own false-discovery rate: the share of the
+fitted without a group lowers that group's residual, summed over the groups (held-out gain > 0).
+A grouping judges a term only where some group and the rest both see it (its column is not zero
+on either side): a term only one model's experiments exercise (a collective latency where one model
+runs at TP > 1) cannot be judged by model, so it needs a held-out gain by workload alone, and a term
+no grouping can judge does not pass. Its gain on all rows must be at least MIN_GAIN, and MIN_GAIN
+more than chance: the most it gains on the residuals shuffled among the requests of each experiment
+(which keeps every experiment's bias, so a term one model alone sees soaks up that model's bias by
+chance too, and breaks every association with the steps; SHUFFLES times) plus twice the spread of
+those gains. The screening reports its own false-discovery rate: the share of the
 candidates the same test passes with one shuffle taken for the residuals and the others for chance.
 
 Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
@@ -58,7 +62,7 @@ class Screened:
     term: Term
     coefficient: float
     gain: float
-    held_out: dict[str, float] = field(default_factory=dict)
+    held_out: dict[str, float] = field(default_factory=dict)  # only the groupings that can judge the term
     passed: bool = False
     chance: float = 0.0  # the most it gains on residuals shuffled among each experiment's requests, + 2 spreads
     cap: float = np.inf  # the largest coefficient the tether allows (`tethered_to`)
@@ -191,7 +195,8 @@ def _gains(
     a: np.ndarray, b: np.ndarray, sse: float, groups: dict[str, list], cap: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Coefficients (at most `cap`), gains (share of sse) on all rows, and per grouping the held-out
-    gain, from the per-experiment moments a (E, K), b (E, K)."""
+    gain, from the per-experiment moments a (E, K), b (E, K); NaN where the grouping cannot judge a
+    term: in no fold do both the held-out group and the rest see it."""
     at, bt = a.sum(axis=0), b.sum(axis=0)
     beta = _fitted(at, bt, cap)
     gain = (2 * beta * at - beta**2 * bt) / sse
@@ -202,14 +207,21 @@ def _gains(
         if len(kinds) < 2:
             continue
         total = np.zeros(a.shape[1])
+        judged = np.zeros(a.shape[1], bool)
         for kind in kinds:
             inside = labels == kind
             ai, bi = a[inside].sum(axis=0), b[inside].sum(axis=0)
             ao, bo = at - ai, bt - bi
             bet = _fitted(ao, bo, cap)
             total += 2 * bet * ai - bet**2 * bi
-        held[g] = total / sse
+            judged |= (bi > 0) & (bo > 0)
+        held[g] = np.where(judged, total / sse, np.nan)
     return beta, gain, held
+
+
+def _judged(held: dict[str, np.ndarray], k: int) -> dict[str, float]:
+    """Term k's held-out gain in each grouping that can judge it."""
+    return {g: float(h[k]) for g, h in held.items() if not np.isnan(h[k])}
 
 
 def _fitted(a: np.ndarray, b: np.ndarray, cap: np.ndarray) -> np.ndarray:
@@ -230,11 +242,13 @@ def _sse(weights: list[np.ndarray], ys: list[np.ndarray]) -> float:
 
 def _passes(gain: np.ndarray, held: dict[str, np.ndarray], finite: np.ndarray, chance: np.ndarray) -> np.ndarray:
     """Finite everywhere, a gain of MIN_GAIN at least and MIN_GAIN over what it gains by chance,
-    and a positive held-out gain in every grouping."""
+    and a positive held-out gain in every grouping that can judge it, of which there is one at least."""
     ok = finite & (gain >= MIN_GAIN) & (gain - chance >= MIN_GAIN)
+    judged = np.zeros_like(ok)
     for h in held.values():
-        ok &= h > 0
-    return ok
+        ok &= np.isnan(h) | (h > 0)
+        judged |= ~np.isnan(h)
+    return ok & judged
 
 
 def screen(
@@ -278,7 +292,7 @@ def screen(
             t,
             float(beta[k]),
             float(gain[k]),
-            {g: float(h[k]) for g, h in held.items()},
+            _judged(held, k),
             bool(passed[k]),
             float(chance[k]),
             float(cap[k]),
@@ -319,8 +333,9 @@ def _refined(
         ok = _passes(gain, held, finite, np.full(len(candidates), s.chance))
         k = int(np.argmax(np.where(ok, gain, -np.inf))) if ok.any() else -1
         if k >= 0 and gain[k] > s.gain:
-            held_k = {g: float(h[k]) for g, h in held.items()}
-            out.append(Screened(candidates[k], float(beta[k]), float(gain[k]), held_k, True, s.chance, float(cap[k])))
+            out.append(
+                Screened(candidates[k], float(beta[k]), float(gain[k]), _judged(held, k), True, s.chance, float(cap[k]))
+            )
         else:
             out.append(s)
     out.sort(key=lambda s: (not s.passed, -s.gain))

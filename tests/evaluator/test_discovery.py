@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.discovery.explain import explain
 from stepml_evolve.evaluator.discovery.residuals import ResidualsError, residuals_of
-from stepml_evolve.evaluator.discovery.screening import screen
+from stepml_evolve.evaluator.discovery.screening import MIN_GAIN, screen
 from stepml_evolve.evaluator.discovery.terms import library, step_values
 from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector
@@ -102,8 +102,8 @@ def worlds(tmp_path_factory):
     return out
 
 
-def _residuals(data, parent, constants):
-    with ReplayPool(data.experiments, workers=2) as pool:
+def _residuals(data, parent, constants, keep=lambda e: True):
+    with ReplayPool([e for e in data.experiments if keep(e)], workers=2) as pool:
         return residuals_of(parent, constants, pool)
 
 
@@ -153,6 +153,27 @@ def test_screening_names_a_collective_latency_and_its_size_where_the_tp_degrees_
     assert all(v > 0 for v in planted.held_out.values()) and planted.gain > planted.chance
     others = [p for p in s.passed if p.term.family != "collective"]
     assert all(o.gain < planted.gain for o in others)  # a per-layer collective beats every proxy
+
+
+def test_a_term_one_model_alone_exercises_is_judged_by_its_workloads_and_one_nothing_can_judge_never_passes(worlds):
+    """As in a by-gpu split's train configurations, the 70B is the only model at TP > 1. Leaving it out
+    cannot judge a collective term (the model grouping sees it on one side only), so its held-out
+    test rests on the 70B's three workloads, and the planted term passes at its size. With one 70B
+    experiment left, no grouping can judge it: it does not pass, however much it gains."""
+    data, parent, constants = worlds["collective"]
+    seventy = "meta-llama/Llama-2-70b-hf"
+    rs = _residuals(data, parent, constants, lambda e: e.tp == 1 or e.model == seventy)
+    s = screen(rs, library(step_values([r.components for r in rs])))
+    planted = next(p for p in s.passed if p.term.shown() == COLLECTIVE[2])
+    assert set(planted.held_out) == {"workload"} and planted.held_out["workload"] > 0
+    assert abs(planted.coefficient - 40.0) <= 0.25 * 40.0, planted.coefficient
+    assert s.passed[0].term.family == "collective", [p.term.shown() for p in s.passed[:5]]
+
+    rs = _residuals(data, parent, constants, lambda e: e.tp == 1 or (e.model == seventy and e.workload == "mixed"))
+    s = screen(rs, library(step_values([r.components for r in rs])))
+    lone = next(r for r in s.results if r.term.shown() == COLLECTIVE[2])
+    assert lone.held_out == {} and not lone.passed and lone.gain > MIN_GAIN, (lone.gain, lone.chance)
+    assert not any(r.passed for r in s.results if r.term.family == "collective")
 
 
 def test_a_tethered_screening_weighs_each_term_at_most_at_the_size_the_tether_allows(worlds):

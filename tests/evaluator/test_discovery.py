@@ -159,7 +159,8 @@ def test_a_term_one_model_alone_exercises_is_judged_by_its_workloads_and_one_not
     """As in a by-gpu split's train configurations, the 70B is the only model at TP > 1. Leaving it out
     cannot judge a collective term (the model grouping sees it on one side only), so its held-out
     test rests on the 70B's three workloads, and the planted term passes at its size. With one 70B
-    experiment left, no grouping can judge it: it does not pass, however much it gains."""
+    experiment left, no grouping can judge it: it does not pass, however much it gains. On the law
+    with no such term, no term passes judged by one grouping alone."""
     data, parent, constants = worlds["collective"]
     seventy = "meta-llama/Llama-2-70b-hf"
     rs = _residuals(data, parent, constants, lambda e: e.tp == 1 or e.model == seventy)
@@ -174,6 +175,11 @@ def test_a_term_one_model_alone_exercises_is_judged_by_its_workloads_and_one_not
     lone = next(r for r in s.results if r.term.shown() == COLLECTIVE[2])
     assert lone.held_out == {} and not lone.passed and lone.gain > MIN_GAIN, (lone.gain, lone.chance)
     assert not any(r.passed for r in s.results if r.term.family == "collective")
+
+    data, parent, constants = worlds["none"]  # the law with no such term: nothing passes on one grouping's word
+    rs = _residuals(data, parent, constants, lambda e: e.tp == 1 or e.model == seventy)
+    s = screen(rs, library(step_values([r.components for r in rs])))
+    assert [p.term.shown() for p in s.passed if len(p.held_out) < 2] == [] and s.false_passes == 0.0
 
 
 def test_a_tethered_screening_weighs_each_term_at_most_at_the_size_the_tether_allows(worlds):

@@ -107,6 +107,11 @@ def _residuals(data, parent, constants, keep=lambda e: True):
         return residuals_of(parent, constants, pool)
 
 
+def _screened(rs):
+    """The library of the residuals' own steps screened on them."""
+    return screen(rs, library(step_values([r.components for r in rs])))
+
+
 def test_a_request_s_sums_are_linear_and_hold_its_own_steps(synthetic):
     roofline = load_program(seed_path("roofline"))
     rs = _residuals(synthetic, roofline, roofline.constants)
@@ -129,7 +134,7 @@ def test_a_request_s_sums_are_linear_and_hold_its_own_steps(synthetic):
 def test_screening_alone_names_the_planted_term_first(worlds, name):
     data, parent, constants = worlds[name]
     rs = _residuals(data, parent, constants)
-    s = screen(rs, library(step_values([r.components for r in rs])))
+    s = _screened(rs)
     _, _, written, knot = PLANTED[name]
     best = s.passed[0]
     assert best.term.shown().startswith(written), [p.term.shown() for p in s.passed[:5]]
@@ -145,7 +150,7 @@ def test_screening_names_a_collective_latency_and_its_size_where_the_tp_degrees_
     per-layer collective term first and pass the planted one at its size, not tell the two apart."""
     data, parent, constants = worlds["collective"]
     rs = _residuals(data, parent, constants)
-    s = screen(rs, library(step_values([r.components for r in rs])))
+    s = _screened(rs)
     best = s.passed[0]
     assert best.term.family == "collective" and "f.layers" in best.term.body, [p.term.shown() for p in s.passed[:5]]
     planted = next(p for p in s.passed if p.term.shown() == COLLECTIVE[2])
@@ -164,21 +169,21 @@ def test_a_term_one_model_alone_exercises_is_judged_by_its_workloads_and_one_not
     data, parent, constants = worlds["collective"]
     seventy = "meta-llama/Llama-2-70b-hf"
     rs = _residuals(data, parent, constants, lambda e: e.tp == 1 or e.model == seventy)
-    s = screen(rs, library(step_values([r.components for r in rs])))
+    s = _screened(rs)
     planted = next(p for p in s.passed if p.term.shown() == COLLECTIVE[2])
     assert set(planted.held_out) == {"workload"} and planted.held_out["workload"] > 0
     assert abs(planted.coefficient - 40.0) <= 0.25 * 40.0, planted.coefficient
     assert s.passed[0].term.family == "collective", [p.term.shown() for p in s.passed[:5]]
 
     rs = _residuals(data, parent, constants, lambda e: e.tp == 1 or (e.model == seventy and e.workload == "mixed"))
-    s = screen(rs, library(step_values([r.components for r in rs])))
+    s = _screened(rs)
     lone = next(r for r in s.results if r.term.shown() == COLLECTIVE[2])
     assert lone.held_out == {} and not lone.passed and lone.gain > MIN_GAIN, (lone.gain, lone.chance)
     assert not any(r.passed for r in s.results if r.term.family == "collective")
 
     data, parent, constants = worlds["none"]  # the law with no such term: nothing passes on one grouping's word
     rs = _residuals(data, parent, constants, lambda e: e.tp == 1 or e.model == seventy)
-    s = screen(rs, library(step_values([r.components for r in rs])))
+    s = _screened(rs)
     assert [p.term.shown() for p in s.passed if len(p.held_out) < 2] == [] and s.false_passes == 0.0
 
 
@@ -224,7 +229,7 @@ def test_a_tethered_screening_weighs_each_term_at_most_at_the_size_the_tether_al
 def test_on_a_law_with_no_such_term_nothing_passes(worlds):
     data, parent, constants = worlds["none"]
     rs = _residuals(data, parent, constants)
-    s = screen(rs, library(step_values([r.components for r in rs])))
+    s = _screened(rs)
     assert s.passed == [] and s.false_passes == 0.0 and len(s.results) > 400
 
 

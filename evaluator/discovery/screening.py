@@ -16,8 +16,8 @@ no grouping can judge does not pass. Its gain on all rows must be at least MIN_G
 more than chance: the most it gains on the residuals shuffled among the requests of each experiment
 (which keeps every experiment's bias, so a term one model alone sees soaks up that model's bias by
 chance too, and breaks every association with the steps; SHUFFLES times) plus twice the spread of
-those gains. The screening reports its own false-discovery rate: the share of the
-candidates the same test passes with one shuffle taken for the residuals and the others for chance.
+those gains. The screening reports its own false-discovery rate: the share of the candidates the
+same test passes with one shuffle taken for the residuals and the others for chance.
 
 Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
 lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.

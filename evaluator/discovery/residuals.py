@@ -4,7 +4,8 @@ On a recorded schedule (the closed loop replayed at the program's constants), ev
 request's TTFT and E2E are sums of the steps it lives through (scoring/surrogate.py `Lifetimes`):
 the share of the step in flight when it became ready, the steps to its first token, then (E2E)
 the steps of its runs that gave it a later token. So adding a term g(step) to step_time moves
-each request's latencies by the sum of g over its own steps: `RequestResiduals.sums(G)` gives those
+each request's latencies by the sum of g over its own steps, and a term g(request) added to
+queueing_time by g itself (`RequestResiduals.delays`): `RequestResiduals.sums(G)` gives those
 sums for K candidate columns at once (prefix sums over the steps, O(steps * K)), which is what
 makes screening thousands of terms a matter of seconds (screening.py) and what `explain.py` reads to
 say where, inside an experiment, the error grows. The schedule is frozen: batching, preemption and
@@ -89,6 +90,14 @@ class RequestResiduals:
         decode = self.runs @ (c[self.run_b + 1] - c[self.run_a]) if self.run_a.size else np.zeros_like(ttft)
         e2e = np.where(self.finished[:, None], ttft + decode, 0.0)
         return np.stack([e2e / self.scale[E2E], ttft / self.scale[TTFT]])
+
+    def delays(self, per_request: np.ndarray) -> np.ndarray:
+        """(2, n, K): for K per-request columns (n, K) of a delay before the request is scheduled
+        (queueing_time), what each adds to its E2E and its TTFT: itself, on the frozen schedule,
+        relative to the split's observed mean (0 where not measured)."""
+        d = np.asarray(per_request, dtype=np.float64).reshape(self.n, -1)
+        e2e = np.where(self.finished[:, None], d, 0.0)
+        return np.stack([e2e / self.scale[E2E], d / self.scale[TTFT]])
 
 
 def prefix_sums(g: np.ndarray) -> np.ndarray:

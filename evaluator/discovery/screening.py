@@ -22,6 +22,10 @@ same test passes with one shuffle taken for the residuals and the others for cha
 Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
 lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
 
+A queueing term (terms.py, family request) delays its request before any step: it adds itself to
+the request's E2E and TTFT (`term_sums`), moves no step time (so the tether does not bound it) and
+is bounded instead by QUEUE_MAX_US at the data's median prompt.
+
 Tethered: with a `tether` (`tethered_to`), each term's coefficient, on all rows, in every held-out
 fit and on the shuffled residuals alike, is at most the largest that keeps the parent's step times
 within TETHER_FACTOR of its seed's over the floor's envelope (physics/tether.py), and a pair is kept
@@ -45,13 +49,14 @@ from stepml_evolve.evaluator.physics.floor import envelope_for
 from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, coefficient_caps, envelope_steps, stray
 
 from .residuals import E2E, TTFT, RequestResiduals
-from .terms import Term
+from .terms import QUEUE, REQUEST_FIELDS, STEP, Term
 
 MIN_GAIN = 0.005  # a term must remove at least 0.5 % of the residual sum of squares
 GROUPINGS = ("model", "workload")
 CHUNK = 128  # candidate columns evaluated at once (memory: steps x CHUNK floats per experiment)
 SHUFFLES = 8  # permutations of the residuals: chance for each term, and the false-discovery check
 REFINE = 25  # knots tried around a hinge's or switch's best one
+QUEUE_MAX_US = 15000.0  # a queueing term at the data's median prompt: at most the seeds' own queue_us bound
 
 
 @dataclass
@@ -121,6 +126,46 @@ def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
     return out
 
 
+def _at(terms: list[Term], site: str) -> list[int]:
+    """The positions of the terms added to `site` (terms.STEP, terms.QUEUE)."""
+    return [j for j, t in enumerate(terms) if t.site == site]
+
+
+def request_columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
+    """(n, K) the queueing terms' g for each of r's requests."""
+    env = {f"r_{x}": getattr(r, x) for x in REQUEST_FIELDS}
+    out = np.empty((r.n, len(terms)))
+    with np.errstate(all="ignore"):
+        for j, t in enumerate(terms):
+            out[:, j] = np.broadcast_to(ne.evaluate(t.column, local_dict=env), (r.n,))
+    return out
+
+
+def term_sums(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
+    """(2, n, K) what each term at k = 1 adds to each of r's requests' E2E and TTFT (relative to the
+    split's observed mean): a step's term summed over the request's steps, a queueing term itself."""
+    steps = _at(terms, STEP)
+    if len(steps) == len(terms):
+        return r.sums(columns_of(r.components, terms))
+    out = np.empty((2, r.n, len(terms)))
+    if steps:
+        out[:, :, steps] = r.sums(columns_of(r.components, [terms[j] for j in steps]))
+    queued = _at(terms, QUEUE)
+    out[:, :, queued] = r.delays(request_columns(r, [terms[j] for j in queued]))
+    return out
+
+
+def _queue_caps(residuals: list[RequestResiduals], terms: list[Term]) -> np.ndarray:
+    """Each queueing term's largest coefficient: QUEUE_MAX_US at its median value over the requests
+    (no bound on a step's term)."""
+    caps = np.full(len(terms), np.inf)
+    queued = _at(terms, QUEUE)
+    if queued and residuals:
+        median = np.median(np.concatenate([request_columns(r, [terms[j] for j in queued]) for r in residuals]), axis=0)
+        caps[queued] = np.where(median > 0, QUEUE_MAX_US / np.where(median > 0, median, 1.0), 0.0)
+    return caps
+
+
 _ENVELOPE_COLUMNS: dict[str, np.ndarray] = {}  # a term's column over the envelope last used ...
 _ENVELOPE: list[np.ndarray] = []  # ... which is every parent's of a run (the floor caches it)
 _ENVELOPE_COLUMNS_KEPT = 4000  # about 100 MB over the catalog's envelope
@@ -153,12 +198,19 @@ class Tether:
     reference: np.ndarray  # its seed's
 
     def caps(self, terms: list[Term]) -> np.ndarray:
-        """The largest coefficient of each term alone."""
-        return coefficient_caps(envelope_columns(self.components, terms).T, self.steps, self.reference)
+        """The largest coefficient of each term alone (a queueing term moves no step: no bound)."""
+        caps = np.full(len(terms), np.inf)
+        steps = _at(terms, STEP)
+        if steps:
+            columns = envelope_columns(self.components, [terms[j] for j in steps])
+            caps[steps] = coefficient_caps(columns.T, self.steps, self.reference)
+        return caps
 
     def holds(self, terms: list[Term], coefficients) -> bool:
         """Whether the parent plus these terms at these coefficients stays within the tether."""
-        added = envelope_columns(self.components, terms) @ np.asarray(coefficients, dtype=np.float64)
+        steps = _at(terms, STEP)
+        coefficients = np.asarray(coefficients, dtype=np.float64)[steps]
+        added = envelope_columns(self.components, [terms[j] for j in steps]) @ coefficients
         return stray(self.steps + added, self.reference) <= TETHER_FACTOR * (1 + 1e-9)
 
 
@@ -180,7 +232,7 @@ def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tupl
     a, b = np.zeros((len(ys), n_e, n_k)), np.zeros((n_e, n_k))
     finite = np.ones(n_k, bool)
     for e, r in enumerate(rows.residuals):
-        x = r.sums(columns_of(r.components, terms))  # (2, n, K)
+        x = term_sums(r, terms)  # (2, n, K)
         ok = np.isfinite(x).all(axis=(0, 1))
         finite &= ok
         x = np.where(np.isfinite(x), x, 0.0)
@@ -265,7 +317,8 @@ def screen(
     is at most its cap, and a pair is kept only if the two together stay within it."""
 
     def caps(ts: list[Term]) -> np.ndarray:
-        return np.full(len(ts), np.inf) if tether is None else tether.caps(ts)
+        bound = _queue_caps(residuals, ts)
+        return bound if tether is None else np.minimum(bound, tether.caps(ts))
 
     rows = _Rows(residuals)
     sse = _sse(rows.w, rows.y)
@@ -353,7 +406,7 @@ def _pairs(
     terms = [s.term for s in best]
     xs, ys = [], []
     for e, r in enumerate(rows.residuals):
-        x = r.sums(columns_of(r.components, terms))
+        x = term_sums(r, terms)
         sw = np.sqrt(rows.w[e])
         xs.append((x * sw[:, :, None]).reshape(-1, len(terms)))
         ys.append((rows.y[e] * sw).reshape(-1))

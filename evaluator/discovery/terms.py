@@ -18,6 +18,11 @@ construction, whatever program it is added to:
               all-reduces or per step (the scheduler's inputs broadcast to the workers), 0 at tp 1;
               f.allreduce is only its bandwidth part, which NCCL's per-call latency dwarfs at the
               few tokens of a decode step
+  request     `k * r.input_tokens`, added to queueing_time, not to step_time: work on a request's
+              prompt before the engine schedules it (the API server tokenizes it and hashes its
+              blocks for the prefix cache), which delays its first token and its last by the same
+              time whatever the steps; the only causal request input that varies (output_tokens is
+              not known at arrival, r.last_step_us is the seeds' own lag)
 
 No term subtracts time (k >= 0 and g >= 0), none multiplies a time by a count, a knot is a constant
 bounded inside the data's range (so a condition always switches inside the envelope, which covers
@@ -59,6 +64,8 @@ HINGED = ("ctx_max", "ctx_sum", "tok_pf", "tokens", "n_req", "n_dc")
 SWITCHED_BY = ("ctx_max", "tok_pf", "n_dc", "n_req", "tokens", "ctx_sum")
 SWITCHED = ("1", "layers", "n_req", *TIMES)
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+STEP, QUEUE = "step_time", "queueing_time"  # where a term is added
+REQUEST_FIELDS = ("input_tokens",)  # a request's causal inputs a queueing term may scale
 HOPS = (
     ("log(f.tp)", "log(f_tp)"),
     ("max(0, f.tp - 1)", "where(f_tp > 1.0, f_tp - 1.0, 0.0)"),
@@ -72,10 +79,11 @@ class Term:
 
     family: str
     body: str  # DSL: the term, with {k} and {t}
-    column: str  # numexpr over f_<component>: g alone, the knot a literal
+    column: str  # numexpr over f_<component> (a step's term) or r_<field> (a request's): g alone, the knot a literal
     knot: float | None = None
     knot_of: str | None = None
     times: tuple[str, ...] = ()  # the time components it reads (summed as themselves: `rules.counted_twice`)
+    site: str = STEP  # the function it is added to: step_time (STEP) or queueing_time (QUEUE)
 
     def text(self, k: str, t: str | None = None) -> str:
         """The term in the DSL, its constants named k (and t)."""
@@ -89,7 +97,7 @@ class Term:
     def at(self, knot: float) -> Term:
         """The same term at another knot."""
         column = self.column.replace(_literal(self.knot), _literal(knot))
-        return Term(self.family, self.body, column, knot, self.knot_of, self.times)
+        return Term(self.family, self.body, column, knot, self.knot_of, self.times, self.site)
 
 
 def _figure(x: float) -> str:
@@ -198,6 +206,8 @@ def library(step_values: dict[str, np.ndarray] | None = None, quantiles: Iterabl
                         times=(),  # inside a branch: a time of its own
                     )
                 )
+    for x in REQUEST_FIELDS:
+        terms.append(Term("request", "{k} * r." + x, f"r_{x}", site=QUEUE))
     return terms
 
 

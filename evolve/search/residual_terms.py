@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.discovery.explain import explain, residual_summary
 from stepml_evolve.evaluator.discovery.residuals import RequestResiduals, ResidualsError, residuals_of
 from stepml_evolve.evaluator.discovery.screening import Screened, Screening, screen, tethered_to
-from stepml_evolve.evaluator.discovery.terms import knot_bounds, library, step_values
+from stepml_evolve.evaluator.discovery.terms import QUEUE, knot_bounds, library, step_values
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.dsl.program import Prior, inlined, render_constants
 from stepml_evolve.evaluator.dsl.pyparse import parse_python
@@ -101,7 +102,8 @@ def with_terms(
     knot_values: dict[str, object],
     doc: str,
 ) -> str:
-    """The parent's text at `constants` with the screened terms added to step_time's return, each
+    """The parent's text at `constants` with the screened terms added to step_time's return (a
+    queueing term to queueing_time's, which it makes if the parent has none), each
     with its scale constant (start: the screening's coefficient, min 0, a weak prior around it) and
     its knot (bounded inside the data's range)."""
     taken = set(parent.constants)
@@ -120,15 +122,19 @@ def with_terms(
                 (lo, hi),
                 Prior(s.term.knot, KNOT_SPREAD, True),
             )
-        added.append(parse_python(s.term.text(k, t), "eval").body)
+        added.append((s.term.site, parse_python(s.term.text(k, t), "eval").body))
     functions = []
     for name, fn in parent.functions.items():
         fn = copy.deepcopy(fn)
-        if name == "step_time":
-            ret = fn.body[-1]
-            for term in added:
+        ret = fn.body[-1]
+        for site, term in added:
+            if site == name:
                 ret.value = ast.BinOp(left=ret.value, op=ast.Add(), right=term)
         functions.append(ast.unparse(ast.fix_missing_locations(fn)))
+    queued = [term for site, term in added if site == QUEUE]
+    if queued and QUEUE not in parent.functions:  # no queueing time yet: the terms are all of it
+        body = ast.unparse(functools.reduce(lambda a, b: ast.BinOp(left=a, op=ast.Add(), right=b), queued))
+        functions.append(f"def {QUEUE}(r, c):\n    return {body}")
     return f'"""{doc}"""\n{render_constants(values, bounds, priors)}\n\n\n' + "\n\n\n".join(functions) + "\n"
 
 

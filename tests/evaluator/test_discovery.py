@@ -6,6 +6,7 @@ constants, so the screening alone must name the term."""
 
 from __future__ import annotations
 
+import ast
 import json
 
 import numpy as np
@@ -47,7 +48,7 @@ def step_time(f, c):
 
 
 def queueing_time(r, c):
-    return c.queue_us + c.lag_steps * r.last_step_us
+    return c.queue_us + c.lag_steps * r.last_step_us{queued}
 
 
 def output_token_time(c):
@@ -84,8 +85,18 @@ COLLECTIVE = (
 )
 
 
-def law(term: str = "", extra: str = "", doc: str = "A planted law.") -> str:
-    return BASE_LAW.format(doc=doc, extra=f"\n    {extra}" if extra else "", term=term)
+# the API server's work on a prompt before the engine schedules it (tokenizing, hashing its blocks):
+# planted in queueing_time, us per prompt token
+PROMPT = (
+    " + c.k_p * r.input_tokens",
+    '"k_p": {"start": 8.0, "min": 0.0},',
+    "k * r.input_tokens",
+    None,
+)
+
+
+def law(term: str = "", extra: str = "", doc: str = "A planted law.", queued: str = "") -> str:
+    return BASE_LAW.format(doc=doc, extra=f"\n    {extra}" if extra else "", term=term, queued=queued)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +104,10 @@ def worlds(tmp_path_factory):
     """Each planted world (and one without any term) generated at the medium size, with its parent:
     the law without its term, at the law's constants."""
     out = {}
-    for name, (term, extra, _, _) in {**PLANTED, "collective": COLLECTIVE, "none": ("", "", "", None)}.items():
-        program = parse_program(law(term, extra, f"Planted {name}."))
+    planted = {**PLANTED, "collective": COLLECTIVE, "prompt": PROMPT, "none": ("", "", "", None)}
+    for name, (term, extra, _, _) in planted.items():
+        step, queued = ("", term) if name == "prompt" else (term, "")
+        program = parse_program(law(step, extra, f"Planted {name}.", queued))
         d = tmp_path_factory.mktemp(name)
         write_world(World(name, program), d / "data", seed=1, size="medium")
         parent = parse_program(law())
@@ -226,6 +239,29 @@ def test_a_tethered_screening_weighs_each_term_at_most_at_the_size_the_tether_al
     assert not tether.holds([a.term, b.term], [a.cap, b.cap])
 
 
+def test_a_prompt_cost_before_scheduling_is_named_and_its_child_pays_it_in_queueing_time(worlds):
+    """A queueing term moves its request's TTFT and E2E by itself, whatever the steps: the screening
+    names the planted per-prompt-token cost first at its size, and the child adds it to
+    queueing_time (making one where the parent has none), a valid time under the physics checks."""
+    data, parent, constants = worlds["prompt"]
+    rs = _residuals(data, parent, constants)
+    s = _screened(rs)
+    best = s.passed[0]
+    assert best.term.shown() == PROMPT[2], [p.term.shown() for p in s.passed[:5]]
+    # the frozen schedule misses the step boundary a later request waits for: k a little over the law's
+    assert abs(best.coefficient - 8.0) <= 0.25 * 8.0, best.coefficient
+    assert best.gain > 0.15 and all(v > 0 for v in best.held_out.values()) and best.gain > best.chance, best
+    values = step_values([r.components for r in rs])
+    for program in (parent, parse_program(law().split("\n\n\ndef queueing_time")[0] + "\n")):
+        child = parse_program(with_terms(program, dict(program.constants), [best], values, "c"))
+        check_units(child)
+        assert physics_problems(child) == [], physics_problems(child)[:1]
+        assert "r.input_tokens" in ast.unparse(child.functions["queueing_time"])
+        assert "r.input_tokens" not in ast.unparse(child.functions["step_time"])
+    none = _screened(_residuals(*worlds["none"]))
+    assert not any(p.term.family == "request" for p in none.passed)
+
+
 def test_on_a_law_with_no_such_term_nothing_passes(worlds):
     data, parent, constants = worlds["none"]
     rs = _residuals(data, parent, constants)
@@ -254,6 +290,7 @@ def test_every_library_term_added_to_a_seed_is_a_valid_time(synthetic):
         "hinge",
         "switch",
         "collective",
+        "request",
     }
     from stepml_evolve.evaluator.discovery.screening import Screened
 

@@ -2,9 +2,11 @@
 cost: the program's per-request residuals at its file's constants, then the screening of the term
 library on them, timed with the compiled prefix sums (`residuals.prefix_sums`, today's) and with
 numpy's cumsum along the steps (before), interleaved in one process so both see the same machine;
-and a check that both give the same gains.
+and a check that both give the same gains. With --refit, also the screening with the program's
+own constants refitted beside each term (discovery/refit.py, as `screen_program` screens), the
+refit columns' computation included.
 
-    python tools/screening_cost.py [../shared/data/replay] [--program seeds/regime_switch.py] [--repeat 2]
+    python tools/screening_cost.py [../shared/data/replay] [--program seeds/regime_switch.py] [--repeat 2] [--refit]
 
 docs/results/index.md ("screening") cites it.
 """
@@ -20,6 +22,7 @@ import numpy as np
 
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.discovery import residuals as residuals_module
+from stepml_evolve.evaluator.discovery.refit import refit_columns
 from stepml_evolve.evaluator.discovery.screening import screen
 from stepml_evolve.evaluator.discovery.terms import library, step_values
 from stepml_evolve.evaluator.dsl import load_program
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("data", nargs="?", default="../shared/data/replay", help="A replay data directory.")
     parser.add_argument("--program", default="seeds/regime_switch.py", help="The program whose residuals are screened.")
     parser.add_argument("--repeat", type=int, default=2, help="Screenings timed per variant.")
+    parser.add_argument("--refit", action="store_true", help="Also time the screening beside the refitted constants.")
     args = parser.parse_args()
     loaded = load_data(Path(args.data))
     program = load_program(Path(args.program))
@@ -51,7 +55,7 @@ def main() -> None:
     )
     compiled = residuals_module.prefix_sums
     compiled(np.ones((3, 2)))  # compiled (or loaded from numba's cache) before any timing
-    seconds: dict[str, list[float]] = {"compiled": [], "numpy cumsum": []}
+    seconds: dict[str, list[float]] = {"compiled": [], "numpy cumsum": []}  # "refit" too, with --refit
     gains: dict[str, list[float]] = {}
     try:
         for _ in range(args.repeat):
@@ -61,6 +65,10 @@ def main() -> None:
                 result = screen(found, terms)
                 seconds[name].append(time.perf_counter() - t0)
                 gains.setdefault(name, [s.gain for s in result.results])
+            if args.refit:
+                t0 = time.perf_counter()
+                screen(found, terms, refit=refit_columns(program, program.constants, found))
+                seconds.setdefault("refit", []).append(time.perf_counter() - t0)
     finally:
         residuals_module.prefix_sums = compiled
     for name, times in seconds.items():

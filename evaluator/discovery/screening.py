@@ -22,6 +22,12 @@ same test passes with one shuffle taken for the residuals and the others for cha
 Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
 lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
 
+Refitted beside the parent's constants (`screen_program`; refit.py): the parent's own constants,
+linearized on the frozen schedule, are fitted beside each term, everywhere above (all rows, each
+held-out fit, the shuffles, the pairs): a term gains what it removes beyond them, and its held-out
+gain compares the parent refitted on the rest with the term against without it. The fit that
+found the parent's constants soaked up part of any mechanism it lacks; the child's fit refits them.
+
 A queueing term (terms.py, family request) delays its request before any step: it adds itself to
 the request's E2E and TTFT (`term_sums`), moves no step time (so the tether does not bound it) and
 is bounded instead by QUEUE_MAX_US at the data's median prompt.
@@ -48,8 +54,9 @@ from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX
 from stepml_evolve.evaluator.physics.floor import envelope_for
 from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, coefficient_caps, envelope_steps, stray
 
+from .refit import refit_columns
 from .residuals import E2E, TTFT, RequestResiduals
-from .terms import QUEUE, REQUEST_FIELDS, STEP, Term
+from .terms import QUEUE, REQUEST_FIELDS, STEP, Term, library, step_values
 
 MIN_GAIN = 0.005  # a term must remove at least 0.5 % of the residual sum of squares
 GROUPINGS = ("model", "workload")
@@ -90,9 +97,10 @@ class Screening:
 
 
 class _Rows:
-    """The residual rows of every experiment, their weights and groups."""
+    """The residual rows of every experiment, their weights and groups, and the columns of the
+    parent's own constants refitted beside each term (refit.py; none: P = 0)."""
 
-    def __init__(self, residuals: list[RequestResiduals]):
+    def __init__(self, residuals: list[RequestResiduals], refit: list[np.ndarray] | None = None):
         self.residuals = residuals
         self.masks, self.y, self.w = [], [], []
         for r in residuals:
@@ -103,6 +111,12 @@ class _Rows:
             self.y.append(r.residual)
             self.w.append(w)
         self.groups = {g: [getattr(r, g) for r in residuals] for g in GROUPINGS}
+        self.j = refit if refit is not None else [np.zeros((2, r.n, 0)) for r in residuals]
+        self.jj = np.array([np.einsum("ij,ijp,ijq->pq", w, j, j) for w, j in zip(self.w, self.j)])  # (E, P, P)
+
+    def jy(self, ys: list[np.ndarray]) -> np.ndarray:
+        """(E, P) sum w J y per experiment, for the residual set `ys`."""
+        return np.array([np.einsum("ij,ijp,ij->p", w, j, y) for w, j, y in zip(self.w, self.j, ys)])
 
     def shuffled(self, rng: np.random.Generator) -> list[np.ndarray]:
         out = []
@@ -225,11 +239,15 @@ def tethered_to(
     return Tether(env.components, steps, reference)
 
 
-def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _moments(
+    rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per experiment e and candidate k: a[v, e, k] = sum w X y (for each residual set v of `ys`),
-    b[e, k] = sum w X^2; and which candidates are finite everywhere."""
+    b[e, k] = sum w X^2, jx[e, :, k] = sum w J X (J the refit columns); and which candidates are
+    finite everywhere."""
     n_e, n_k = len(rows.residuals), len(terms)
     a, b = np.zeros((len(ys), n_e, n_k)), np.zeros((n_e, n_k))
+    jx = np.zeros((n_e, rows.jj.shape[1], n_k))
     finite = np.ones(n_k, bool)
     for e, r in enumerate(rows.residuals):
         x = term_sums(r, terms)  # (2, n, K)
@@ -240,18 +258,60 @@ def _moments(rows: _Rows, terms: list[Term], ys: list[list[np.ndarray]]) -> tupl
         b[e] = (w * x * x).sum(axis=(0, 1))
         for v, y in enumerate(ys):
             a[v, e] = (w * x * y[e][:, :, None]).sum(axis=(0, 1))
-    return a, b, finite
+        wj = (w * rows.j[e]).reshape(2 * r.n, jx.shape[1])
+        jx[e] = wj.T @ x.reshape(2 * r.n, n_k)
+    return a, b, jx, finite
+
+
+def _solve(jj: np.ndarray) -> np.ndarray:
+    """The inverse of the refit columns' Gram matrix, each column scaled to unit norm first (their
+    sizes differ by many orders) with a ridge of 1e-9; a column the rows never move stays at 0."""
+    d = np.sqrt(np.diag(jj))
+    scale = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+    unit = jj * scale[:, None] * scale[None, :]
+    return scale[:, None] * np.linalg.inv(unit + 1e-9 * np.eye(len(d))) * scale[None, :]
+
+
+def _with_refit(a, b, jx, jj, jy, cap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The term's coefficient fitted beside the refit columns (least squares, k in [0, cap]; the
+    columns' own coefficients free), and those coefficients (P, K); from the moments of the rows
+    fitted (a, b: (K,); jx: (P, K); jj: (P, P); jy: (P,)). With no refit column, the plain fit."""
+    inv = _solve(jj)
+    theta0 = inv @ jy
+    beta = _fitted(a - jx.T @ theta0, b - np.einsum("pk,pq,qk->k", jx, inv, jx), cap)
+    return beta, theta0[:, None] - (inv @ jx) * beta[None, :], theta0
+
+
+def _removed(beta, theta, theta0, a, b, jx, jj, jy) -> np.ndarray:
+    """How much less residual sum of squares rows with moments (a, b, jx, jj, jy) keep with the
+    term at beta and the refit columns at theta (P, K) than with the columns alone at theta0."""
+    alone = -2 * theta0 @ jy + theta0 @ jj @ theta0
+    both = (
+        -2 * (theta.T @ jy + beta * a)
+        + np.einsum("pk,pq,qk->k", theta, jj, theta)
+        + 2 * beta * np.einsum("pk,pk->k", theta, jx)
+        + beta**2 * b
+    )
+    return alone - both
 
 
 def _gains(
-    a: np.ndarray, b: np.ndarray, sse: float, groups: dict[str, list], cap: np.ndarray
+    a: np.ndarray,
+    b: np.ndarray,
+    sse: float,
+    groups: dict[str, list],
+    cap: np.ndarray,
+    refit: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Coefficients (at most `cap`), gains (share of sse) on all rows, and per grouping the held-out
-    gain, from the per-experiment moments a (E, K), b (E, K); NaN where the grouping cannot judge a
-    term: in no fold do both the held-out group and the rest see it."""
-    at, bt = a.sum(axis=0), b.sum(axis=0)
-    beta = _fitted(at, bt, cap)
-    gain = (2 * beta * at - beta**2 * bt) / sse
+    gain, from the per-experiment moments a (E, K), b (E, K) and those of the refit columns
+    (`refit`: jx (E, P, K), jj (E, P, P), jy (E, P)), each term fitted beside the columns and judged
+    against the columns alone; NaN where the grouping cannot judge a term: in no fold do both the
+    held-out group and the rest see it."""
+    jx, jj, jy = refit
+    total_of = (a.sum(axis=0), b.sum(axis=0), jx.sum(axis=0), jj.sum(axis=0), jy.sum(axis=0))
+    beta, theta, theta0 = _with_refit(*total_of, cap)
+    gain = _removed(beta, theta, theta0, *total_of) / sse
     held = {}
     for g, labels in groups.items():
         labels = np.array(labels)
@@ -262,11 +322,10 @@ def _gains(
         judged = np.zeros(a.shape[1], bool)
         for kind in kinds:
             inside = labels == kind
-            ai, bi = a[inside].sum(axis=0), b[inside].sum(axis=0)
-            ao, bo = at - ai, bt - bi
-            bet = _fitted(ao, bo, cap)
-            total += 2 * bet * ai - bet**2 * bi
-            judged |= (bi > 0) & (bo > 0)
+            group = tuple(m[inside].sum(axis=0) for m in (a, b, jx, jj, jy))
+            rest = tuple(t - m for t, m in zip(total_of, group))
+            total += _removed(*_with_refit(*rest, cap), *group)
+            judged |= (group[1] > 0) & (rest[1] > 0)
         held[g] = np.where(judged, total / sse, np.nan)
     return beta, gain, held
 
@@ -310,31 +369,31 @@ def screen(
     pairs_of: int = 12,
     refine: bool = True,
     tether: Tether | None = None,
+    refit: list[np.ndarray] | None = None,
 ) -> Screening:
     """Every term's gain on the residuals, best first, with its held-out gains and whether it passed;
     hinges and switches among the passing ones have their knot refined (REFINE knots between the
     neighbouring quantiles); the best `pairs_of` are tried in pairs. `tether`: each term's coefficient
-    is at most its cap, and a pair is kept only if the two together stay within it."""
+    is at most its cap, and a pair is kept only if the two together stay within it. `refit`: the
+    parent's own constants' columns (refit.refit_columns), fitted beside every term: a term gains
+    what it adds once they are refitted with it."""
 
     def caps(ts: list[Term]) -> np.ndarray:
         bound = _queue_caps(residuals, ts)
         return bound if tether is None else np.minimum(bound, tether.caps(ts))
 
-    rows = _Rows(residuals)
+    rows = _Rows(residuals, refit)
     sse = _sse(rows.w, rows.y)
     if not sse > 0 or not terms:
         return Screening([], sse, 0, 0.0)
     rng = np.random.default_rng(seed)
     ys = [rows.y] + [rows.shuffled(rng) for _ in range(SHUFFLES)]
-    a_parts, b_parts, finite_parts = [], [], []
-    for i in range(0, len(terms), CHUNK):
-        a, b, finite = _moments(rows, terms[i : i + CHUNK], ys)
-        a_parts.append(a)
-        b_parts.append(b)
-        finite_parts.append(finite)
-    a, b, finite = np.concatenate(a_parts, axis=2), np.concatenate(b_parts, axis=1), np.concatenate(finite_parts)
+    parts = [_moments(rows, terms[i : i + CHUNK], ys) for i in range(0, len(terms), CHUNK)]
+    a, b, jx, finite = (np.concatenate(m, axis=axis) for m, axis in zip(zip(*parts), (2, 1, 2, 0)))
     cap = caps(terms)
-    fits = [_gains(a[v], b, _sse(rows.w, ys[v]), rows.groups, cap) for v in range(len(ys))]
+    fits = [
+        _gains(a[v], b, _sse(rows.w, ys[v]), rows.groups, cap, (jx, rows.jj, rows.jy(ys[v]))) for v in range(len(ys))
+    ]
     beta, gain, held = fits[0]
     chance = _chance([g for _, g, _ in fits[1:]])  # what each term gains on residuals with no structure
     passed = _passes(gain, held, finite, chance)
@@ -355,18 +414,35 @@ def screen(
     ]
     results.sort(key=lambda s: (not s.passed, -s.gain))
     if refine:
-        results = _refined(rows, results, sse, caps)
-    capped = int((finite & (_fitted(a[0].sum(axis=0), b.sum(axis=0), np.inf) > cap)).sum())
+        results = _refined(rows, results, sse, caps, ys)
+    unbounded, _, _ = _with_refit(
+        a[0].sum(axis=0), b.sum(axis=0), jx.sum(axis=0), rows.jj.sum(axis=0), rows.jy(rows.y).sum(axis=0), np.inf
+    )
+    capped = int((finite & (unbounded > cap)).sum())
     screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped)
     screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse, tether)
     return screening
 
 
+def screen_program(
+    program: Program, constants: dict[str, float], residuals: list[RequestResiduals], tether: Tether | None = None
+) -> Screening:
+    """The library of the residuals' own steps screened on `program`'s residuals at `constants`, its
+    own constants refitted beside every term (refit.py)."""
+    terms = library(step_values([r.components for r in residuals]))
+    return screen(residuals, terms, tether=tether, refit=refit_columns(program, constants, residuals))
+
+
 def _refined(
-    rows: _Rows, results: list[Screened], sse: float, caps: Callable[[list[Term]], np.ndarray]
+    rows: _Rows,
+    results: list[Screened],
+    sse: float,
+    caps: Callable[[list[Term]], np.ndarray],
+    ys: list[list[np.ndarray]],
 ) -> list[Screened]:
     """The passing hinges and switches, each at the best of REFINE knots spread between the knots
-    next to its own (over the values the count takes): a planted knot between two quantiles is found."""
+    next to its own (over the values the count takes): a planted knot between two quantiles is found.
+    A refined knot must clear the chance of the best of the REFINE on the shuffled residuals `ys[1:]`."""
     out = []
     seen: set[tuple[str, str]] = set()
     for s in results:
@@ -380,14 +456,20 @@ def _refined(
         lo = siblings[i - 1] if i > 0 else s.term.knot / 2
         hi = siblings[i + 1] if i + 1 < len(siblings) else s.term.knot * 2
         candidates = [s.term.at(float(round(q))) for q in np.linspace(lo, hi, REFINE)]
-        a, b, finite = _moments(rows, candidates, [rows.y])
+        a, b, jx, finite = _moments(rows, candidates, ys)
         cap = caps(candidates)
-        beta, gain, held = _gains(a[0], b, sse, rows.groups, cap)
-        ok = _passes(gain, held, finite, np.full(len(candidates), s.chance))
+        fits = [
+            _gains(a[v], b, _sse(rows.w, ys[v]), rows.groups, cap, (jx, rows.jj, rows.jy(ys[v])))
+            for v in range(len(ys))
+        ]
+        beta, gain, held = fits[0]
+        # the knot is the best of REFINE: so is its chance, the best of them on each shuffle
+        chance = max(s.chance, float(_chance([g.max(keepdims=True) for _, g, _ in fits[1:]])[0]))
+        ok = _passes(gain, held, finite, np.full(len(candidates), chance))
         k = int(np.argmax(np.where(ok, gain, -np.inf))) if ok.any() else -1
         if k >= 0 and gain[k] > s.gain:
             out.append(
-                Screened(candidates[k], float(beta[k]), float(gain[k]), _judged(held, k), True, s.chance, float(cap[k]))
+                Screened(candidates[k], float(beta[k]), float(gain[k]), _judged(held, k), True, chance, float(cap[k]))
             )
         else:
             out.append(s)
@@ -399,24 +481,29 @@ def _pairs(
     rows: _Rows, best: list[Screened], sse: float, tether: Tether | None = None
 ) -> list[tuple[Screened, Screened, float]]:
     """Pairs of the best passing terms fitted together (least squares, each coefficient in [0, its
-    cap]) whose gain beats each term alone by MIN_GAIN and that stay within the tether together,
-    best first."""
+    cap], the refit columns free beside them) whose gain beats each term alone by MIN_GAIN and that
+    stay within the tether together, best first."""
     if len(best) < 2:
         return []
     terms = [s.term for s in best]
     xs, ys = [], []
     for e, r in enumerate(rows.residuals):
-        x = term_sums(r, terms)
+        x = np.concatenate([term_sums(r, terms), rows.j[e]], axis=2)
         sw = np.sqrt(rows.w[e])
-        xs.append((x * sw[:, :, None]).reshape(-1, len(terms)))
+        xs.append((x * sw[:, :, None]).reshape(-1, x.shape[2]))
         ys.append((rows.y[e] * sw).reshape(-1))
     x, y = np.concatenate(xs), np.concatenate(ys)
     x = np.where(np.isfinite(x), x, 0.0)
+    refit = list(range(len(terms), x.shape[1]))
+    jy = x[:, refit].T @ y
+    alone = sse - jy @ _solve(x[:, refit].T @ x[:, refit]) @ jy  # the refit columns alone
+    free = [np.inf] * len(refit)
     out = []
     for i in range(len(best)):
         for j in range(i + 1, len(best)):
-            fit = lsq_linear(x[:, [i, j]], y, bounds=(0.0, [best[i].cap, best[j].cap]))
-            coef, gain = fit.x, (sse - 2 * fit.cost) / sse
+            lower, upper = [0.0, 0.0] + [-np.inf] * len(refit), [best[i].cap, best[j].cap, *free]
+            fit = lsq_linear(x[:, [i, j, *refit]], y, bounds=(lower, upper))
+            coef, gain = fit.x[:2], (alone - 2 * fit.cost) / sse
             better = (coef > 0).all() and gain >= max(best[i].gain, best[j].gain) + MIN_GAIN
             if better and (tether is None or tether.holds([best[i].term, best[j].term], coef)):
                 out.append((best[i], best[j], float(gain)))

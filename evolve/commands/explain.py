@@ -19,8 +19,7 @@ from stepml_evolve.archive.store import Archive
 from stepml_evolve.evaluator.datasets import LoadedData
 from stepml_evolve.evaluator.discovery.explain import Association, explain
 from stepml_evolve.evaluator.discovery.residuals import ResidualsError, residuals_of
-from stepml_evolve.evaluator.discovery.screening import Screening, screen, tethered_to
-from stepml_evolve.evaluator.discovery.terms import library, step_values
+from stepml_evolve.evaluator.discovery.screening import Screening, screen_program, tethered_to
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.say import SKIPPED, Say, quiet
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
@@ -99,7 +98,7 @@ def _explained(
 ) -> Explanation:
     residuals = residuals_of(program, constants, pool, split=split, origin=label)
     tether = tethered_to(program, constants)  # as a seed's screening: tethered to the program itself
-    screening = screen(residuals, library(step_values([r.components for r in residuals])), tether=tether)
+    screening = screen_program(program, constants, residuals, tether)
     return Explanation(label, loaded, split, sum(r.n for r in residuals), explain(residuals), screening)
 
 

@@ -27,8 +27,8 @@ from stepml_evolve.archive.records import ProgramRecord, seed_ancestor
 from stepml_evolve.evaluator.data.experiments import Experiment
 from stepml_evolve.evaluator.discovery.explain import explain, residual_summary
 from stepml_evolve.evaluator.discovery.residuals import RequestResiduals, ResidualsError, residuals_of
-from stepml_evolve.evaluator.discovery.screening import Screened, Screening, screen, tethered_to
-from stepml_evolve.evaluator.discovery.terms import QUEUE, knot_bounds, library, step_values
+from stepml_evolve.evaluator.discovery.screening import Screened, Screening, screen_program, tethered_to
+from stepml_evolve.evaluator.discovery.terms import QUEUE, knot_bounds, step_values
 from stepml_evolve.evaluator.dsl import Program, parse_program
 from stepml_evolve.evaluator.dsl.program import Prior, inlined, render_constants
 from stepml_evolve.evaluator.dsl.pyparse import parse_python
@@ -76,9 +76,7 @@ class ResidualSource:
             if len(self.screenings) >= CACHED:
                 self.screenings.pop(next(iter(self.screenings)))
             tether = tethered_to(program, constants, seed)
-            self.screenings[parent_id] = screen(
-                found, library(step_values([r.components for r in found])), tether=tether
-            )
+            self.screenings[parent_id] = screen_program(program, constants, found, tether)
         return self.screenings[parent_id]
 
     def summary(self, parent_id, program: Program, constants: dict[str, float], top: int = 4) -> str:

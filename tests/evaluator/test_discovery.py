@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.discovery.explain import explain
 from stepml_evolve.evaluator.discovery.residuals import ResidualsError, residuals_of
-from stepml_evolve.evaluator.discovery.screening import MIN_GAIN, screen
+from stepml_evolve.evaluator.discovery.screening import MIN_GAIN, screen, screen_program
 from stepml_evolve.evaluator.discovery.terms import library, step_values
 from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector
@@ -260,6 +260,27 @@ def test_a_prompt_cost_before_scheduling_is_named_and_its_child_pays_it_in_queue
         assert "r.input_tokens" not in ast.unparse(child.functions["step_time"])
     none = _screened(_residuals(*worlds["none"]))
     assert not any(p.term.family == "request" for p in none.passed)
+
+
+def test_a_term_the_parent_s_constants_absorbed_is_named_once_they_are_refitted_beside_it(worlds):
+    """The parent's fit moves what it can of a missing mechanism into its own constants: here its
+    queueing constant holds the planted prompt cost at the mean prompt. At those constants the
+    prompt term shows only what is left over; with the parent's constants refitted beside each term
+    (refit.py, as `screen_program` screens) it is named first again, at its size. On the law with no
+    such term, refitting the constants lets nothing pass that removes 1 % of the residual."""
+    data, parent, constants = worlds["prompt"]
+    mean_prompt = float(np.mean(np.concatenate([e.input_tokens for e in data.experiments])))
+    absorbed = {**constants, "queue_us": constants["queue_us"] + 8.0 * mean_prompt}
+    rs = _residuals(data, parent, absorbed)
+    plain = next(s for s in _screened(rs).results if s.term.family == "request")
+    refitted = screen_program(parent, absorbed, rs)
+    best = refitted.passed[0]
+    assert best.term.shown() == PROMPT[2], [p.term.shown() for p in refitted.passed[:5]]
+    assert abs(best.coefficient - 8.0) <= 0.25 * 8.0 and best.gain > 2 * max(plain.gain, 0.01), (best, plain)
+    assert all(v > 0 for v in best.held_out.values()) and best.gain > best.chance + MIN_GAIN
+    data, parent, constants = worlds["none"]
+    none = screen_program(parent, constants, _residuals(data, parent, constants))
+    assert all(p.gain < 0.01 for p in none.passed) and none.false_passes == 0.0, none.passed[:2]
 
 
 def test_on_a_law_with_no_such_term_nothing_passes(worlds):

@@ -58,6 +58,8 @@ def _log(rate: str = "3.8", loss: str = "9.138") -> str:
             "      program #8: test split, absolute % error of means       ",
             "│ synth-llama-2-70b-tp4-codegen     │ 300 │ 0.4 │  0.3 │ 0.4 │",
             *_wrapped(DEPLOYED),
+            # a line of its own after the wrapped one: not part of it
+            "deployed with c_comm pinned to seed #1's fit (the training data do not tell them apart)",
             "archive: runs/synthetic-seed7  (browse: evolve archive list --archive runs/synthetic-seed7)",
             "",
             "real\t4m18.2s",

@@ -65,11 +65,13 @@ def excerpt(log_text: str) -> list[str]:
             f"the log must hold one {BEST!r} line and one {DEPLOYED!r} line "
             f"(it holds {len(best)} and {len(deployed_at)}): did the run finish?"
         )
-    deployed = lines[deployed_at[0]]
+    deployed = piece = lines[deployed_at[0]]
     for line in lines[deployed_at[0] + 1 :]:
-        if not line.strip() or line.startswith("archive:"):
+        # the console's wrap keeps the space at the end of the piece before: a piece without one ended the line
+        if not piece.endswith(" ") or not line.strip() or line.startswith("archive:"):
             break
-        deployed += line  # the console's wrap kept the space at the end of the piece before
+        deployed += line
+        piece = line
     shown = [lines[i] for i in generations[:KEPT_GENERATIONS]]
     if len(generations) > KEPT_GENERATIONS + 1:
         shown.append("...")

@@ -23,10 +23,13 @@ Pairs: the best passing terms are also tried two at a time (bounded least square
 lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
 
 Refitted beside the parent's constants (`screen_program`; refit.py): the parent's own constants,
-linearized on the frozen schedule, are fitted beside each term, everywhere above (all rows, each
-held-out fit, the shuffles, the pairs): a term gains what it removes beyond them, and its held-out
-gain compares the parent refitted on the rest with the term against without it. The fit that
-found the parent's constants soaked up part of any mechanism it lacks; the child's fit refits them.
+linearized on the frozen schedule, are fitted on all rows beside each term and taken out of the
+term's column and of the residuals alike (`_projected`), so a term gains what it removes beyond
+them, on all rows, held out (the term refitted without a group, the constants as fitted on all
+rows, as the parent's were), on the shuffles and in pairs. The fit that found the parent's
+constants soaked up part of any mechanism it lacks; the child's fit refits them. (Refitting the
+constants in each held-out fit too extrapolated them to the left-out model: held-out gains of
+several times the residual on the real data.)
 
 A queueing term (terms.py, family request) delays its request before any step: it adds itself to
 the request's E2E and TTFT (`term_sums`), moves no step time (so the tether does not bound it) and
@@ -272,46 +275,36 @@ def _solve(jj: np.ndarray) -> np.ndarray:
     return scale[:, None] * np.linalg.inv(unit + 1e-9 * np.eye(len(d))) * scale[None, :]
 
 
-def _with_refit(a, b, jx, jj, jy, cap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The term's coefficient fitted beside the refit columns (least squares, k in [0, cap]; the
-    columns' own coefficients free), and those coefficients (P, K); from the moments of the rows
-    fitted (a, b: (K,); jx: (P, K); jj: (P, P); jy: (P,)). With no refit column, the plain fit."""
-    inv = _solve(jj)
-    theta0 = inv @ jy
-    beta = _fitted(a - jx.T @ theta0, b - np.einsum("pk,pq,qk->k", jx, inv, jx), cap)
-    return beta, theta0[:, None] - (inv @ jx) * beta[None, :], theta0
-
-
-def _removed(beta, theta, theta0, a, b, jx, jj, jy) -> np.ndarray:
-    """How much less residual sum of squares rows with moments (a, b, jx, jj, jy) keep with the
-    term at beta and the refit columns at theta (P, K) than with the columns alone at theta0."""
-    alone = -2 * theta0 @ jy + theta0 @ jj @ theta0
-    both = (
-        -2 * (theta.T @ jy + beta * a)
-        + np.einsum("pk,pq,qk->k", theta, jj, theta)
-        + 2 * beta * np.einsum("pk,pk->k", theta, jx)
-        + beta**2 * b
+def _projected(
+    a: np.ndarray, b: np.ndarray, jx: np.ndarray, jj: np.ndarray, jy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per experiment, a (E, K) and b (E, K) of the terms and the residuals once the refit columns,
+    fitted on all rows, are taken out of both (Frisch-Waugh: a term's least-squares coefficient
+    and gain on all rows are then those of the term fitted beside the columns). From their
+    moments jx (E, P, K), jj (E, P, P), jy (E, P); with no column, a and b themselves. The columns
+    are fitted on all rows, as the parent's constants were; a held-out fit refits the term alone."""
+    inv = _solve(jj.sum(axis=0))
+    theta, shift = inv @ jy.sum(axis=0), inv @ jx.sum(axis=0)  # (P,), (P, K)
+    a = (
+        a
+        - np.einsum("pk,ep->ek", shift, jy)
+        - np.einsum("p,epk->ek", theta, jx)
+        + np.einsum("pk,epq,q->ek", shift, jj, theta)
     )
-    return alone - both
+    b = b - 2 * np.einsum("pk,epk->ek", shift, jx) + np.einsum("pk,epq,qk->ek", shift, jj, shift)
+    return a, b
 
 
 def _gains(
-    a: np.ndarray,
-    b: np.ndarray,
-    sse: float,
-    groups: dict[str, list],
-    cap: np.ndarray,
-    refit: tuple[np.ndarray, np.ndarray, np.ndarray],
+    a: np.ndarray, b: np.ndarray, sse: float, groups: dict[str, list], cap: np.ndarray, seen: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Coefficients (at most `cap`), gains (share of sse) on all rows, and per grouping the held-out
-    gain, from the per-experiment moments a (E, K), b (E, K) and those of the refit columns
-    (`refit`: jx (E, P, K), jj (E, P, P), jy (E, P)), each term fitted beside the columns and judged
-    against the columns alone; NaN where the grouping cannot judge a term: in no fold do both the
-    held-out group and the rest see it."""
-    jx, jj, jy = refit
-    total_of = (a.sum(axis=0), b.sum(axis=0), jx.sum(axis=0), jj.sum(axis=0), jy.sum(axis=0))
-    beta, theta, theta0 = _with_refit(*total_of, cap)
-    gain = _removed(beta, theta, theta0, *total_of) / sse
+    gain, from the per-experiment moments a (E, K), b (E, K) (`_projected`); NaN where the grouping
+    cannot judge a term: in no fold do both the held-out group and the rest see it (`seen`: its own
+    sum of squares per experiment, (E, K))."""
+    at, bt = a.sum(axis=0), b.sum(axis=0)
+    beta = _fitted(at, bt, cap)
+    gain = (2 * beta * at - beta**2 * bt) / sse
     held = {}
     for g, labels in groups.items():
         labels = np.array(labels)
@@ -322,12 +315,22 @@ def _gains(
         judged = np.zeros(a.shape[1], bool)
         for kind in kinds:
             inside = labels == kind
-            group = tuple(m[inside].sum(axis=0) for m in (a, b, jx, jj, jy))
-            rest = tuple(t - m for t, m in zip(total_of, group))
-            total += _removed(*_with_refit(*rest, cap), *group)
-            judged |= (group[1] > 0) & (rest[1] > 0)
+            ai, bi = a[inside].sum(axis=0), b[inside].sum(axis=0)
+            bet = _fitted(at - ai, bt - bi, cap)
+            total += 2 * bet * ai - bet**2 * bi
+            si = seen[inside].sum(axis=0)
+            judged |= (si > 0) & (seen.sum(axis=0) - si > 0)
         held[g] = np.where(judged, total / sse, np.nan)
     return beta, gain, held
+
+
+def _fits(rows: _Rows, a: np.ndarray, b: np.ndarray, jx: np.ndarray, ys: list, cap: np.ndarray) -> list[tuple]:
+    """`_gains` of the terms on each residual set of `ys` (a[v]), beside the refit columns."""
+    out = []
+    for v, y in enumerate(ys):
+        projected = _projected(a[v], b, jx, rows.jj, rows.jy(y))
+        out.append(_gains(*projected, _sse(rows.w, y), rows.groups, cap, b))
+    return out
 
 
 def _judged(held: dict[str, np.ndarray], k: int) -> dict[str, float]:
@@ -391,9 +394,7 @@ def screen(
     parts = [_moments(rows, terms[i : i + CHUNK], ys) for i in range(0, len(terms), CHUNK)]
     a, b, jx, finite = (np.concatenate(m, axis=axis) for m, axis in zip(zip(*parts), (2, 1, 2, 0)))
     cap = caps(terms)
-    fits = [
-        _gains(a[v], b, _sse(rows.w, ys[v]), rows.groups, cap, (jx, rows.jj, rows.jy(ys[v]))) for v in range(len(ys))
-    ]
+    fits = _fits(rows, a, b, jx, ys, cap)
     beta, gain, held = fits[0]
     chance = _chance([g for _, g, _ in fits[1:]])  # what each term gains on residuals with no structure
     passed = _passes(gain, held, finite, chance)
@@ -415,9 +416,7 @@ def screen(
     results.sort(key=lambda s: (not s.passed, -s.gain))
     if refine:
         results = _refined(rows, results, sse, caps, ys)
-    unbounded, _, _ = _with_refit(
-        a[0].sum(axis=0), b.sum(axis=0), jx.sum(axis=0), rows.jj.sum(axis=0), rows.jy(rows.y).sum(axis=0), np.inf
-    )
+    unbounded = _fitted(*(m.sum(axis=0) for m in _projected(a[0], b, jx, rows.jj, rows.jy(rows.y))), np.inf)
     capped = int((finite & (unbounded > cap)).sum())
     screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped)
     screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse, tether)
@@ -458,10 +457,7 @@ def _refined(
         candidates = [s.term.at(float(round(q))) for q in np.linspace(lo, hi, REFINE)]
         a, b, jx, finite = _moments(rows, candidates, ys)
         cap = caps(candidates)
-        fits = [
-            _gains(a[v], b, _sse(rows.w, ys[v]), rows.groups, cap, (jx, rows.jj, rows.jy(ys[v])))
-            for v in range(len(ys))
-        ]
+        fits = _fits(rows, a, b, jx, ys, cap)
         beta, gain, held = fits[0]
         # the knot is the best of REFINE: so is its chance, the best of them on each shuffle
         chance = max(s.chance, float(_chance([g.max(keepdims=True) for _, g, _ in fits[1:]])[0]))

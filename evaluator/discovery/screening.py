@@ -66,6 +66,7 @@ GROUPINGS = ("model", "workload")
 CHUNK = 128  # candidate columns evaluated at once (memory: steps x CHUNK floats per experiment)
 SHUFFLES = 8  # permutations of the residuals: chance for each term, and the false-discovery check
 REFINE = 25  # knots tried around a hinge's or switch's best one
+REFINED = 4  # the best passing hinges and switches (one per form) whose knot is refined
 QUEUE_MAX_US = 15000.0  # a queueing term at the data's median prompt: at most the seeds' own queue_us bound
 
 
@@ -375,8 +376,8 @@ def screen(
     refit: list[np.ndarray] | None = None,
 ) -> Screening:
     """Every term's gain on the residuals, best first, with its held-out gains and whether it passed;
-    hinges and switches among the passing ones have their knot refined (REFINE knots between the
-    neighbouring quantiles); the best `pairs_of` are tried in pairs. `tether`: each term's coefficient
+    the best REFINED hinges and switches among the passing ones have their knot refined (REFINE
+    knots between the neighbouring quantiles); the best `pairs_of` are tried in pairs. `tether`: each term's coefficient
     is at most its cap, and a pair is kept only if the two together stay within it. `refit`: the
     parent's own constants' columns (refit.refit_columns), fitted beside every term: a term gains
     what it adds once they are refitted with it."""
@@ -415,7 +416,7 @@ def screen(
     ]
     results.sort(key=lambda s: (not s.passed, -s.gain))
     if refine:
-        results = _refined(rows, results, sse, caps, ys)
+        results = _refined(rows, results, sse, caps, ys, REFINED)
     unbounded = _fitted(*(m.sum(axis=0) for m in _projected(a[0], b, jx, rows.jj, rows.jy(rows.y))), np.inf)
     capped = int((finite & (unbounded > cap)).sum())
     screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped)
@@ -438,15 +439,18 @@ def _refined(
     sse: float,
     caps: Callable[[list[Term]], np.ndarray],
     ys: list[list[np.ndarray]],
+    limit: int,
 ) -> list[Screened]:
-    """The passing hinges and switches, each at the best of REFINE knots spread between the knots
-    next to its own (over the values the count takes): a planted knot between two quantiles is found.
-    A refined knot must clear the chance of the best of the REFINE on the shuffled residuals `ys[1:]`."""
+    """The best `limit` passing hinges and switches (one per form), each at the best of REFINE knots
+    spread between the knots next to its own (over the values the count takes): a planted knot
+    between two quantiles is found. A refined knot must clear the chance of the best of the REFINE
+    on the shuffled residuals `ys[1:]`. (Only the best are refined: the operator proposes the best
+    terms and pairs of them, and beside the refitted constants dozens pass on the real data.)"""
     out = []
     seen: set[tuple[str, str]] = set()
     for s in results:
         key = (s.term.body, s.term.knot_of or "")
-        if not s.passed or s.term.knot is None or key in seen:
+        if not s.passed or s.term.knot is None or key in seen or len(seen) >= limit:
             out.append(s)
             continue
         seen.add(key)
@@ -490,16 +494,17 @@ def _pairs(
         ys.append((rows.y[e] * sw).reshape(-1))
     x, y = np.concatenate(xs), np.concatenate(ys)
     x = np.where(np.isfinite(x), x, 0.0)
-    refit = list(range(len(terms), x.shape[1]))
-    jy = x[:, refit].T @ y
-    alone = sse - jy @ _solve(x[:, refit].T @ x[:, refit]) @ jy  # the refit columns alone
-    free = [np.inf] * len(refit)
+    j_cols, x = x[:, len(terms) :], x[:, : len(terms)]
+    # the refit columns, free, taken out of the terms and the residuals (Frisch-Waugh, as `_projected`)
+    inv = _solve(j_cols.T @ j_cols)
+    y = y - j_cols @ (inv @ (j_cols.T @ y))
+    x = x - j_cols @ (inv @ (j_cols.T @ x))
+    alone = float(y @ y)  # the residual left by the refit columns alone
     out = []
     for i in range(len(best)):
         for j in range(i + 1, len(best)):
-            lower, upper = [0.0, 0.0] + [-np.inf] * len(refit), [best[i].cap, best[j].cap, *free]
-            fit = lsq_linear(x[:, [i, j, *refit]], y, bounds=(lower, upper))
-            coef, gain = fit.x[:2], (alone - 2 * fit.cost) / sse
+            fit = lsq_linear(x[:, [i, j]], y, bounds=(0.0, [best[i].cap, best[j].cap]))
+            coef, gain = fit.x, (alone - 2 * fit.cost) / sse
             better = (coef > 0).all() and gain >= max(best[i].gain, best[j].gain) + MIN_GAIN
             if better and (tether is None or tether.holds([best[i].term, best[j].term], coef)):
                 out.append((best[i], best[j], float(gain)))

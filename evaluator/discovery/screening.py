@@ -66,7 +66,7 @@ GROUPINGS = ("model", "workload")
 CHUNK = 128  # candidate columns evaluated at once (memory: steps x CHUNK floats per experiment)
 SHUFFLES = 8  # permutations of the residuals: chance for each term, and the false-discovery check
 REFINE = 25  # knots tried around a hinge's or switch's best one
-REFINED = 4  # the best passing hinges and switches (one per form) whose knot is refined
+REFINED = 4  # beside refitted constants: the best passing hinges and switches (one per form) whose knot is refined
 QUEUE_MAX_US = 15000.0  # a queueing term at the data's median prompt: at most the seeds' own queue_us bound
 
 
@@ -376,7 +376,7 @@ def screen(
     refit: list[np.ndarray] | None = None,
 ) -> Screening:
     """Every term's gain on the residuals, best first, with its held-out gains and whether it passed;
-    the best REFINED hinges and switches among the passing ones have their knot refined (REFINE
+    the passing hinges and switches (with `refit`, the best REFINED) have their knot refined (REFINE
     knots between the neighbouring quantiles); the best `pairs_of` are tried in pairs. `tether`: each term's coefficient
     is at most its cap, and a pair is kept only if the two together stay within it. `refit`: the
     parent's own constants' columns (refit.refit_columns), fitted beside every term: a term gains
@@ -416,7 +416,7 @@ def screen(
     ]
     results.sort(key=lambda s: (not s.passed, -s.gain))
     if refine:
-        results = _refined(rows, results, sse, caps, ys, REFINED)
+        results = _refined(rows, results, sse, caps, ys, len(results) if refit is None else REFINED)
     unbounded = _fitted(*(m.sum(axis=0) for m in _projected(a[0], b, jx, rows.jj, rows.jy(rows.y))), np.inf)
     capped = int((finite & (unbounded > cap)).sum())
     screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped)
@@ -425,12 +425,19 @@ def screen(
 
 
 def screen_program(
-    program: Program, constants: dict[str, float], residuals: list[RequestResiduals], tether: Tether | None = None
+    program: Program,
+    constants: dict[str, float],
+    residuals: list[RequestResiduals],
+    tether: Tether | None = None,
+    refit: bool = False,
 ) -> Screening:
-    """The library of the residuals' own steps screened on `program`'s residuals at `constants`, its
-    own constants refitted beside every term (refit.py)."""
+    """The library of the residuals' own steps screened on `program`'s residuals at `constants`; with
+    `refit`, its own constants refitted beside every term (refit.py). Not the search's default: on
+    the by-gpu worlds it named mechanisms the seeds lack, and `guarded` deployed two children worse
+    held out than their own seed (docs/concepts/discovery.md)."""
     terms = library(step_values([r.components for r in residuals]))
-    return screen(residuals, terms, tether=tether, refit=refit_columns(program, constants, residuals))
+    columns = refit_columns(program, constants, residuals) if refit else None
+    return screen(residuals, terms, tether=tether, refit=columns)
 
 
 def _refined(

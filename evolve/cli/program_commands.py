@@ -271,6 +271,12 @@ def explain_cmd(
         "train", "--split", help="The split whose requests are explained (train: what a search's screening reads)."
     ),
     top: int = typer.Option(10, "--top", min=1, help="Associations and screened terms shown."),
+    refit: bool = typer.Option(
+        False,
+        "--refit",
+        help="Screen each term beside the program's own constants refitted (linearized): what a term adds once "
+        "the constants that absorbed part of its mechanism move too.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     settings: dict | None = None,
 ):
@@ -284,7 +290,7 @@ def explain_cmd(
     from .tables import associations_table, dumps, screening_table
 
     prog, label = explained_program(program, archive_dir)
-    result = explain_program(prog, label, setup, split, say=say)
+    result = explain_program(prog, label, setup, split, say=say, refit=refit)
     if as_json:
         print(dumps(result.to_json(top)))
         return

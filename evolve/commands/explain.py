@@ -85,20 +85,28 @@ def explain_program(
     setup: EvaluationSetup = EvaluationSetup(),
     split: str = "train",
     say: Say = quiet,
+    refit: bool = False,
 ) -> Explanation:
     """`program` at its constants on the setup's data: its error's associations and the screening of
-    the term library on its residuals. ResidualsError (one line naming `label`) where a replay fails."""
+    the term library on its residuals (with `refit`, beside its own constants refitted).
+    ResidualsError (one line naming `label`) where a replay fails."""
     loaded = setup.load(say)
     with setup.replay_pool(loaded) as pool:
-        return _explained(program, dict(program.constants), label, loaded, pool, split)
+        return _explained(program, dict(program.constants), label, loaded, pool, split, refit)
 
 
 def _explained(
-    program: Program, constants: dict[str, float], label: str, loaded: LoadedData, pool: ReplayPool, split: str
+    program: Program,
+    constants: dict[str, float],
+    label: str,
+    loaded: LoadedData,
+    pool: ReplayPool,
+    split: str,
+    refit: bool = False,
 ) -> Explanation:
     residuals = residuals_of(program, constants, pool, split=split, origin=label)
     tether = tethered_to(program, constants)  # as a seed's screening: tethered to the program itself
-    screening = screen_program(program, constants, residuals, tether)
+    screening = screen_program(program, constants, residuals, tether, refit)
     return Explanation(label, loaded, split, sum(r.n for r in residuals), explain(residuals), screening)
 
 

@@ -266,20 +266,20 @@ def test_a_term_the_parent_s_constants_absorbed_is_named_once_they_are_refitted_
     """The parent's fit moves what it can of a missing mechanism into its own constants: here its
     queueing constant holds the planted prompt cost at the mean prompt. At those constants the
     prompt term shows only what is left over; with the parent's constants refitted beside each term
-    (refit.py, as `screen_program` screens) it is named first again, at its size. On the law with no
+    (refit.py, as `evolve explain --refit` screens) it is named first again, at its size. On the law with no
     such term, refitting the constants lets nothing pass that removes 1 % of the residual."""
     data, parent, constants = worlds["prompt"]
     mean_prompt = float(np.mean(np.concatenate([e.input_tokens for e in data.experiments])))
     absorbed = {**constants, "queue_us": constants["queue_us"] + 8.0 * mean_prompt}
     rs = _residuals(data, parent, absorbed)
     plain = next(s for s in _screened(rs).results if s.term.family == "request")
-    refitted = screen_program(parent, absorbed, rs)
+    refitted = screen_program(parent, absorbed, rs, refit=True)
     best = refitted.passed[0]
     assert best.term.shown() == PROMPT[2], [p.term.shown() for p in refitted.passed[:5]]
     assert abs(best.coefficient - 8.0) <= 0.25 * 8.0 and best.gain > 2 * max(plain.gain, 0.01), (best, plain)
     assert all(v > 0 for v in best.held_out.values()) and best.gain > best.chance + MIN_GAIN
     data, parent, constants = worlds["none"]
-    none = screen_program(parent, constants, _residuals(data, parent, constants))
+    none = screen_program(parent, constants, _residuals(data, parent, constants), refit=True)
     assert all(p.gain < 0.01 for p in none.passed) and none.false_passes == 0.0, none.passed[:2]
 
 
@@ -334,6 +334,12 @@ def test_evolve_explain_prints_where_and_what_and_refuses_a_program_it_cannot_re
     for t in found["screening"]["terms"]:  # every coefficient within the tether's cap (a term adds time somewhere)
         assert t["cap"] is not None and 0 <= t["coefficient"] <= t["cap"]
     assert "bounded_by_tether" in found["screening"]
+    res = runner.invoke(app, ["explain", str(seed_path("roofline")), "--top", "400", "--refit", "--json"])
+    refitted = json.loads(res.output[res.output.index("{") :])["screening"]
+    # beside the refitted constants the same library is judged otherwise: the gains differ
+    assert res.exit_code == 0 and refitted["candidates"] == found["screening"]["candidates"]
+    plain = {t["term"]: t["gain"] for t in found["screening"]["terms"]}
+    assert any(abs(t["gain"] - plain[t["term"]]) > 1e-6 for t in refitted["terms"] if t["term"] in plain)
     res = runner.invoke(app, ["explain", str(seed_path("roofline"))])
     assert res.exit_code == 0 and "where the error grows" in res.output and "terms screened" in res.output
     assert "k max" in res.output and "bounded by the tether" in res.output

@@ -22,7 +22,7 @@ same test passes with one shuffle taken for the residuals and the others for cha
 Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
 lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
 
-Refitted beside the parent's constants (`screen_program`; refit.py): the parent's own constants,
+Refitted beside the parent's constants (`screen_program(..., refit=True)`, opt-in; refit.py): its own constants,
 linearized on the frozen schedule, are fitted on all rows beside each term and taken out of the
 term's column and of the residuals alike (`_projected`), so a term gains what it removes beyond
 them, on all rows, held out (the term refitted without a group, the constants as fitted on all

@@ -3,10 +3,10 @@ with their constants refitted beside each term (issue 64: a term judged by its b
 
 For every world of `evolve bench --worlds --out DIR` that holds SPLIT's archive and train data,
 each generation-0 program (the seeds' fits) is screened on its train residuals twice, tethered to
-itself as a seed's screening is: with refit=None (the term at the seed's own constants) and with
-the columns of discovery/refit.py (its constants refitted beside the term, as `screen_program`
-screens). Prints, per seed, how many terms pass each way and the best ones (gain and chance, % of
-the residual); --json writes them all.
+itself as a seed's screening is (`screen_program`): at the seed's own constants, and with its
+constants refitted beside each term (`refit=True`, discovery/refit.py). Prints, per seed, how
+many terms pass each way and the best ones (gain and chance, % of the residual); --json writes
+them all.
 
     python tools/screening_refit.py DIR [--split by-gpu] [--top 2] [--json OUT]
 """
@@ -19,10 +19,8 @@ import sqlite3
 from pathlib import Path
 
 from stepml_evolve.evaluator.datasets import load_data
-from stepml_evolve.evaluator.discovery.refit import refit_columns
 from stepml_evolve.evaluator.discovery.residuals import residuals_of
-from stepml_evolve.evaluator.discovery.screening import screen, tethered_to
-from stepml_evolve.evaluator.discovery.terms import library, step_values
+from stepml_evolve.evaluator.discovery.screening import screen_program, tethered_to
 from stepml_evolve.evaluator.dsl import parse_program
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 
@@ -37,11 +35,10 @@ def screened(pool: ReplayPool, source: str, top: int) -> dict:
     program = parse_program(source)
     constants = dict(program.constants)
     residuals = residuals_of(program, constants, pool)
-    terms = library(step_values([r.components for r in residuals]))
     tether = tethered_to(program, constants)
     out = {"doc": (program.doc or "").split(":")[0]}
-    for name, refit in (("plain", None), ("refit", refit_columns(program, constants, residuals))):
-        s = screen(residuals, terms, tether=tether, refit=refit)
+    for name, refit in (("plain", False), ("refit", True)):
+        s = screen_program(program, constants, residuals, tether, refit)
         best = [(p.term.shown(), round(100 * p.gain, 1), round(100 * p.chance, 1)) for p in s.passed[:top]]
         out[name] = {"passed": len(s.passed), "false_passes": s.false_passes, "best": best}
     return out

@@ -133,15 +133,19 @@ class _Rows:
         return out
 
 
-def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
-    """(S, K) the terms' g at every step of `components` ((N_COMPONENTS, S))."""
-    env = {f"f_{n}": components[i] for n, i in COMPONENT_INDEX.items()}
-    n = components.shape[1]
+def _evaluated(terms: list[Term], env: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """(n, K) each term's column (numexpr over `env`), broadcast to n rows."""
     out = np.empty((n, len(terms)))
     with np.errstate(all="ignore"):
         for j, t in enumerate(terms):
             out[:, j] = np.broadcast_to(ne.evaluate(t.column, local_dict=env), (n,))
     return out
+
+
+def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
+    """(S, K) the terms' g at every step of `components` ((N_COMPONENTS, S))."""
+    env = {f"f_{n}": components[i] for n, i in COMPONENT_INDEX.items()}
+    return _evaluated(terms, env, components.shape[1])
 
 
 def _at(terms: list[Term], site: str) -> list[int]:
@@ -151,12 +155,7 @@ def _at(terms: list[Term], site: str) -> list[int]:
 
 def request_columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
     """(n, K) the queueing terms' g for each of r's requests."""
-    env = {f"r_{x}": getattr(r, x) for x in REQUEST_FIELDS}
-    out = np.empty((r.n, len(terms)))
-    with np.errstate(all="ignore"):
-        for j, t in enumerate(terms):
-            out[:, j] = np.broadcast_to(ne.evaluate(t.column, local_dict=env), (r.n,))
-    return out
+    return _evaluated(terms, {f"r_{x}": getattr(r, x) for x in REQUEST_FIELDS}, r.n)
 
 
 def term_sums(r: RequestResiduals, terms: list[Term]) -> np.ndarray:

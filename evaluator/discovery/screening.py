@@ -44,6 +44,7 @@ child that strays further, so the screening weighs a term by what it may gain th
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,7 +60,10 @@ from stepml_evolve.evaluator.physics.tether import TETHER_FACTOR, coefficient_ca
 
 from .refit import refit_columns
 from .residuals import E2E, TTFT, RequestResiduals
-from .terms import QUEUE, REQUEST_FIELDS, STEP, Term, library, step_values
+from .sites import Site, sites_of
+from .terms import QUEUE, REQUEST_FIELDS, STEP, Term, library, placed, step_values
+
+SiteWeights = dict[Site, np.ndarray]  # a site's weight (the step time's derivative there) per step
 
 MIN_GAIN = 0.005  # a term must remove at least 0.5 % of the residual sum of squares
 GROUPINGS = ("model", "workload")
@@ -104,8 +108,14 @@ class _Rows:
     """The residual rows of every experiment, their weights and groups, and the columns of the
     parent's own constants refitted beside each term (refit.py; none: P = 0)."""
 
-    def __init__(self, residuals: list[RequestResiduals], refit: list[np.ndarray] | None = None):
+    def __init__(
+        self,
+        residuals: list[RequestResiduals],
+        refit: list[np.ndarray] | None = None,
+        at_sites: list[SiteWeights] | None = None,
+    ):
         self.residuals = residuals
+        self.at_sites = at_sites or [{} for _ in residuals]  # per experiment: each site's weight per step
         self.masks, self.y, self.w = [], [], []
         for r in residuals:
             measured = np.stack([r.finished, np.ones(r.n, bool)])
@@ -142,10 +152,18 @@ def _evaluated(terms: list[Term], env: dict[str, np.ndarray], n: int) -> np.ndar
     return out
 
 
-def columns_of(components: np.ndarray, terms: list[Term]) -> np.ndarray:
-    """(S, K) the terms' g at every step of `components` ((N_COMPONENTS, S))."""
+def columns_of(components: np.ndarray, terms: list[Term], at_sites: SiteWeights | None = None) -> np.ndarray:
+    """(S, K) what the terms at k = 1 add to every step of `components` ((N_COMPONENTS, S)): g, times
+    its site's weight for a term inside a side of the roofline (`at_sites`, sites.py)."""
     env = {f"f_{n}": components[i] for n, i in COMPONENT_INDEX.items()}
-    return _evaluated(terms, env, components.shape[1])
+    return _weighted(_evaluated(terms, env, components.shape[1]), terms, at_sites)
+
+
+def _weighted(columns: np.ndarray, terms: list[Term], at_sites: SiteWeights | None) -> np.ndarray:
+    for j, t in enumerate(terms):
+        if t.within is not None:
+            columns[:, j] *= at_sites[t.within]
+    return columns
 
 
 def _at(terms: list[Term], site: str) -> list[int]:
@@ -158,15 +176,15 @@ def request_columns(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
     return _evaluated(terms, {f"r_{x}": getattr(r, x) for x in REQUEST_FIELDS}, r.n)
 
 
-def term_sums(r: RequestResiduals, terms: list[Term]) -> np.ndarray:
+def term_sums(r: RequestResiduals, terms: list[Term], at_sites: SiteWeights | None = None) -> np.ndarray:
     """(2, n, K) what each term at k = 1 adds to each of r's requests' E2E and TTFT (relative to the
     split's observed mean): a step's term summed over the request's steps, a queueing term itself."""
     steps = _at(terms, STEP)
     if len(steps) == len(terms):
-        return r.sums(columns_of(r.components, terms))
+        return r.sums(columns_of(r.components, terms, at_sites))
     out = np.empty((2, r.n, len(terms)))
     if steps:
-        out[:, :, steps] = r.sums(columns_of(r.components, [terms[j] for j in steps]))
+        out[:, :, steps] = r.sums(columns_of(r.components, [terms[j] for j in steps], at_sites))
     queued = _at(terms, QUEUE)
     out[:, :, queued] = r.delays(request_columns(r, [terms[j] for j in queued]))
     return out
@@ -198,7 +216,10 @@ def envelope_columns(components: np.ndarray, terms: list[Term]) -> np.ndarray:
             _ENVELOPE_COLUMNS.clear()
         missing = list({t.column: t for t in terms if t.column not in _ENVELOPE_COLUMNS}.values())
         if missing:
-            _ENVELOPE_COLUMNS.update(zip((t.column for t in missing), columns_of(components, missing).T))
+            raw = columns_of(
+                components, [dataclasses.replace(t, within=None) for t in missing]
+            )  # g: weighted by Tether
+            _ENVELOPE_COLUMNS.update(zip((t.column for t in missing), raw.T))
         out = np.empty((components.shape[1], len(terms)))
         for j, t in enumerate(terms):
             out[:, j] = _ENVELOPE_COLUMNS[t.column]
@@ -213,13 +234,17 @@ class Tether:
     components: np.ndarray  # the envelope's (N_COMPONENTS, n)
     steps: np.ndarray  # the parent's step times there
     reference: np.ndarray  # its seed's
+    at_sites: SiteWeights = field(default_factory=dict)  # the parent's sites' weights there
+
+    def columns(self, terms: list[Term]) -> np.ndarray:
+        return _weighted(envelope_columns(self.components, terms), terms, self.at_sites)
 
     def caps(self, terms: list[Term]) -> np.ndarray:
         """The largest coefficient of each term alone (a queueing term moves no step: no bound)."""
         caps = np.full(len(terms), np.inf)
         steps = _at(terms, STEP)
         if steps:
-            columns = envelope_columns(self.components, [terms[j] for j in steps])
+            columns = self.columns([terms[j] for j in steps])
             caps[steps] = coefficient_caps(columns.T, self.steps, self.reference)
         return caps
 
@@ -227,7 +252,7 @@ class Tether:
         """Whether the parent plus these terms at these coefficients stays within the tether."""
         steps = _at(terms, STEP)
         coefficients = np.asarray(coefficients, dtype=np.float64)[steps]
-        added = envelope_columns(self.components, [terms[j] for j in steps]) @ coefficients
+        added = self.columns([terms[j] for j in steps]) @ coefficients
         return stray(self.steps + added, self.reference) <= TETHER_FACTOR * (1 + 1e-9)
 
 
@@ -239,7 +264,7 @@ def tethered_to(
     env = envelope_for()
     steps = envelope_steps(program, constants, env)
     reference = steps if seed is None else envelope_steps(seed, seed_constants or seed.constants, env)
-    return Tether(env.components, steps, reference)
+    return Tether(env.components, steps, reference, site_weights(program, constants, env.components))
 
 
 def _moments(
@@ -253,7 +278,7 @@ def _moments(
     jx = np.zeros((n_e, rows.jj.shape[1], n_k))
     finite = np.ones(n_k, bool)
     for e, r in enumerate(rows.residuals):
-        x = term_sums(r, terms)  # (2, n, K)
+        x = term_sums(r, terms, rows.at_sites[e])  # (2, n, K)
         ok = np.isfinite(x).all(axis=(0, 1))
         finite &= ok
         x = np.where(np.isfinite(x), x, 0.0)
@@ -373,6 +398,7 @@ def screen(
     refine: bool = True,
     tether: Tether | None = None,
     refit: list[np.ndarray] | None = None,
+    at_sites: list[SiteWeights] | None = None,
 ) -> Screening:
     """Every term's gain on the residuals, best first, with its held-out gains and whether it passed;
     the passing hinges and switches (with `refit`, the best REFINED) have their knot refined (REFINE
@@ -385,7 +411,7 @@ def screen(
         bound = _queue_caps(residuals, ts)
         return bound if tether is None else np.minimum(bound, tether.caps(ts))
 
-    rows = _Rows(residuals, refit)
+    rows = _Rows(residuals, refit, at_sites)
     sse = _sse(rows.w, rows.y)
     if not sse > 0 or not terms:
         return Screening([], sse, 0, 0.0)
@@ -434,9 +460,19 @@ def screen_program(
     `refit`, its own constants refitted beside every term (refit.py). Not the search's default: on
     the by-gpu worlds it named mechanisms the seeds lack, and `guarded` deployed two children worse
     held out than their own seed (docs/concepts/discovery.md)."""
+    sites = sites_of(program)
     terms = library(step_values([r.components for r in residuals]))
+    terms += placed(terms, sites)
     columns = refit_columns(program, constants, residuals) if refit else None
-    return screen(residuals, terms, tether=tether, refit=columns)
+    weights = [site_weights(program, constants, r.components, sites) for r in residuals]
+    return screen(residuals, terms, tether=tether, refit=columns, at_sites=weights)
+
+
+def site_weights(
+    program: Program, constants: dict[str, float], components: np.ndarray, sites: list[Site] | None = None
+) -> SiteWeights:
+    """Each of the program's sites' weight (sites.py) at every step of `components`."""
+    return {s: s.weights(program, constants, components) for s in (sites_of(program) if sites is None else sites)}
 
 
 def _refined(
@@ -494,7 +530,7 @@ def _pairs(
     terms = [s.term for s in best]
     xs, ys = [], []
     for e, r in enumerate(rows.residuals):
-        x = np.concatenate([term_sums(r, terms), rows.j[e]], axis=2)
+        x = np.concatenate([term_sums(r, terms, rows.at_sites[e]), rows.j[e]], axis=2)
         sw = np.sqrt(rows.w[e])
         xs.append((x * sw[:, :, None]).reshape(-1, x.shape[2]))
         ys.append((rows.y[e] * sw).reshape(-1))

@@ -24,6 +24,10 @@ construction, whatever program it is added to:
               time whatever the steps; the only causal request input that varies (output_tokens is
               not known at arrival, r.last_step_us is the seeds' own lag)
 
+The efficiency and share terms are also tried inside each side of the program's roofline (`placed`,
+sites.py): the work of a kernel, such as a tile's padding, that the weights' streaming hides where
+the memory side binds.
+
 No term subtracts time (k >= 0 and g >= 0), none multiplies a time by a count, a knot is a constant
 bounded inside the data's range (so a condition always switches inside the envelope, which covers
 the data), and a term whose time component the program already sums at its top level is left out
@@ -33,13 +37,17 @@ by the screening (`rules.counted_twice`). `column` is g as numexpr over the step
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX, TIME_COMPONENTS
+
+from .sites import Site
 
 COUNTS = ("n_req", "n_pf", "n_dc", "tok_pf", "tokens", "ctx_sum", "ctx_max")  # a step's counts that vary
 PER = ("1", "layers", "n_req", "n_pf", "n_dc", "tok_pf", "tokens", "ctx_sum", "ctx_max", "experts")
@@ -84,6 +92,7 @@ class Term:
     knot_of: str | None = None
     times: tuple[str, ...] = ()  # the time components it reads (summed as themselves: `rules.counted_twice`)
     site: str = STEP  # the function it is added to: step_time (STEP) or queueing_time (QUEUE)
+    within: Site | None = None  # inside one side of step_time's roofline (sites.py); None: added to its result
 
     def text(self, k: str, t: str | None = None) -> str:
         """The term in the DSL, its constants named k (and t)."""
@@ -92,12 +101,12 @@ class Term:
     def shown(self) -> str:
         """The term with its knot written out (for tables and the archive's detail)."""
         text = self.body.format(k="k", t=_figure(self.knot) if self.knot is not None else "")
-        return text
+        return text if self.within is None else f"{text} inside max(.., {self.within.shown}, ..)"
 
     def at(self, knot: float) -> Term:
         """The same term at another knot."""
         column = self.column.replace(_literal(self.knot), _literal(knot))
-        return Term(self.family, self.body, column, knot, self.knot_of, self.times, self.site)
+        return dataclasses.replace(self, column=column, knot=knot)
 
 
 def _figure(x: float) -> str:
@@ -209,6 +218,28 @@ def library(step_values: dict[str, np.ndarray] | None = None, quantiles: Iterabl
     for x in REQUEST_FIELDS:
         terms.append(Term("request", "{k} * r." + x, f"r_{x}", site=QUEUE))
     return terms
+
+
+PLACED = ("share", "efficiency")  # the families that are also tried inside a roofline's side: work a kernel does
+KINDS = (
+    frozenset({"gemm_pf", "gemm_dc", "attn_pf", "attn_dc"}),
+    frozenset({"weights", "kv_read", "kv_write"}),
+    frozenset({"allreduce"}),
+)  # compute, memory traffic, communication: a roofline's side overlaps work of its own kinds only
+
+
+def placed(terms: list[Term], sites: list[Site]) -> list[Term]:
+    """The terms of the PLACED families again inside each site (a side of a roofline, sites.py): those
+    whose time components are all of a kind the side already holds (a tile's padding on the compute
+    side, not the weights' streaming), none of which the side sums already (`rules.counted_twice`)."""
+    out = []
+    for s in sites:
+        kinds = frozenset().union(*(k for k in KINDS if k & s.summed))
+        for t in terms:
+            reads = set(re.findall(r"f_(\w+)", t.column)) & TIME_COMPONENTS
+            if t.family in PLACED and t.site == STEP and reads <= kinds and not (set(t.times) & s.summed):
+                out.append(dataclasses.replace(t, within=s))
+    return out
 
 
 def step_values(components: list[np.ndarray]) -> dict[str, np.ndarray]:

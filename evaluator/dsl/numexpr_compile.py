@@ -92,7 +92,11 @@ def _chain(op: Operator, items: list[str]) -> str:
 
 
 def compile_vector(program: Program, function: str = "step_time") -> VectorFunction:
-    fn = program.functions[function]
+    return compile_function(program.functions[function])
+
+
+def compile_function(fn: ast.FunctionDef) -> VectorFunction:
+    """One validated function (or a rewrite of one: discovery/sites.py adds a probe to it)."""
     b = _Builder()
     result = b.literal(0.0)
     for stmt in fn.body:

@@ -344,14 +344,17 @@ def _sign_problems(program: Program, function: str, expr: ast.expr) -> Iterator[
 
 def _summed(node: ast.AST) -> Iterator[str]:
     """The time components a term adds as themselves: through sums, products, quotients' numerators
-    and signs; not through max, min, a function, a branch or a power, each a time of its own."""
+    and signs; not through max, min, a function, a branch or a power, each a time of its own, nor
+    through a quotient by a step's count (`f.gemm_pf / f.tokens`: a time per token, a tile's padding
+    per token, is not the GEMM again)."""
     if _is(node, "f", TIME_COMPONENTS):
         yield node.attr
     elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
         yield from _summed(node.left)
         yield from _summed(node.right)
     elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-        yield from _summed(node.left)
+        if not any(_is(n, "f") for n in ast.walk(node.right)):
+            yield from _summed(node.left)
     elif isinstance(node, ast.UnaryOp):
         yield from _summed(node.operand)
 

@@ -44,6 +44,7 @@ from stepml_evolve.evaluator.scoring.metrics import MetricRow
 from stepml_evolve.evaluator.scoring.pool import ReplayPool
 from stepml_evolve.evaluator.seeding import mix
 
+from .emitters import RESIDUAL_TERM as RESIDUAL_OPERATOR
 from .emitters import Emitter, Proposal
 from .settings import SearchConfig
 from .structure import structure_hash
@@ -204,8 +205,8 @@ class Cascade:
 
     def full_fits(self, cands: list[tuple[Candidate, tuple[int, ...]]]) -> list[FullFit]:
         """Promoted candidates fully fitted from their screening constants and full_fit_starts - 1
-        draws from their priors, the best kept (all at once), seeded by the run's seed and where
-        each stands."""
+        draws from their priors (a residual_term child: seed_starts - 1, as its seed was), the best
+        kept (all at once), seeded by the run's seed and where each stands."""
         return _at_once(
             lambda item: self._full_fit(
                 item[0].program,
@@ -213,10 +214,17 @@ class Cascade:
                 self._seed(*item[1], 2),
                 self.cfg.full_fit_evals,
                 self.cfg.full_fit_sigma,
-                starts=self.cfg.full_fit_starts,
+                starts=self._starts(item[0]),
             ),
             cands,
         )
+
+    def _starts(self, cand: Candidate) -> int:
+        """A residual_term child adds a structure its seed lacks, its constants starting where the
+        screening's linearization put them (a tile's padding at half the law's on the tile world):
+        judged by as many fits as its seed, so the structure, not one start, decides."""
+        aimed = cand.proposal.operator == RESIDUAL_OPERATOR
+        return max(self.cfg.full_fit_starts, self.cfg.seed_starts) if aimed else self.cfg.full_fit_starts
 
     def seed_fits(self, programs: list[Program]) -> list[FullFit]:
         """Generation 0: each seed program fully fitted with the standard first step from its own

@@ -100,7 +100,8 @@ def with_terms(
     knot_values: dict[str, object],
     doc: str,
 ) -> str:
-    """The parent's text at `constants` with the screened terms added to step_time's return (a
+    """The parent's text at `constants` with the screened terms added to step_time's return, or to
+    the side of its roofline they were screened in (`Term.within`; a
     queueing term to queueing_time's, which it makes if the parent has none), each
     with its scale constant (start: the screening's coefficient, min 0, a weak prior around it) and
     its knot (bounded inside the data's range)."""
@@ -120,16 +121,18 @@ def with_terms(
                 (lo, hi),
                 Prior(s.term.knot, KNOT_SPREAD, True),
             )
-        added.append((s.term.site, parse_python(s.term.text(k, t), "eval").body))
+        added.append((s.term.site, s.term.within, parse_python(s.term.text(k, t), "eval").body))
     functions = []
     for name, fn in parent.functions.items():
         fn = copy.deepcopy(fn)
         ret = fn.body[-1]
-        for site, term in added:
-            if site == name:
+        for site, within, term in added:
+            if site == name and within is not None:
+                within.placed(fn, term)
+            elif site == name:
                 ret.value = ast.BinOp(left=ret.value, op=ast.Add(), right=term)
         functions.append(ast.unparse(ast.fix_missing_locations(fn)))
-    queued = [term for site, term in added if site == QUEUE]
+    queued = [term for site, _, term in added if site == QUEUE]
     if queued and QUEUE not in parent.functions:  # no queueing time yet: the terms are all of it
         body = ast.unparse(functools.reduce(lambda a, b: ast.BinOp(left=a, op=ast.Add(), right=b), queued))
         functions.append(f"def {QUEUE}(r, c):\n    return {body}")
@@ -153,8 +156,14 @@ def next_child(
         return f"residuals: {found}"
     summed = summed_times(inlined(program.functions["step_time"]))
     values = step_values([r.components for r in source.residuals[parent_id]])
-    options = [[s] for s in found.passed if not (set(s.term.times) & summed)]
-    options += [[a, b] for a, b, _ in found.pairs if not ((set(a.term.times) | set(b.term.times)) & summed)]
+
+    def fits(s: Screened) -> bool:  # a term inside a side was screened only where the side lacks its times
+        return s.term.within is not None or not (set(s.term.times) & summed)
+
+    options = [[s] for s in found.passed if fits(s)]
+    options += [
+        [a, b] for a, b, _ in found.pairs if fits(a) and fits(b) and not (set(a.term.times) & set(b.term.times))
+    ]
     for chosen in options:
         text = with_terms(program, constants, chosen, values, program.doc or f"{OPERATOR} child")
         key = structure_hash(parse_program(text))

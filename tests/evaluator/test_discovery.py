@@ -18,7 +18,8 @@ from stepml_evolve.evaluator.datasets import load_data
 from stepml_evolve.evaluator.discovery.explain import explain
 from stepml_evolve.evaluator.discovery.residuals import ResidualsError, residuals_of
 from stepml_evolve.evaluator.discovery.screening import MIN_GAIN, screen, screen_program
-from stepml_evolve.evaluator.discovery.terms import library, step_values
+from stepml_evolve.evaluator.discovery.sites import sites_of
+from stepml_evolve.evaluator.discovery.terms import library, placed, step_values
 from stepml_evolve.evaluator.dsl import check_units, load_program, parse_program
 from stepml_evolve.evaluator.dsl.numexpr_compile import compile_vector, evaluate_vector
 from stepml_evolve.evaluator.hardware.components import COMPONENT_INDEX
@@ -44,7 +45,7 @@ CONSTANTS = {{
 def step_time(f, c):
     compute = f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc
     memory = f.weights + f.kv_read + f.kv_write
-    return c.base_us + max(c.c_compute * compute, c.c_memory * memory) + f.allreduce{term}
+    return c.base_us + max(c.c_compute * compute{inside}, c.c_memory * memory) + f.allreduce{term}
 
 
 def queueing_time(r, c):
@@ -95,8 +96,18 @@ PROMPT = (
 )
 
 
-def law(term: str = "", extra: str = "", doc: str = "A planted law.", queued: str = "") -> str:
-    return BASE_LAW.format(doc=doc, extra=f"\n    {extra}" if extra else "", term=term, queued=queued)
+# a GEMM tile's padding on the compute side of the roofline, where the weights' streaming hides it
+# on memory-bound steps (worlds/tile_quantization.py)
+TILE_INSIDE = (
+    " + c.k_p * (f.gemm_pf + f.gemm_dc) / f.tokens",
+    '"k_p": {"start": 200.0, "min": 0.0},',
+    "k * (f.gemm_pf + f.gemm_dc) / f.tokens inside max(.., c.c_compute * compute, ..)",
+    None,
+)
+
+
+def law(term: str = "", extra: str = "", doc: str = "A planted law.", queued: str = "", inside: str = "") -> str:
+    return BASE_LAW.format(doc=doc, extra=f"\n    {extra}" if extra else "", term=term, queued=queued, inside=inside)
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +115,17 @@ def worlds(tmp_path_factory):
     """Each planted world (and one without any term) generated at the medium size, with its parent:
     the law without its term, at the law's constants."""
     out = {}
-    planted = {**PLANTED, "collective": COLLECTIVE, "prompt": PROMPT, "none": ("", "", "", None)}
+    planted = {
+        **PLANTED,
+        "collective": COLLECTIVE,
+        "prompt": PROMPT,
+        "tile_inside": TILE_INSIDE,
+        "none": ("", "", "", None),
+    }
     for name, (term, extra, _, _) in planted.items():
-        step, queued = ("", term) if name == "prompt" else (term, "")
-        program = parse_program(law(step, extra, f"Planted {name}.", queued))
+        where = {"prompt": "queued", "tile_inside": "inside"}.get(name, "term")
+        placed = {"term": "", "queued": "", "inside": "", where: term}
+        program = parse_program(law(extra=extra, doc=f"Planted {name}.", **placed))
         d = tmp_path_factory.mktemp(name)
         write_world(World(name, program), d / "data", seed=1, size="medium")
         parent = parse_program(law())
@@ -283,6 +301,39 @@ def test_a_term_the_parent_s_constants_absorbed_is_named_once_they_are_refitted_
     assert all(p.gain < 0.01 for p in none.passed) and none.false_passes == 0.0, none.passed[:2]
 
 
+def test_a_tile_s_padding_is_named_inside_the_roofline_s_compute_side_and_its_child_puts_it_there(worlds):
+    """Planted inside the compute side of the roofline, a tile's padding is named there first (not
+    outside the max, where it would cost the memory-bound steps too); the child adds it to that side
+    and is the law itself at the planted size, a valid time under the physics checks. Planted outside
+    the max, the same term is named outside first."""
+    data, parent, constants = worlds["tile_inside"]
+    rs = _residuals(data, parent, constants)
+    s = screen_program(parent, constants, rs)
+    best = s.passed[0]
+    assert best.term.shown() == TILE_INSIDE[2], [p.term.shown() for p in s.passed[:5]]
+    outside = next(r for r in s.results if r.term.shown() == PLANTED["tile_padding"][2])
+    assert best.gain > outside.gain + MIN_GAIN and all(v > 0 for v in best.held_out.values()), (best, outside)
+    # linearized at the parent's binding sides: the decode steps the padding makes compute-bound add
+    # less than k * g and are not in its column, so k comes out over the law's (the child's fit moves it)
+    assert 200.0 <= best.coefficient <= 2 * 200.0, best.coefficient
+    values = step_values([r.components for r in rs])
+    child = parse_program(with_terms(parent, constants, [best], values, "child"))
+    check_units(child)
+    assert physics_problems(child) == [], physics_problems(child)[:1]
+    truth = parse_program(law(extra=TILE_INSIDE[1], inside=TILE_INSIDE[0]))
+    new = (set(child.constants) - set(parent.constants)).pop()
+    env = {f"f_{n}": rs[0].components[i] for n, i in COMPONENT_INDEX.items()}
+    at = {**{f"c_{k}": v for k, v in child.constants.items()}, f"c_{new}": 200.0}
+    law_at = {f"c_{k}": v for k, v in truth.constants.items()}
+    assert np.allclose(
+        evaluate_vector(compile_vector(child, "step_time"), {**env, **at}),
+        evaluate_vector(compile_vector(truth, "step_time"), {**env, **law_at}),
+    )
+    data, parent, constants = worlds["tile_padding"]
+    s = screen_program(parent, constants, _residuals(data, parent, constants))
+    assert s.passed[0].term.shown() == PLANTED["tile_padding"][2], [p.term.shown() for p in s.passed[:5]]
+
+
 def test_on_a_law_with_no_such_term_nothing_passes(worlds):
     data, parent, constants = worlds["none"]
     rs = _residuals(data, parent, constants)
@@ -322,6 +373,16 @@ def test_every_library_term_added_to_a_seed_is_a_valid_time(synthetic):
         child = parse_program(with_terms(trained, dict(trained.constants), [Screened(t, 1.0, 0.1)], values, "c"))
         check_units(child)
         assert physics_problems(child) == [], (t.shown(), physics_problems(child)[:1])
+    for name in ("trained_physics", "regime_switch"):  # inside each side of each roofline
+        seed = load_program(seed_path(name))
+        inside = placed(terms, sites_of(seed))
+        assert len(inside) >= 5 and {t.family for t in inside} == {"share"}
+        for t in inside:
+            child = parse_program(with_terms(seed, dict(seed.constants), [Screened(t, 1.0, 0.1)], values, "c"))
+            check_units(child)
+            assert physics_problems(child) == [], (t.shown(), physics_problems(child)[:1])
+            maxes = [n for n in ast.walk(child.functions["step_time"]) if isinstance(n, ast.Call)]
+            assert any("c.k1" in ast.unparse(a) for m in maxes for a in m.args), t.shown()  # inside a side
 
 
 def test_evolve_explain_prints_where_and_what_and_refuses_a_program_it_cannot_replay(tmp_path):

@@ -25,6 +25,7 @@ from stepml_evolve.seeds import baseline_path, seed_path
 
 ROOFLINE = seed_path("roofline").read_text()
 RETURN = "    return c.overhead_us + max(c.c_compute * compute, c.c_memory * memory) + f.allreduce\n"
+ALL = "f.gemm_pf + f.gemm_dc + f.attn_pf + f.attn_dc"
 BODY = "(c.overhead_us + max(c.c_compute * compute, c.c_memory * memory) + f.allreduce)"
 
 
@@ -108,6 +109,14 @@ def test_the_shipped_seeds_and_the_sound_form_of_each_door_pass():
     hinge = door(f"{BODY} + c.k * max(0, f.ctx_max - 2048)", '    "k": 0.05,\n')
     inside = door(f"{BODY} * (1.0 if f.tok_pf < 4000 else 1.5)")
     assert physics_problems(parse_program(hinge)) == [] and physics_problems(parse_program(inside)) == []
+    # a tile's padding per token on the compute side is a time of its own, not the GEMM summed again;
+    # the GEMM over a constant is the GEMM again
+    padded, again = (
+        door(RETURN.strip()[len("return ") :], '    "k": 96.0,\n', compute=f"{ALL} + c.k * {per}")
+        for per in ("(f.gemm_pf + f.gemm_dc) / f.tokens", "(f.gemm_pf + f.gemm_dc) / c.k")
+    )
+    assert physics_problems(parse_program(padded)) == []
+    assert physics_problems(parse_program(again))[0][0] == "twice"
 
 
 def test_a_constant_with_no_min_is_held_at_zero_or_above_and_a_new_threshold_gets_bounds_inside_the_envelope():

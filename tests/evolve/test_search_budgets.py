@@ -23,7 +23,7 @@ def test_a_promoted_child_gets_the_full_fit_trust_region_and_a_seed_the_standard
     )
     with ReplayPool(exps) as pool:
         cascade = Cascade(synthetic, pool, config)
-        cand = Candidate(program, Proposal(program.source, "seed", []), None, 0, constants=dict(program.constants))
+        cand = Candidate(program, Proposal("seed", [], program.source), None, 0, constants=dict(program.constants))
         (promoted,) = cascade.full_fits([(cand, (1, 2))])
         base = FitConfig(seed=cascade._seed(1, 2, 2), max_evals=5, sigma0=config.full_fit_sigma, objective=cascade.goal)
         asked = fit_constants(
@@ -67,7 +67,7 @@ def test_the_runs_linear_setting_reaches_its_screening_and_full_fits(synthetic):
         for mode in ("solve", "sample"):
             cascade = Cascade(synthetic, pool, SearchConfig(seed=3, full_fit_evals=4, linear=mode))
             assert cascade.quick.linear_solve is (mode == "solve")
-            cand = Candidate(program, Proposal(program.source, "seed", []), None, 0)
+            cand = Candidate(program, Proposal("seed", [], program.source), None, 0)
             cascade.screen([(cand, (1, 0))])
             (full,) = cascade.full_fits([(cand, (1, 0))])
             direct = fit_constants(
@@ -100,7 +100,7 @@ def test_screening_fits_search_their_surrogate_with_80_evaluations_unless_told_o
         for budget in (SearchConfig.quick_surrogate, None):
             cascade = Cascade(synthetic, pool, SearchConfig(seed=3, quick_surrogate=budget))
             assert cascade.quick.surrogate_evals == budget
-            cand = Candidate(program, Proposal(program.source, "seed", []), None, 0)
+            cand = Candidate(program, Proposal("seed", [], program.source), None, 0)
             cascade.screen([(cand, (1, 0))])
             direct = fit_constants(
                 program,
@@ -129,7 +129,7 @@ def test_screening_replays_the_share_of_requests_quick_window_says(synthetic):
                 cut = max(1, int(whole.n_requests * window))
                 scored = e.split < len(SPLITS)
                 assert not scored[cut:].any() and (scored[:cut] == (whole.split[:cut] < len(SPLITS))).all()
-            cand = Candidate(program, Proposal(program.source, "seed", []), None, 0)
+            cand = Candidate(program, Proposal("seed", [], program.source), None, 0)
             cascade.screen([(cand, (1, 0))])
             losses[window] = cand.quick_loss
     assert SearchConfig.quick_window == 0.3
@@ -147,7 +147,7 @@ def test_a_promoted_childs_full_fit_is_the_best_of_its_starts(synthetic):
         one, three = (
             Cascade(synthetic, pool, SearchConfig(seed=3, full_fit_evals=6, full_fit_starts=n)) for n in (1, 3)
         )
-        cand = Candidate(program, Proposal(program.source, "seed", []), None, 0, constants=dict(program.constants))
+        cand = Candidate(program, Proposal("seed", [], program.source), None, 0, constants=dict(program.constants))
         (single,) = one.full_fits([(cand, (1, 2))])
         (best,) = three.full_fits([(cand, (1, 2))])
         config = three.full_fit_config(three._seed(1, 2, 2), 6, SearchConfig.full_fit_sigma)
@@ -157,3 +157,25 @@ def test_a_promoted_childs_full_fit_is_the_best_of_its_starts(synthetic):
     assert len({round(total(r), 9) for r in every}) == 3  # the draws are other fits: the test can fail
     assert total(kept) == min(total(r) for r in every)
     assert three.take_evaluations() > one.take_evaluations()  # every start is counted
+
+
+def test_a_residual_term_child_is_fitted_from_as_many_starts_as_its_seed(synthetic):
+    """A residual_term child adds a structure its seed lacks, its constants where the screening's
+    linearization put them: its full fit keeps the best of seed_starts starts, as the seed's did,
+    while another operator's child keeps full_fit_starts' one."""
+    from stepml_evolve.evaluator.fit.starts import fit_from_starts
+
+    exps = synthetic.experiments
+    program = load_program(seed_path("trained_physics"))
+    with ReplayPool(exps) as pool:
+        cascade = Cascade(synthetic, pool, SearchConfig(seed=3, full_fit_evals=6, full_fit_starts=1, seed_starts=3))
+        far = {k: v * 4 if k.startswith("beta") else v for k, v in program.constants.items()}  # a poor start
+        aimed, other = (
+            Candidate(program, Proposal(op, [1], program.source), None, 0, constants=far)
+            for op in ("residual_term", "subtree")
+        )
+        fits = [cascade.full_fits([(c, (1, 2))])[0] for c in (aimed, other)]
+        config = cascade.full_fit_config(cascade._seed(1, 2, 2), 6, SearchConfig.full_fit_sigma)
+        kept, every = fit_from_starts(program, exps, pool, config, aimed.constants, 3)
+    assert fits[0].constants == kept.constants["all"] and fits[1].constants == every[0].constants["all"]
+    assert kept is not every[0]  # a draw fitted better than the screening constants: the test can fail

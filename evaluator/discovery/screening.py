@@ -86,6 +86,7 @@ class Screened:
     passed: bool = False
     chance: float = 0.0  # the most it gains on residuals shuffled among each experiment's requests, + 2 spreads
     cap: float = np.inf  # the largest coefficient the tether allows (`tethered_to`)
+    refitted: bool = False  # screened beside the parent's refitted constants
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Screening:
     false_passes: float  # mean share of candidates that pass on shuffled residuals
     pairs: list[tuple[Screened, Screened, float]] = field(default_factory=list)  # (a, b, gain together)
     capped: int = 0  # candidates whose coefficient the tether bounds below their best fit
+    refitted: bool = False  # beside the parent's refitted constants
 
     @property
     def passed(self) -> list[Screened]:
@@ -444,7 +446,10 @@ def screen(
         results = _refined(rows, results, sse, caps, ys, len(results) if refit is None else REFINED)
     unbounded = _fitted(*(m.sum(axis=0) for m in _projected(a[0], b, jx, rows.jj, rows.jy(rows.y))), np.inf)
     capped = int((finite & (unbounded > cap)).sum())
-    screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped)
+    if refit is not None:
+        for r in results:
+            r.refitted = True
+    screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped, refitted=refit is not None)
     screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse, tether)
     return screening
 

@@ -20,7 +20,9 @@ from .settings_options import settings_options
 
 
 # with --worlds, every search runs with these settings, as evolve run does
-@settings_options(SearchConfig, only=("modulate", "switch", "residual", "time_components", "unexercised", "physics"))
+@settings_options(
+    SearchConfig, only=("modulate", "switch", "residual", "residual_refit", "time_components", "unexercised", "physics")
+)
 def bench_cmd(
     data: Path | None = typer.Option(
         None, "--data", help="Replay data (default: ../shared/data/replay if present, else synthetic)."
@@ -211,6 +213,7 @@ def bench_cmd(
             modulate=settings["modulate"],
             switch=settings["switch"],
             residual=settings["residual"],
+            residual_refit=settings["residual_refit"],
             time_components=settings["time_components"],
             unexercised=settings["unexercised"],
             physics=settings["physics"],

@@ -213,7 +213,9 @@ def run_search(
                     config.switch,
                     causal=config.physics == "check",
                     residual=config.residual,
-                    source=ResidualSource(pool, loaded.experiments) if config.residual > 0 or operator else None,
+                    source=ResidualSource(pool, loaded.experiments, config.residual_refit)
+                    if config.residual > 0 or operator
+                    else None,
                 ),
                 resume=resume,
                 run_config=run_config,

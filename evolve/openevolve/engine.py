@@ -208,7 +208,7 @@ class Judge:
         self.last = time.perf_counter()
         # where a promoted candidate's error grows, for its artifacts (evaluator/discovery), and the
         # screenings residual_term answers a share of the LLM calls with
-        self.residuals = ResidualSource(search.cascade.pool, search.cascade.exps)
+        self.residuals = ResidualSource(search.cascade.pool, search.cascade.exps, search.cfg.residual_refit)
         self.tried: set[str] = set()  # structures residual_term proposed
         self.aimed: dict[str, tuple[int, str]] = {}  # a residual_term child's block key -> (parent id, what it adds)
         self.refused: list[RejectionRecord] = []  # residual_term rejections not yet written

@@ -48,6 +48,7 @@ class ResidualSource:
 
     pool: ReplayPool
     experiments: list[Experiment]
+    refit: str = "fallback"  # screened beside the parent's refitted constants: fallback, always or never
     residuals: dict[object, list[RequestResiduals] | str] = field(default_factory=dict)  # by a program's key
     screenings: dict[object, Screening] = field(default_factory=dict)
 
@@ -68,7 +69,7 @@ class ResidualSource:
         self, parent_id, program: Program, constants: dict[str, float], seed: Program | None = None
     ) -> Screening | str:
         """The parent's screening, each coefficient tethered to `seed` (at its own constants; none:
-        the parent's)."""
+        the parent's); beside its refitted constants as `refit` says."""
         found = self.of(parent_id, program, constants)
         if isinstance(found, str):
             return found
@@ -76,7 +77,10 @@ class ResidualSource:
             if len(self.screenings) >= CACHED:
                 self.screenings.pop(next(iter(self.screenings)))
             tether = tethered_to(program, constants, seed)
-            self.screenings[parent_id] = screen_program(program, constants, found, tether)
+            screening = screen_program(program, constants, found, tether, refit=self.refit == "always")
+            if self.refit == "fallback" and not screening.passed:
+                screening = screen_program(program, constants, found, tether, refit=True)
+            self.screenings[parent_id] = screening
         return self.screenings[parent_id]
 
     def summary(self, parent_id, program: Program, constants: dict[str, float], top: int = 4) -> str:
@@ -171,8 +175,11 @@ def next_child(
             tried.add(key)
             return text, "; ".join(said(s) for s in chosen)
     if not found.passed:
+        beside = (
+            " (beside the parent's refitted constants too)" if found.refitted and source.refit == "fallback" else ""
+        )
         return (
-            f"screening: no term passed the screening of {len(found.results)} (false passes by chance "
+            f"screening: no term passed the screening of {len(found.results)}{beside} (false passes by chance "
             f"{found.false_passes:.1%}; {found.capped} bounded by the tether)"
         )
     return f"screening: the {len(options)} screened terms were proposed for this parent before"
@@ -189,5 +196,6 @@ def said(s: Screened) -> str:
     held = ", ".join(f"by {g} {v:+.1%}" for g, v in s.held_out.items())
     bound = f", k at most {s.cap:.4g} (tether)" if math.isfinite(s.cap) else ""
     return (
-        f"{s.term.shown()} (screened: {s.gain:.1%} of the residual, {s.chance:.1%} by chance, held out {held}{bound})"
+        f"{s.term.shown()} (screened{' beside refitted constants' if s.refitted else ''}: {s.gain:.1%} of the "
+        f"residual, {s.chance:.1%} by chance, held out {held}{bound})"
     )

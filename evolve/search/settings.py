@@ -64,6 +64,9 @@ TIME_COMPONENT_MODES = ("keep", "free")
 # runs at tp 1, f.tp at one TP) more often than its first parent does (docs/HISTORY.md, "Terms the
 # train configurations cannot judge")
 UNEXERCISED_MODES = ("reject", "allow")
+# --residual-refit: when residual_term screens its terms beside the parent's refitted constants
+# (evaluator/discovery/refit.py) rather than at them: where none passes at them, always, or never
+RESIDUAL_REFIT_MODES = ("fallback", "always", "never")
 ENGINES = ("mapelites", "openevolve")  # --engine: our MAP-Elites loop, or OpenEvolve's controller over our evaluator
 DEFAULT_TIMEOUT_S = 60.0  # seconds an LLM call may take in all before it is cancelled (then retried; llm_client.py)
 # the deadlines a call may be given (`--llm-timeout`): a call cannot be answered in less than a
@@ -272,6 +275,13 @@ class SearchConfig:
         min=0.0,
         max=0.99,
     )
+    residual_refit: str = setting(
+        RESIDUAL_REFIT_MODES[0],
+        "When `residual_term` screens its terms beside the parent's own constants refitted with each "
+        "(a fit soaks up part of a mechanism the program lacks, so at its constants the term shows "
+        "only what is left): fallback, where no term passes at the parent's constants; always; never.",
+        choices=RESIDUAL_REFIT_MODES,
+    )
     # the default since the worlds' benchmark (docs/HISTORY.md "Keeping every time component")
     time_components: str = setting(
         TIME_COMPONENT_MODES[0], _parent_rule_help("time_components"), choices=TIME_COMPONENT_MODES, unset=True
@@ -298,6 +308,7 @@ class SearchConfig:
             ("time_components", TIME_COMPONENT_MODES),
             ("unexercised", UNEXERCISED_MODES),
             ("physics", PHYSICS_MODES),
+            ("residual_refit", RESIDUAL_REFIT_MODES),
         ):
             if getattr(self, name) not in modes:
                 raise ValueError(f"{name} must be one of {', '.join(modes)}, not {getattr(self, name)!r}")
@@ -365,6 +376,7 @@ LEGACY_SETTINGS = {
     "unexercised": "allow",
     "physics": "off",
     "residual": 0.0,
+    "residual_refit": "never",
     "seed_starts": 1,
     "full_fit_starts": 1,
 }

@@ -334,6 +334,26 @@ def test_a_tile_s_padding_is_named_inside_the_roofline_s_compute_side_and_its_ch
     assert s.passed[0].term.shown() == PLANTED["tile_padding"][2], [p.term.shown() for p in s.passed[:5]]
 
 
+def test_residual_term_screens_beside_the_refitted_constants_where_nothing_passes_at_the_parent_s(worlds):
+    """--residual-refit fallback (the default): a parent whose screening at its own constants passes a
+    term keeps it; one where none passes is screened again beside its refitted constants; always and
+    never do as they say, and the child's detail says which screening named its term."""
+    from stepml_evolve.evolve.search.residual_terms import ResidualSource, next_child
+
+    for name, refitted in (("hinge", False), ("none", True)):
+        data, parent, constants = worlds[name]
+        with ReplayPool(data.experiments, workers=2) as pool:
+            screened = {
+                mode: ResidualSource(pool, data.experiments, mode).screening(1, parent, constants)
+                for mode in ("never", "fallback", "always")
+            }
+            if name == "hinge":
+                child = next_child(ResidualSource(pool, data.experiments, "always"), 1, parent, constants, set())
+        assert not screened["never"].refitted and screened["always"].refitted
+        assert screened["fallback"].refitted == refitted and bool(screened["never"].passed) != refitted
+    assert "screened beside refitted constants:" in child[1]
+
+
 def test_on_a_law_with_no_such_term_nothing_passes(worlds):
     data, parent, constants = worlds["none"]
     rs = _residuals(data, parent, constants)
@@ -425,7 +445,7 @@ def test_a_run_with_residual_term_archives_its_children_and_resumes_to_the_same_
     rows = archived_children(tmp_path / "once", "residual_term")
     assert rows, "no residual_term child reached the archive"
     for source, detail in rows:
-        assert detail.startswith("residual_term: + ") and "screened:" in detail and "held out by model" in detail
+        assert detail.startswith("residual_term: + ") and "(screened" in detail and "held out by model" in detail
         assert "(tether)" in detail  # its coefficient bounded so the child stays within its seed's tether
         assert physics_problems(parse_program(source)) == []
     assert tiny_run(tmp_path / "twice", 2, "--residual", "0.6").exit_code == 0

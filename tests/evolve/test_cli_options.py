@@ -39,6 +39,7 @@ RUN_OPTIONS = {
     "--modulate": "modulate",
     "--switch": "switch",
     "--residual": "residual",
+    "--residual-refit": "residual_refit",
     "--seed-program-starts": "seed_starts",
     "--full-fit-starts": "full_fit_starts",
     "--explain": "explain",

@@ -253,6 +253,7 @@ def test_a_legacy_archive_resumes_with_fit_method_cmaes_and_only_with_it(tmp_pat
         "--unexercised": "allow",  # nor kept out terms the data cannot judge
         "--physics": "off",  # nor held its programs to the floor
         "--residual": "0.0",  # nor proposed terms screened on its residuals
+        "--residual-refit": "never",  # nor beside its refitted constants
         "--seed-program-starts": "1",  # and fitted each seed from one start
     }, hint
     res = CliRunner().invoke(app, [*legacy, *hint, "--json"])

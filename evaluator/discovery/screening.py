@@ -22,7 +22,8 @@ same test passes with one shuffle taken for the residuals and the others for cha
 Pairs: the best passing terms are also tried two at a time (bounded least squares, scipy's
 lsq_linear), and a pair is kept where it removes more than either of its terms alone by MIN_GAIN.
 
-Refitted beside the parent's constants (`screen_program(..., refit=True)`, opt-in; refit.py): its own constants,
+Refitted beside the parent's constants (`screen_program(..., refit=True)`; the search's residual_term
+screens so where no term passes at them; refit.py): its own constants,
 linearized on the frozen schedule, are fitted on all rows beside each term and taken out of the
 term's column and of the residuals alike (`_projected`), so a term gains what it removes beyond
 them, on all rows, held out (the term refitted without a group, the constants as fitted on all
@@ -86,7 +87,6 @@ class Screened:
     passed: bool = False
     chance: float = 0.0  # the most it gains on residuals shuffled among each experiment's requests, + 2 spreads
     cap: float = np.inf  # the largest coefficient the tether allows (`tethered_to`)
-    refitted: bool = False  # screened beside the parent's refitted constants
 
 
 @dataclass
@@ -446,9 +446,6 @@ def screen(
         results = _refined(rows, results, sse, caps, ys, len(results) if refit is None else REFINED)
     unbounded = _fitted(*(m.sum(axis=0) for m in _projected(a[0], b, jx, rows.jj, rows.jy(rows.y))), np.inf)
     capped = int((finite & (unbounded > cap)).sum())
-    if refit is not None:
-        for r in results:
-            r.refitted = True
     screening = Screening(results, sse, int((~finite).sum()), float(false), capped=capped, refitted=refit is not None)
     screening.pairs = _pairs(rows, screening.passed[:pairs_of], sse, tether)
     return screening
@@ -462,9 +459,8 @@ def screen_program(
     refit: bool = False,
 ) -> Screening:
     """The library of the residuals' own steps screened on `program`'s residuals at `constants`; with
-    `refit`, its own constants refitted beside every term (refit.py). Not the search's default: on
-    the by-gpu worlds it named mechanisms the seeds lack, and `guarded` deployed two children worse
-    held out than their own seed (docs/concepts/discovery.md)."""
+    `refit`, its own constants refitted beside every term (refit.py); the share and efficiency terms
+    also inside each side of its rooflines (sites.py)."""
     sites = sites_of(program)
     terms = library(step_values([r.components for r in residuals]))
     terms += placed(terms, sites)

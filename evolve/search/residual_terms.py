@@ -6,7 +6,10 @@ against the typed library of candidate terms (discovery/terms.py) in closed form
 the best term that passed the screening's held-out and chance checks and that this operator has
 not proposed for this parent before (or, once single terms are spent, the best pair), its scale
 constant starting at the screening's coefficient (a weak prior around it) and its knot, if any, a
-constant bounded inside the data's range. Each coefficient is screened, and bounded in the child,
+constant bounded inside the data's range; a share or efficiency term may go inside one side of the
+parent's roofline (`Term.within`, discovery/sites.py). Where no term passes at the parent's
+constants, the screening runs again beside them refitted (`ResidualSource.refit`, --residual-refit
+fallback, the default). Each coefficient is screened, and bounded in the child,
 at most at the value that keeps the child's step times within the tether of its own seed's over the
 floor's envelope (screening.tethered_to): the deployment rules refuse a child that strays further,
 so a term that only helps where it strays is not proposed. The child then goes through the usual cascade: the
@@ -173,7 +176,7 @@ def next_child(
         key = structure_hash(parse_program(text))
         if key not in tried:
             tried.add(key)
-            return text, "; ".join(said(s) for s in chosen)
+            return text, "; ".join(said(s, found.refitted) for s in chosen)
     if not found.passed:
         beside = (
             " (beside the parent's refitted constants too)" if found.refitted and source.refit == "fallback" else ""
@@ -192,10 +195,10 @@ def seed_of(program: ProgramRecord, lookup: Callable[[int], ProgramRecord | None
     return None if root is program else parse_program(root.source)
 
 
-def said(s: Screened) -> str:
+def said(s: Screened, refitted: bool = False) -> str:
     held = ", ".join(f"by {g} {v:+.1%}" for g, v in s.held_out.items())
     bound = f", k at most {s.cap:.4g} (tether)" if math.isfinite(s.cap) else ""
     return (
-        f"{s.term.shown()} (screened{' beside refitted constants' if s.refitted else ''}: {s.gain:.1%} of the "
+        f"{s.term.shown()} (screened{' beside refitted constants' if refitted else ''}: {s.gain:.1%} of the "
         f"residual, {s.chance:.1%} by chance, held out {held}{bound})"
     )
